@@ -1,0 +1,73 @@
+"""Command line: `python -m helpers estimate --model llama-3-8b --strategy zero2 ...` (see --help).
+
+Prints a table in GiB (2**30 bytes), or with --json the Result object. Bad input exits 2 with one line naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from helpers.errors import InputError
+from helpers.training import ADAM_IMPLS, ATTENTIONS, PRECISIONS, STRATEGIES, TrainSetup
+
+
+def setup_parser(p: argparse.ArgumentParser) -> None:
+    """The set-up flags shared by every sub-command."""
+    p.add_argument("--model", required=True, help="catalogue name (see `models`) or path to a config.json")
+    p.add_argument("--batch", type=int, default=1, help="micro batch per GPU (default 1)")
+    p.add_argument("--seq", type=int, default=2048, help="sequence length in tokens (default 2048)")
+    p.add_argument("--precision", default="bf16-mixed", metavar="{" + ",".join(PRECISIONS) + "}")
+    p.add_argument("--adam-impl", default=None, metavar="{" + ",".join(ADAM_IMPLS) + "}",
+                   help="torch AdamW implementation (single/ddp/fsdp2; default foreach)")
+    p.add_argument("--strategy", default="single", metavar="{" + ",".join(STRATEGIES) + "}")
+    p.add_argument("--gpus", type=int, default=1, help="world size (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs sharing one host (default 8)")
+    p.add_argument("--offload-optimizer", action="store_true")
+    p.add_argument("--offload-params", action="store_true")
+    p.add_argument("--offload-ratio", type=float, default=None, metavar="R", help="ZeRO-3 partial offload, in [0, 1]")
+    p.add_argument("--pin-memory", dest="pin_memory", action="store_true", default=True,
+                   help="offloaded buffers page-locked (default)")
+    p.add_argument("--no-pin-memory", dest="pin_memory", action="store_false")
+    p.add_argument("--grad-checkpointing", action="store_true")
+    p.add_argument("--fused-ce", action="store_true", help="fused/chunked linear cross-entropy")
+    p.add_argument("--attention", default="sdpa", metavar="{" + ",".join(ATTENTIONS) + "}")
+    p.add_argument("--gpu-gib", type=float, default=None, metavar="X", help="GPU capacity in GiB")
+    p.add_argument("--host-gib", type=float, default=None, metavar="Y", help="host RAM per node in GiB")
+    p.add_argument("--resume", action="store_true", help="add the resume-from-checkpoint phase")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def setup_from_args(a: argparse.Namespace) -> TrainSetup:
+    return TrainSetup(
+        batch=a.batch, seq=a.seq, precision=a.precision, adam_impl=a.adam_impl, strategy=a.strategy, gpus=a.gpus,
+        gpus_per_node=a.gpus_per_node, offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
+        offload_ratio=a.offload_ratio, pin_memory=a.pin_memory, grad_checkpointing=a.grad_checkpointing,
+        fused_ce=a.fused_ce, attention=a.attention, gpu_gib=a.gpu_gib, host_gib=a.host_gib, resume=a.resume,
+    ).validate()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m helpers", description="LLM training memory, per phase, in GiB.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    setup_parser(sub.add_parser("estimate", help="analytic estimate (instant, no tensors)"))
+    sub.add_parser("models", help="list the model catalogue")
+    a = parser.parse_args(argv)
+    try:
+        if a.command == "models":
+            from helpers import models
+            for name in models.catalogue():
+                print(f"{name:20s} {models.spec(name).params:>16,d} parameters")
+            return 0
+        from helpers import estimate, report
+        result = estimate.run(a.model, setup_from_args(a))
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_dict(), indent=1) if a.json else report.table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The analytic memory estimator: pure arithmetic over a model's parameter inventory and a TrainSetup.
+
+`estimate.run(model, setup)` returns a Result: per GPU and per node host, the bytes of each phase of a training step
+(setup, resume when asked, forward, backward, optimizer step, later iterations) by category, the peak, and the
+first phase that overflows a given capacity. Each term is an Item; see states, activations and host for sources.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+from helpers import models
+from helpers.estimate import activations, host, states
+from helpers.estimate.items import PHASE_MOMENTS, Item
+from helpers.results import DeviceMemory, Result, empty_breakdown
+from helpers.training import TrainSetup
+from helpers.units import from_gib
+from helpers.vocab import PHASES
+
+
+def items(model, setup: TrainSetup) -> list[Item]:
+    """Every buffer of the set-up, with the moments it is alive."""
+    m = models.spec(model)
+    setup.validate()
+    b = states.Builder(setup)
+    states.add_model_states(b, m)
+    activations.add_activations(b, m)
+    activations.add_logits(b, m)
+    if setup.resume:
+        host.add_resume(b, m)
+    host.add_pinned_overhead(b)
+    return b.items
+
+
+def phases_of(setup: TrainSetup) -> tuple[str, ...]:
+    return tuple(p for p in PHASES if p != "resume" or setup.resume)
+
+
+def _device_memory(its: list[Item], device: str, phases, capacity_gib) -> DeviceMemory:
+    breakdown = empty_breakdown(phases)
+    for phase in phases:
+        best = None
+        for moment in PHASE_MOMENTS[phase]:
+            alive = [i for i in its if i.device == device and moment in i.moments]
+            total = sum(i.nbytes for i in alive)
+            if best is None or total > best[0]:
+                best = (total, alive)
+        for i in best[1]:
+            breakdown[phase][i.category] += i.nbytes
+    return DeviceMemory(breakdown, None if capacity_gib is None else from_gib(capacity_gib))
+
+
+def run(model, setup: TrainSetup | None = None, **options) -> Result:
+    """Estimate memory for `model` (catalogue name, config path or ModelSpec) under `setup` (or TrainSetup(**options))."""
+    setup = (setup or TrainSetup()).replace(**options) if options else (setup or TrainSetup()).validate()
+    m = models.spec(model)
+    its = items(m, setup)
+    phases = phases_of(setup)
+    return Result(
+        model=m.name, params=m.params, mode="estimate", setup=dataclasses.asdict(setup),
+        gpu=_device_memory(its, "gpu", phases, setup.gpu_gib),
+        host=_device_memory(its, "host", phases, setup.host_gib),
+        items=[{"name": i.name, "category": i.category, "device": i.device, "bytes": i.nbytes,
+                "phases": [p for p in phases if set(PHASE_MOMENTS[p]) & i.moments], "why": i.why,
+                "pinned": i.pinned} for i in its],
+        meta={"date": datetime.date.today().isoformat()},
+    )

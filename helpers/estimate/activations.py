@@ -1,0 +1,95 @@
+"""Activations saved for backward, and the logits / cross-entropy, per GPU.
+
+Counted tensor by tensor from what autograd saves in Hugging Face's Llama/Qwen2 decoder layer (transformers 5):
+RMSNorm saves its fp32 upcast and its normalised output; q/k/v/o and MLP projections save their inputs; rotary saves
+cos/sin once; SDPA/flash save q, k, v, the output and the fp32 logsumexp, while eager attention saves the fp32 softmax
+and its low-precision copy (batch x heads x seq^2 each); SiLU-gated MLPs save four intermediate-width tensors. The
+loss follows transformers' ForCausalLMLoss (logits upcast to fp32, log_softmax). Cf. Korthikanti et al. 2022,
+"Reducing Activation Recomputation in Large Transformer Models", section 4, for the same method on GPT.
+Left out: the transient working set inside one op, dropout masks (none in these models), MoE router scratch,
+and the memory of CUDA kernels' workspaces.
+"""
+
+from __future__ import annotations
+
+import math
+
+from helpers.estimate.items import BWD_END, BWD_START, FORWARDS
+from helpers.estimate.states import Builder
+from helpers.models import ModelSpec
+from helpers.units import next_power_of_2
+
+
+def _autocast(setup) -> bool:
+    """bf16-mixed on single/ddp runs an fp32 model under torch.autocast (fp32 residual stream)."""
+    return setup.precision == "bf16-mixed" and setup.strategy in ("single", "ddp")
+
+
+def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
+    """Bytes saved for backward by one decoder layer, without checkpointing."""
+    T, B, S = setup.batch * setup.seq, setup.batch, setup.seq
+    a = 4 if setup.precision == "fp32" else 2                       # attention / MLP compute dtype
+    # RMSNorm x2: fp32 input (upcast, or the fp32 stream itself) + normalised output; autocast adds the bf16 cast.
+    norm = (4 + (4 + 2 if _autocast(setup) else a)) * T * m.hidden
+    if setup.attention == "eager":
+        probs = B * m.heads * S * S * (4 + (a if a == 2 else 0))        # fp32 softmax + its low-precision copy
+        o_width = m.heads * (m.v_width // m.kv_heads if m.kv_latent == 0 else m.v_width // m.heads)
+        attn = a * T * (m.q_width + m.heads * m.head_dim + o_width + o_width) + probs
+    else:
+        o_width = m.q_width if m.kv_latent == 0 else m.v_width
+        attn = a * T * (m.q_width + m.k_width + m.v_width + 2 * o_width) + 4 * B * m.heads * S
+    latent = (4 + a) * T * m.kv_latent
+    if moe:  # routed pairs keep input, gate/up output, SiLU output, product, output; shared experts as dense
+        routed = a * T * m.experts_active * (2 * m.hidden + 4 * m.expert_width)
+        mlp = routed + 4 * a * T * m.shared_width + 4 * T * m.experts      # + the router's fp32 softmax
+    else:
+        mlp = 4 * a * T * m.intermediate
+    return 2 * norm + attn + latent + mlp
+
+
+def add_activations(b: Builder, m: ModelSpec) -> None:
+    """Saved activations (forward end, backward start) and, under checkpointing, one recomputed layer."""
+    s = b.setup
+    T = s.batch * s.seq
+    dense_layers = m.layers - m.moe_layers
+    per_dense = layer_bytes(m, s, moe=False)
+    per_moe = layer_bytes(m, s, moe=True) if m.moe_layers else 0
+    full = dense_layers * per_dense + m.moe_layers * per_moe
+    stream = (4 if (_autocast(s) or s.precision == "fp32") else 2) * T * m.hidden
+    final_norm = (4 + (4 if s.precision == "fp32" else 2)) * T * m.hidden
+    if s.grad_checkpointing:
+        b.gpu("layer inputs kept by checkpointing", "activations", m.layers * stream + final_norm,
+              FORWARDS | BWD_START, "one residual-stream tensor per layer (torch.utils.checkpoint)")
+        b.gpu("one layer recomputed in backward", "activations", max(per_dense, per_moe),
+              BWD_START | BWD_END, "checkpointing re-runs a layer's forward before its backward")
+    else:
+        b.gpu("saved activations", "activations", full + final_norm, FORWARDS | BWD_START,
+              f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else ""))
+        b.gpu("activations of the first layers, not yet freed", "activations", max(per_dense, per_moe), BWD_END,
+              "backward frees each layer's saved tensors as it passes")
+
+
+def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:
+    """Liger's fused linear cross-entropy chunk: next_power_of_2(ceil(tokens / ceil(vocab / hidden)))."""
+    return min(tokens, next_power_of_2(math.ceil(tokens / math.ceil(vocab / hidden))))
+
+
+def add_logits(b: Builder, m: ModelSpec) -> None:
+    """Logits and cross-entropy: full logits with the fp32 upcast, or a fused/chunked linear cross-entropy."""
+    s = b.setup
+    T = s.batch * s.seq
+    c = 4 if s.precision == "fp32" else 2
+    E = T * m.vocab
+    if s.fused_ce:
+        chunk = liger_chunk_tokens(T, m.hidden, m.vocab)
+        b.gpu("logits of one chunk (fp32 softmax in place)", "logits", chunk * m.vocab * 4, FORWARDS,
+              f"fused linear cross-entropy: {chunk} tokens at a time (Liger's chunk rule)")
+        b.gpu("input and weight gradients made during forward", "logits", T * m.hidden * c + m.vocab * m.hidden * c,
+              FORWARDS | BWD_START, "Liger computes d(hidden) and d(lm_head) in the forward pass")
+        return
+    upcast = 4 * E if c == 2 else 0
+    b.gpu("logits", "logits", c * E, FORWARDS | BWD_START, f"batch x seq x vocab = {E:,} elements")
+    b.gpu("fp32 upcast + log_softmax output", "logits", upcast + 4 * E, FORWARDS,
+          "ForCausalLMLoss: logits.float(); cross_entropy saves log_softmax's output")
+    b.gpu("log_softmax output + its gradient + the logits' fp32 gradient", "logits", 12 * E, BWD_START,
+          "nll_loss backward makes a dense fp32 gradient; log_softmax backward another")

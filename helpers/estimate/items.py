@@ -1,0 +1,50 @@
+"""Items: one named buffer each (bytes, category, device) and the moments of a step at which it is alive.
+
+A phase can hold several moments (backward: its start, with every activation saved, and its end, with every
+gradient made); a phase's figure is its highest moment. This is the estimator's whole data model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MOMENTS = (
+    "setup", "resume", "forward", "backward_start", "backward_end", "step",
+    "steady_forward", "steady_backward_start", "steady_backward_end",
+)
+PHASE_MOMENTS = {
+    "setup": ("setup",),
+    "resume": ("resume",),
+    "forward": ("forward",),
+    "backward": ("backward_start", "backward_end"),
+    "step": ("step",),
+    "steady": ("steady_forward", "steady_backward_start", "steady_backward_end"),
+}
+
+ALWAYS = frozenset(MOMENTS)
+FORWARDS = frozenset({"forward", "steady_forward"})
+BWD_START = frozenset({"backward_start", "steady_backward_start"})
+BWD_END = frozenset({"backward_end", "steady_backward_end"})
+FWD_BWD = FORWARDS | BWD_START | BWD_END
+GRADS = BWD_END | {"step"}                                 # made in backward, freed after the step
+STATES = frozenset({"step", "steady_forward", "steady_backward_start", "steady_backward_end"})
+STEP = frozenset({"step"})
+AFTER_FIRST_BACKWARD = BWD_END | STATES                    # buffers allocated at the first backward and kept
+
+
+@dataclass(frozen=True)
+class Item:
+    """One buffer: `nbytes` on `device` ('gpu' per GPU, 'host' per node), alive at `moments`; `why` cites its source."""
+
+    name: str
+    category: str
+    device: str
+    nbytes: int
+    moments: frozenset
+    why: str = ""
+    blocks: tuple = ()
+    """Pinned (page-locked) allocations making up this item, in bytes; empty when pageable."""
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.blocks)

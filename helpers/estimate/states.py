@@ -1,0 +1,223 @@
+"""Model states per GPU and per node: parameters, master weights, gradients, AdamW states, engine buffers.
+
+Sources, read in the installed libraries: DeepSpeed 0.19.8 `runtime/zero/stage_1_and_2.py` (fp32 partition and its
+pinned fp32 gradient, `grads_in_partition`, the ipg reduce buckets, the fp32 gradient made at the step) and
+`runtime/zero/stage3.py` (`_create_fp32_partitions` and the ratio split of sub-groups, `grad_partitions_flat_buffer`
+in the model dtype, per-sub-group fp32 gradients); torch 2.13 `torch/optim/adamw.py` / `adam.py` (lazy state at the
+first step; `_multi_tensor_adam` holds one full temporary from `_foreach_sqrt`); torch FSDP2 `fully_shard`
+(`MixedPrecisionPolicy`, `CPUOffloadPolicy`), torchtitan's grouping (embedding, each block, norm+output).
+Left out: optimizer step counters and scalars, DeepSpeed's transient copies at initialisation, the allgather bucket
+of ZeRO-1/2 with several GPUs, NCCL's own buffers, the CUDA context (~0.5 GiB per GPU), allocator fragmentation.
+"""
+
+from __future__ import annotations
+
+import math
+
+from helpers.estimate.items import (
+    AFTER_FIRST_BACKWARD, ALWAYS, BWD_END, BWD_START, FORWARDS, FWD_BWD, GRADS, STATES, STEP, Item,
+)
+from helpers.models import ModelSpec
+from helpers.training import TrainSetup
+
+
+class Builder:
+    """Collects items; host items are given per rank and counted for every rank on the node."""
+
+    def __init__(self, setup: TrainSetup):
+        self.setup = setup
+        self.items: list[Item] = []
+
+    def gpu(self, name, category, nbytes, moments, why="", pinned=False, blocks=None):
+        """A buffer on each GPU (`pinned` and `blocks` are accepted so callers can place either way)."""
+        if nbytes > 0:
+            self.items.append(Item(name, category, "gpu", int(nbytes), frozenset(moments), why))
+
+    def host(self, name, category, per_rank_bytes, moments, why="", pinned=False, blocks=None):
+        """A host buffer of every rank on the node; `blocks` are its pinned allocations (bytes) per rank."""
+        n = self.setup.ranks_per_node
+        if per_rank_bytes > 0:
+            label = f"{name} (x{n} ranks)" if n > 1 else name
+            pinned_blocks = tuple(list(blocks or [int(per_rank_bytes)]) * n) if pinned else ()
+            self.items.append(Item(label, category, "host", int(per_rank_bytes) * n, frozenset(moments), why,
+                                   pinned_blocks))
+
+
+def dtype_bytes(setup: TrainSetup) -> tuple[int, int]:
+    """(compute bytes, storage bytes of the weights the optimizer updates) per element."""
+    compute = 4 if setup.precision == "fp32" else 2
+    storage = 2 if setup.precision == "bf16" else 4
+    return compute, storage
+
+
+def add_model_states(b: Builder, m: ModelSpec) -> None:
+    """Add the items of parameters, master weights, gradients, optimizer states and engine buffers."""
+    s = b.setup
+    if s.strategy in ("single", "ddp"):
+        _torch_replicated(b, m)
+    elif s.strategy == "fsdp2":
+        _fsdp2(b, m)
+    elif s.strategy == "zero3":
+        _zero3(b, m)
+    else:
+        _zero12(b, m)
+
+
+def _adam_temporary(b: Builder, m: ModelSpec, elements: int, state_bytes: int, device: str) -> None:
+    """torch AdamW's step temporaries: foreach holds one full-size tensor list, for-loop one tensor, fused none."""
+    impl = b.setup.adam
+    if impl == "foreach":
+        nbytes, why = elements * state_bytes, "_multi_tensor_adamw: _foreach_sqrt(exp_avg_sq) materialises a full copy"
+    elif impl == "for-loop":
+        nbytes, why = m.largest_tensor_params * state_bytes, "_single_tensor_adamw: one denominator per parameter"
+    else:
+        return
+    add = b.gpu if device == "gpu" else b.host
+    add(f"AdamW {impl} temporary", "temporaries", nbytes, STEP, why)
+
+
+def _torch_replicated(b: Builder, m: ModelSpec) -> None:
+    s, P = b.setup, m.params
+    compute, storage = dtype_bytes(s)
+    dt = {2: "bf16", 4: "fp32"}
+    b.gpu(f"parameters ({dt[storage]})", "parameters", P * storage, ALWAYS, "the model's own weights")
+    if s.precision == "bf16-mixed":
+        b.gpu("bf16 weight copies (autocast cache, saved for backward)", "temporaries", P * 2, FORWARDS | BWD_START,
+              "torch.autocast caches the bf16 cast of each fp32 weight; matmuls save it for backward")
+    b.gpu(f"gradients ({dt[storage]})", "gradients", P * storage, GRADS, "param.grad, freed by zero_grad()")
+    if s.strategy == "ddp":
+        b.gpu("DDP gradient buckets", "comm_buffers", P * storage, ALWAYS,
+              "DistributedDataParallel's reducer buckets (gradient_as_bucket_view=False, the default)")
+    b.gpu(f"AdamW exp_avg + exp_avg_sq ({dt[storage]})", "optimizer_states", 2 * P * storage, STATES,
+          "created lazily at the first step, in the parameters' dtype")
+    _adam_temporary(b, m, P, storage, "gpu")
+
+
+def _pairs_max(values: list[int]) -> int:
+    """Largest sum of two neighbouring groups: the group computing and the one prefetched."""
+    if len(values) < 2:
+        return sum(values)
+    return max(a + c for a, c in zip(values, values[1:]))
+
+
+def _fsdp2(b: Builder, m: ModelSpec) -> None:
+    s, P, G = b.setup, m.params, b.setup.gpus
+    compute, storage = dtype_bytes(s)
+    off = s.offload_params
+    reduce_bytes = 4 if s.precision != "bf16" else 2
+    shard = math.ceil(P / G)
+    place = b.host if off else b.gpu
+    pin = off and s.pin_memory
+    blocks = [math.ceil(t.numel / G) * storage for t in m.tensors]
+    place("sharded parameters" + (" (fp32)" if storage == 4 else " (bf16)"), "parameters", shard * storage, ALWAYS,
+          "fully_shard keeps 1/N of each parameter as a DTensor shard" + ("; CPUOffloadPolicy: on the host" if off else ""),
+          pinned=pin, blocks=blocks)
+    groups = list(m.group_params.values())
+    b.gpu("unsharded parameters in flight (current + prefetched group)", "temporaries", _pairs_max(groups) * compute,
+          FWD_BWD, "all-gathered groups (embedding, each block, norm+output), in the compute dtype")
+    b.gpu("reduce-scatter input (one group's unsharded gradients)", "comm_buffers",
+          max(groups) * reduce_bytes, BWD_START | BWD_END, "reduce_dtype fp32 under MixedPrecisionPolicy")
+    if off:
+        b.gpu("sharded group copied to the GPU before all-gather", "temporaries", 2 * math.ceil(max(groups) / G) * storage,
+              FWD_BWD, "CPUOffloadPolicy copies each shard host-to-device")
+    place("sharded gradients", "gradients", shard * storage, GRADS,
+          "reduce-scattered into 1/N shards" + ("; copied to the host (pinned when pin_memory)" if off else ""),
+          pinned=pin, blocks=blocks)
+    place("AdamW exp_avg + exp_avg_sq (sharded)", "optimizer_states", 2 * shard * storage, STATES,
+          "torch AdamW on the shards" + ("; the step runs on the CPU" if off else ""))
+    _adam_temporary(b, m, shard, storage, "host" if off else "gpu")
+
+
+def _zero12(b: Builder, m: ModelSpec) -> None:
+    s, P, G = b.setup, m.params, b.setup.gpus
+    compute, _ = dtype_bytes(s)
+    part = math.ceil(P / G)
+    off, pin = s.offload_optimizer, s.offload_optimizer and s.pin_memory
+    dt = "bf16" if compute == 2 else "fp32"
+    b.gpu(f"parameters ({dt}, full copy on every GPU)", "parameters", P * compute, ALWAYS, "ZeRO-1/2 do not shard parameters")
+    place = b.host if off else b.gpu
+    place("fp32 master partition", "master_weights", part * 4, ALWAYS,
+          "single_partition_of_fp32_groups, 1/N of the weights in fp32" + ("; pinned" if pin else ""), pinned=pin)
+    if s.strategy == "zero1":
+        b.gpu(f"gradients ({dt}, full)", "gradients", P * compute, GRADS, "ZeRO-1 keeps every gradient until the step")
+    elif not off:
+        b.gpu(f"gradient partition ({dt})", "gradients", part * compute, GRADS, "grads_in_partition (contiguous_gradients)")
+    buckets = 2 if s.overlap else 1
+    b.gpu(f"ipg reduce bucket{'s' if buckets > 1 else ''} ({dt})", "comm_buffers",
+          buckets * s.reduce_bucket_size * compute, BWD_START | AFTER_FIRST_BACKWARD,
+          f"reduce_bucket_size={s.reduce_bucket_size:.0e} elements, x{buckets} (overlap_comm={s.overlap})")
+    if off:
+        b.host("fp32 gradient partition", "gradients", part * 4, ALWAYS,
+               "made at initialize_optimizer_states, kept for the CPU optimizer" + ("; pinned" if pin else ""), pinned=pin)
+        b.host("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", part * 8, STATES, "DeepSpeedCPUAdam, lazy at the first step")
+    else:
+        b.gpu("fp32 gradient partition (made at the step)", "gradients", part * 4, STEP,
+              "step(): flat bf16 partition .to(fp32) before optimizer.step")
+        b.gpu("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", part * 8, STATES, "FusedAdam, lazy at the first step")
+
+
+def zero3_sub_groups(m: ModelSpec, setup: TrainSetup) -> list[int]:
+    """Element counts of DeepSpeed ZeRO-3's optimizer sub-groups on one rank (`_create_fp16_sub_groups`)."""
+    groups, current = [], 0
+    G = setup.gpus
+    for t in m.tensors:
+        current += math.ceil(t.numel / G)
+        if current >= setup.sub_group_size:
+            groups.append(current)
+            current = 0
+    if current:
+        groups.append(current)
+    return groups
+
+
+def zero3_host_fraction(m: ModelSpec, setup: TrainSetup) -> float:
+    """Fraction of optimizer elements on the host: sub-groups i >= int((1 - ratio) * n) go to the CPU."""
+    if not setup.offload_optimizer:
+        return 0.0
+    groups = zero3_sub_groups(m, setup)
+    first_cpu = int((1 - setup.ratio) * len(groups))
+    return sum(groups[first_cpu:]) / sum(groups)
+
+
+def _zero3(b: Builder, m: ModelSpec) -> None:
+    s, P, G = b.setup, m.params, b.setup.gpus
+    compute, _ = dtype_bytes(s)
+    part = math.ceil(P / G)
+    dt = "bf16" if compute == 2 else "fp32"
+    groups = zero3_sub_groups(m, s)
+    first_cpu = int((1 - s.ratio) * len(groups)) if s.offload_optimizer else len(groups)
+    gpu_elems, host_elems = sum(groups[:first_cpu]), sum(groups[first_cpu:])
+    opt_pin = s.offload_optimizer and s.pin_memory
+    split = f"sub-groups {first_cpu}..{len(groups) - 1} of {len(groups)} on the host" if s.offload_optimizer else ""
+
+    if s.offload_params:
+        b.host(f"parameter partitions ({dt})", "parameters", part * compute, ALWAYS,
+               "offload_param: each partition on the host" + ("; pinned" if s.pin_memory else ""),
+               pinned=s.pin_memory, blocks=[math.ceil(t.numel / G) * compute for t in m.tensors])
+    else:
+        b.gpu(f"parameter partitions ({dt})", "parameters", part * compute, ALWAYS, "ZeRO-3 keeps 1/N of every parameter")
+    gathered = min(m.largest_layer_params + s.prefetch_bucket_size, 1_000_000_000)
+    b.gpu("gathered parameters in flight", "temporaries", gathered * compute, FWD_BWD,
+          "the module computing plus stage3_prefetch_bucket_size (max_live_parameters caps it at 1e9)")
+    separate_master = not (s.precision == "fp32" and not s.offload_optimizer)
+    if separate_master:
+        b.gpu("fp32 master partition", "master_weights", gpu_elems * 4, ALWAYS, split or "fp32_partitioned_groups_flat")
+        b.host("fp32 master partition", "master_weights", host_elems * 4, ALWAYS, split)
+    grad_place = b.host if s.offload_optimizer else b.gpu
+    grad_place(f"gradient partition ({dt})", "gradients", part * compute, ALWAYS,
+               "grad_partitions_flat_buffer in the model dtype, made at initialisation" + ("; pinned" if opt_pin else ""),
+               pinned=opt_pin)
+    b.gpu(f"ipg reduce bucket ({dt})", "comm_buffers", s.reduce_bucket_size * compute, ALWAYS,
+          f"reduce_bucket_size={s.reduce_bucket_size:.0e} elements, made at initialisation")
+    if s.offload_optimizer:
+        b.host("fp32 gradient buffers of host sub-groups", "gradients", host_elems * 4, ALWAYS,
+               "initialize_optimizer_states: one per sub-group" + ("; pinned" if opt_pin else ""),
+               pinned=opt_pin, blocks=[g * 4 for g in groups[first_cpu:]])
+        b.gpu("fp32 gradient buffers of GPU sub-groups", "gradients", gpu_elems * 4, ALWAYS, split)
+    else:
+        b.gpu("fp32 gradient of one sub-group (made at the step)", "gradients", max(groups) * 4, STEP,
+              "_prepare_fp32_grad_for_sub_group, freed after each sub-group's step")
+    b.gpu("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", gpu_elems * 8, STATES, "lazy at the first step")
+    b.host("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", host_elems * 8, STATES,
+           "DeepSpeedCPUAdam, lazy at the first step, pageable")
+

@@ -1,0 +1,184 @@
+"""The model catalogue: configs by name (data/models/NAME.json) or path, and the parameter inventory of a config.
+
+Nothing is downloaded: a model is a Hugging Face `config.json`; its parameter shapes come from a meta-device build
+(no memory is allocated), cached per config file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from helpers.errors import InputError
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+MODELS_DIR = DATA_DIR / "models"
+
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def catalogue() -> list[str]:
+    """Names of the models that ship in data/models/."""
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
+def config_path(model: str | Path) -> Path:
+    """The config file for a catalogue name or a path to a config.json; InputError if there is none."""
+    if str(model) in catalogue():
+        return MODELS_DIR / f"{model}.json"
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" and path.is_file():
+        return path.resolve()
+    raise InputError(
+        f"unknown model {str(model)!r}: give a catalogue name ({', '.join(catalogue())}) "
+        f"or the path of a causal-LM config.json"
+    )
+
+
+def load_config(model: str | Path):
+    """The transformers config object for a catalogue name or path."""
+    from transformers import AutoConfig
+
+    path = config_path(model)
+    try:
+        json.loads(path.read_text())
+        return AutoConfig.from_pretrained(str(path))
+    except (ValueError, KeyError, OSError) as exc:
+        raise InputError(f"cannot read model config {str(path)!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One parameter tensor: its name, element count and FSDP-style group ('embed', 'layer.N' or 'head')."""
+
+    name: str
+    numel: int
+    group: str
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What memory arithmetic needs from a model: dimensions and the exact parameter inventory."""
+
+    name: str
+    model_type: str
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    tensors: tuple[Tensor, ...]
+    q_width: int          # query features per token (heads * query head dim)
+    k_width: int          # key features per token, before GQA repetition
+    v_width: int          # value features per token, before GQA repetition
+    kv_latent: int        # MLA latent width per token (0 for ordinary attention)
+    moe_layers: int       # layers whose MLP is a mixture of experts
+    experts: int          # routed experts per MoE layer
+    experts_active: int   # routed experts each token visits (top-k)
+    expert_width: int     # intermediate width of one expert
+    shared_width: int     # intermediate width of the always-active shared experts
+
+    @property
+    def params(self) -> int:
+        """Exact parameter count (tied weights counted once)."""
+        return sum(t.numel for t in self.tensors)
+
+    @functools.cached_property
+    def group_params(self) -> dict[str, int]:
+        """Parameters per group, in model order: 'embed', 'layer.0' ... 'layer.N-1', 'head'."""
+        out: dict[str, int] = {}
+        for t in self.tensors:
+            out[t.group] = out.get(t.group, 0) + t.numel
+        return out
+
+    @property
+    def largest_layer_params(self) -> int:
+        """Parameters of the largest group (a layer, the embedding or the output head)."""
+        return max(self.group_params.values())
+
+    @property
+    def largest_tensor_params(self) -> int:
+        """Elements of the largest single parameter tensor."""
+        return max(t.numel for t in self.tensors)
+
+    @property
+    def lm_head_params(self) -> int:
+        """Parameters of the output projection (0 when tied to the embedding)."""
+        return sum(t.numel for t in self.tensors if t.name.startswith("lm_head"))
+
+
+def _group_of(name: str) -> str:
+    m = _LAYER_RE.search(name)
+    if m:
+        return f"layer.{int(m.group(1))}"
+    if "embed" in name or name.endswith("wte.weight") or name.endswith("wpe.weight"):
+        return "embed"
+    return "head"
+
+
+def _dims(cfg) -> dict:
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    dims = dict(q_width=heads * head_dim, k_width=kv_heads * head_dim, v_width=kv_heads * head_dim, kv_latent=0)
+    if getattr(cfg, "kv_lora_rank", None):  # multi-head latent attention (DeepSeek-V2)
+        qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        dims.update(q_width=heads * qk, k_width=heads * qk, v_width=heads * cfg.v_head_dim,
+                    kv_latent=cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+        head_dim = qk
+    experts = getattr(cfg, "n_routed_experts", None) or getattr(cfg, "num_local_experts", None) or 0
+    first_dense = getattr(cfg, "first_k_dense_replace", 0) or 0
+    dims.update(
+        moe_layers=max(cfg.num_hidden_layers - first_dense, 0) if experts else 0,
+        experts=experts,
+        experts_active=getattr(cfg, "num_experts_per_tok", 0) if experts else 0,
+        expert_width=getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size if experts else 0,
+        shared_width=(getattr(cfg, "n_shared_experts", 0) or 0) * (getattr(cfg, "moe_intermediate_size", 0) or 0),
+    )
+    return dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, **dims)
+
+
+@functools.lru_cache(maxsize=32)
+def _spec_from_path(path: str) -> ModelSpec:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from transformers.utils import logging as hf_logging
+
+    cfg = load_config(path)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise InputError(f"{path!r} is not a causal-LM config transformers can build: {exc}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    tensors = tuple(Tensor(n, p.numel(), _group_of(n)) for n, p in model.named_parameters())
+    if not any(t.group.startswith("layer.") for t in tensors) or getattr(cfg, "is_encoder_decoder", False):
+        raise InputError(
+            f"{path!r} ({cfg.model_type}) is not a decoder-only model with `layers.N` blocks; the memory arithmetic "
+            f"covers Llama-style decoders (llama, qwen2, mistral, deepseek_v2, ...)"
+        )
+    name = Path(path).stem if Path(path).parent == MODELS_DIR else path
+    return ModelSpec(
+        name=name, model_type=cfg.model_type, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
+        layers=cfg.num_hidden_layers, vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
+        tensors=tensors, **_dims(cfg),
+    )
+
+
+def spec(model: str | Path | ModelSpec) -> ModelSpec:
+    """The ModelSpec of a catalogue name or config path (built once, then cached)."""
+    if isinstance(model, ModelSpec):
+        return model
+    return _spec_from_path(str(config_path(model)))

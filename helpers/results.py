@@ -1,0 +1,120 @@
+"""The one result format for estimates and measurements: devices x phases x categories, with the OOM verdict.
+
+`Result.to_dict()` is the `--json` object: model, params, mode, setup, then for 'gpu' (per GPU) and 'host' (per node)
+peak_bytes, peak_phase, phases {phase: peak bytes in that phase}, categories {category: bytes at the peak},
+breakdown {phase: {category: bytes}}, capacity_bytes; and oom {device, phase}. Saved files are written atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers.vocab import CATEGORIES, DEVICES, PHASES
+
+
+@dataclass
+class DeviceMemory:
+    """Memory of one device kind: bytes per phase and per category."""
+
+    breakdown: dict[str, dict[str, int]]      # {phase: {category: bytes}} at each phase's highest moment
+    capacity_bytes: int | None = None
+
+    @property
+    def phases(self) -> dict[str, int]:
+        return {p: sum(c.values()) for p, c in self.breakdown.items()}
+
+    @property
+    def peak_phase(self) -> str:
+        phases = self.phases
+        return max(phases, key=lambda p: (phases[p], -PHASES.index(p)))
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.phases[self.peak_phase]
+
+    @property
+    def categories(self) -> dict[str, int]:
+        return dict(self.breakdown[self.peak_phase])
+
+    def first_over(self) -> str | None:
+        """The first phase whose bytes exceed the capacity, or None."""
+        if self.capacity_bytes is None:
+            return None
+        return next((p for p, v in self.phases.items() if v > self.capacity_bytes), None)
+
+    def to_dict(self) -> dict:
+        return {
+            "peak_bytes": self.peak_bytes, "peak_phase": self.peak_phase, "phases": self.phases,
+            "categories": self.categories, "breakdown": self.breakdown, "capacity_bytes": self.capacity_bytes,
+        }
+
+
+@dataclass
+class Result:
+    """Memory of one set-up: per GPU and per node host, by phase and category; `mode` says how it was obtained."""
+
+    model: str
+    params: int
+    mode: str
+    setup: dict
+    gpu: DeviceMemory
+    host: DeviceMemory
+    items: list[dict] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def device(self, name: str) -> DeviceMemory:
+        if name not in DEVICES:
+            raise KeyError(f"unknown device {name!r}: {DEVICES}")
+        return getattr(self, name)
+
+    @property
+    def oom(self) -> dict:
+        """{'device': 'gpu'|'host'|None, 'phase': phase|None}: the first phase in which a device overflows."""
+        for phase in self.gpu.phases:
+            for dev in DEVICES:
+                if self.device(dev).first_over() == phase:
+                    return {"device": dev, "phase": phase}
+        return {"device": None, "phase": None}
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "params": self.params, "mode": self.mode, "setup": self.setup,
+            "gpu": self.gpu.to_dict(), "host": self.host.to_dict(), "oom": self.oom,
+            "items": self.items, "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Result":
+        dev = {k: DeviceMemory(d[k]["breakdown"], d[k].get("capacity_bytes")) for k in DEVICES}
+        return cls(d["model"], d["params"], d["mode"], d["setup"], dev["gpu"], dev["host"],
+                   d.get("items", []), d.get("meta", {}))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON atomically (temporary file, then rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_dict(), f, indent=1)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Result":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def empty_breakdown(phases) -> dict[str, dict[str, int]]:
+    return {p: {c: 0 for c in CATEGORIES} for p in phases}
+
+
+__all__ = ["DeviceMemory", "Result", "empty_breakdown", "dataclasses"]
