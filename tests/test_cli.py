@@ -1,0 +1,83 @@
+"""The command line: flags, the JSON object, readable errors with exit code 2 and no traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers.__main__ import main
+
+
+def cli(capsys, *args):
+    code = main(["estimate", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_object_has_the_promised_keys(capsys):
+    code, out, _ = cli(capsys, "--model", "llama-3-8b", "--strategy", "zero2", "--seq", "128", "--attention",
+                       "flash", "--grad-checkpointing", "--gpu-gib", "80", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["model"] == "llama-3-8b" and d["params"] == 8_030_261_248
+    for dev in ("gpu", "host"):
+        assert {"peak_bytes", "peak_phase", "phases", "categories"} <= set(d[dev])
+        assert d[dev]["peak_bytes"] == max(d[dev]["phases"].values())
+        assert sum(d[dev]["categories"].values()) == d[dev]["peak_bytes"]
+    assert d["oom"] == {"device": "gpu", "phase": "step"}
+
+
+def test_every_flag_is_accepted(capsys):
+    code, out, _ = cli(capsys, "--model", "qwen2.5-72b", "--batch", "2", "--seq", "1024", "--precision", "bf16-mixed",
+                       "--strategy", "zero3", "--gpus", "16", "--gpus-per-node", "8", "--offload-optimizer",
+                       "--offload-params", "--offload-ratio", "0.9", "--no-pin-memory", "--grad-checkpointing",
+                       "--fused-ce", "--attention", "eager", "--gpu-gib", "80", "--host-gib", "1300", "--resume", "--json")
+    d = json.loads(out)
+    assert code == 0 and "resume" in d["host"]["phases"] and d["setup"]["pin_memory"] is False
+    code, out, _ = cli(capsys, "--model", "llama-3-8b", "--adam-impl", "fused", "--pin-memory", "--precision", "bf16")
+    assert code == 0 and "GiB = 2^30 bytes" in out and "needs:" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "gpt-17"], "unknown model 'gpt-17'"),
+    (["--model", "/tmp/definitely/missing/config.json"], "unknown model"),
+    (["--model", "llama-3-8b", "--batch", "0"], "batch must be a positive integer, got 0"),
+    (["--model", "llama-3-8b", "--batch", "-3"], "batch must be a positive integer, got -3"),
+    (["--model", "llama-3-8b", "--seq", "0"], "seq must be a positive integer, got 0"),
+    (["--model", "llama-3-8b", "--strategy", "ddp", "--gpus", "0"], "gpus must be a positive integer, got 0"),
+    (["--model", "llama-3-8b", "--strategy", "zero3", "--offload-optimizer", "--offload-ratio", "1.5"],
+     "offload_ratio must be a number in [0, 1], got 1.5"),
+    (["--model", "llama-3-8b", "--strategy", "zero3", "--offload-optimizer", "--offload-ratio", "-0.1"],
+     "offload_ratio must be a number in [0, 1], got -0.1"),
+    (["--model", "llama-3-8b", "--strategy", "zero2", "--offload-optimizer", "--offload-ratio", "0.9"],
+     "only by DeepSpeed ZeRO-3"),
+    (["--model", "llama-3-8b", "--strategy", "zero3", "--offload-ratio", "0.9"], "needs offload_optimizer"),
+    (["--model", "llama-3-8b", "--strategy", "fsdp2", "--gpus", "2", "--offload-optimizer"],
+     "offloads parameters, gradients and optimizer states together"),
+    (["--model", "llama-3-8b", "--strategy", "zero2", "--offload-params"], "offload_params needs zero3"),
+    (["--model", "llama-3-8b", "--strategy", "ddp", "--offload-optimizer"], "cannot offload"),
+    (["--model", "llama-3-8b", "--strategy", "zero9"], "unknown strategy 'zero9': allowed are single, ddp"),
+    (["--model", "llama-3-8b", "--precision", "fp8"], "unknown precision 'fp8': allowed are bf16, bf16-mixed, fp32"),
+    (["--model", "llama-3-8b", "--attention", "paged"], "unknown attention 'paged'"),
+    (["--model", "llama-3-8b", "--adam-impl", "apex"], "unknown adam_impl 'apex'"),
+    (["--model", "llama-3-8b", "--strategy", "zero2", "--adam-impl", "fused"], "uses DeepSpeed's FusedAdam"),
+    (["--model", "llama-3-8b", "--strategy", "zero2", "--precision", "bf16"], "use precision 'bf16-mixed'"),
+    (["--model", "llama-3-8b", "--gpus", "2"], "strategy 'single' runs on one GPU"),
+    (["--model", "llama-3-8b", "--gpu-gib", "-1"], "gpu_gib must be a positive number of GiB, got -1.0"),
+])
+def test_bad_input_is_named(capsys, args, needle):
+    code, out, err = cli(capsys, *args)
+    assert code == 2 and out == ""
+    assert needle in err and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_module_entry_point_exits_2_without_traceback():
+    p = subprocess.run([sys.executable, "-m", "helpers", "estimate", "--model", "nope", "--json"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr
+    assert "unknown model 'nope'" in p.stderr and "llama-3-8b" in p.stderr
+
+
+def test_models_listing(capsys):
+    assert main(["models"]) == 0
+    assert "8,030,261,248" in capsys.readouterr().out
