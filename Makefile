@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
 
 test: $(STAMP)
 	$(PY) -m pytest tests $(if $(wildcard notebooks/*.ipynb),notebooks --nbmake --nbmake-kernel=python3,)
