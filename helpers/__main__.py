@@ -37,6 +37,7 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-gib", type=float, default=None, metavar="Y", help="host RAM per node in GiB")
     p.add_argument("--resume", action="store_true", help="add the resume-from-checkpoint phase")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--items", action="store_true", help="also list every named buffer behind the figures")
 
 
 def setup_from_args(a: argparse.Namespace) -> TrainSetup:
@@ -66,6 +67,8 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result.to_dict(), indent=1) if a.json else report.table(result))
+    if a.items and not a.json:
+        print("\n" + report.items_table(result))
     return 0
 
 

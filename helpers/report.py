@@ -35,5 +35,17 @@ def table(r: Result) -> str:
         if cats:
             lines += ["", f"{name} at its peak ({PHASE_LABELS[d.peak_phase]}):"]
             lines += [f"  {c:28s}{to_gib(v):14.2f}" for c, v in cats.items()]
+    if not any(r.host.phases.values()):
+        lines += ["", "host: nothing offloaded (the processes' own RAM, data loaders and the CUDA context are not counted)"]
     lines += ["", verdict(r)]
+    return "\n".join(lines)
+
+
+def items_table(r: Result) -> str:
+    """Every named buffer behind the figures: device, GiB, the phases it is alive in, and where it comes from."""
+    lines = [f"{'device':7s}{'GiB':>9s}  {'category':18s}{'alive in':36s}buffer"]
+    for i in sorted(r.items, key=lambda i: (i["device"] != "gpu", -i["bytes"])):
+        lines.append(f"{i['device']:7s}{to_gib(i['bytes']):9.2f}  {i['category']:18s}{','.join(i['phases']):36s}{i['name']}")
+        if i["why"]:
+            lines.append(f"{'':72s}  ({i['why']})")
     return "\n".join(lines)

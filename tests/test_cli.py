@@ -81,3 +81,8 @@ def test_module_entry_point_exits_2_without_traceback():
 def test_models_listing(capsys):
     assert main(["models"]) == 0
     assert "8,030,261,248" in capsys.readouterr().out
+
+
+def test_items_listing_names_each_buffer(capsys):
+    code, out, _ = cli(capsys, "--model", "llama-3-8b", "--strategy", "zero2", "--seq", "128", "--items")
+    assert code == 0 and "fp32 gradient partition (made at the step)" in out and "nothing offloaded" in out
