@@ -59,6 +59,7 @@ class Tensor:
     name: str
     numel: int
     group: str
+    ndim: int = 2
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,11 @@ class ModelSpec:
     def largest_tensor_params(self) -> int:
         """Elements of the largest single parameter tensor."""
         return max(t.numel for t in self.tensors)
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters of the matrices that matmuls read (autocast casts these): not the embedding, not 1-D ones."""
+        return sum(t.numel for t in self.tensors if t.ndim >= 2 and (t.group != "embed" or self.tied))
 
     @property
     def lm_head_params(self) -> int:
@@ -163,7 +169,7 @@ def _spec_from_path(path: str) -> ModelSpec:
         raise InputError(f"{path!r} is not a causal-LM config transformers can build: {exc}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    tensors = tuple(Tensor(n, p.numel(), _group_of(n)) for n, p in model.named_parameters())
+    tensors = tuple(Tensor(n, p.numel(), _group_of(n), p.dim()) for n, p in model.named_parameters())
     if not any(t.group.startswith("layer.") for t in tensors) or getattr(cfg, "is_encoder_decoder", False):
         raise InputError(
             f"{path!r} ({cfg.model_type}) is not a decoder-only model with `layers.N` blocks; the memory arithmetic "

@@ -111,7 +111,7 @@ def test_checkpointing_and_fused_ce_and_attention():
     logits = lambda r: cat(r, "gpu", "backward", "logits")
     assert logits(estimate.run(M, base.replace(fused_ce=True))) < logits(estimate.run(M, base)) / 5
     E = 2 * 4096 * 128256
-    assert logits(estimate.run(M, base)) == 14 * E                    # bf16 logits + 3 fp32 tensors in backward
+    assert logits(estimate.run(M, base)) == 12 * E       # log_softmax out, its grad, the logits fp32 grad (dry run agrees)
     eager, sdpa, flash = (estimate.run(M, base.replace(attention=a)) for a in ("eager", "sdpa", "flash"))
     assert act(eager) - act(sdpa) > 32 * 2 * 32 * 4096 * 4096 * 6 * 0.9   # fp32 + bf16 score matrices, 32 layers
     assert act(sdpa) == act(flash)

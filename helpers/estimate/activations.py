@@ -20,31 +20,51 @@ from helpers.models import ModelSpec
 from helpers.units import next_power_of_2
 
 
-def _autocast(setup) -> bool:
-    """bf16-mixed on single/ddp runs an fp32 model under torch.autocast (fp32 residual stream)."""
-    return setup.precision == "bf16-mixed" and setup.strategy in ("single", "ddp")
+def compute_mode(setup) -> str:
+    """'autocast' (an fp32 model under torch.autocast: single/ddp bf16-mixed), 'fp32', or 'low' (bf16 weights)."""
+    if setup.precision == "fp32":
+        return "fp32"
+    if setup.precision == "bf16-mixed" and setup.strategy in ("single", "ddp"):
+        return "autocast"
+    return "low"
+
+
+def norm_bytes(m: ModelSpec, setup, consumers: int) -> int:
+    """Bytes per token one RMSNorm leaves saved: its fp32 input, the normalised tensor, what the next matmuls keep.
+
+    bf16 weights: fp32 upcast 4h + normalised bf16 2h + weighted output 2h (saved by the projections).
+    fp32: the input itself 4h + normalised 4h + weighted output 4h. Under autocast the weighted output is fp32 and
+    each projection that reads it saves its own bf16 cast (2h per consumer; casts of non-leaf tensors are not cached).
+    """
+    h, mode = m.hidden, compute_mode(setup)
+    if mode == "autocast":
+        return (4 + 4 + 2 * consumers) * h
+    return (12 if mode == "fp32" else 8) * h
 
 
 def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
     """Bytes saved for backward by one decoder layer, without checkpointing."""
     T, B, S = setup.batch * setup.seq, setup.batch, setup.seq
-    a = 4 if setup.precision == "fp32" else 2                       # attention / MLP compute dtype
-    # RMSNorm x2: fp32 input (upcast, or the fp32 stream itself) + normalised output; autocast adds the bf16 cast.
-    norm = (4 + (4 + 2 if _autocast(setup) else a)) * T * m.hidden
+    mode = compute_mode(setup)
+    a = 4 if mode == "fp32" else 2                                  # attention / MLP compute dtype
+    norms = norm_bytes(m, setup, 3) + norm_bytes(m, setup, 2)
+    o_width = m.v_width if m.kv_latent else m.q_width
+    rep_k, rep_v = m.heads * m.head_dim, m.heads * (m.v_width // m.kv_heads if not m.kv_latent else m.v_width // m.heads)
     if setup.attention == "eager":
-        probs = B * m.heads * S * S * (4 + (a if a == 2 else 0))        # fp32 softmax + its low-precision copy
-        o_width = m.heads * (m.v_width // m.kv_heads if m.kv_latent == 0 else m.v_width // m.heads)
-        attn = a * T * (m.q_width + m.heads * m.head_dim + o_width + o_width) + probs
-    else:
-        o_width = m.q_width if m.kv_latent == 0 else m.v_width
-        attn = a * T * (m.q_width + m.k_width + m.v_width + 2 * o_width) + 4 * B * m.heads * S
-    latent = (4 + a) * T * m.kv_latent
+        probs = B * m.heads * S * S * (4 + (0 if mode == "fp32" else 2))   # fp32 softmax + its low-precision copy
+        attn = a * (m.q_width + rep_k + rep_v + o_width) + 0
+        attn = attn * T + probs
+    elif mode == "fp32":                                            # memory-efficient kernel, heads repeated
+        attn = 4 * T * (m.q_width + rep_k + rep_v + o_width) + 4 * B * m.heads * math.ceil(S / 32) * 32
+    else:                                                           # flash: q, k, v, output, logsumexp
+        attn = 2 * T * (m.q_width + m.k_width + m.v_width + o_width) + 4 * B * m.heads * S
+    latent = (4 + 2 * a) * T * m.kv_latent
     if moe:  # routed pairs keep input, gate/up output, SiLU output, product, output; shared experts as dense
         routed = a * T * m.experts_active * (2 * m.hidden + 4 * m.expert_width)
         mlp = routed + 4 * a * T * m.shared_width + 4 * T * m.experts      # + the router's fp32 softmax
     else:
         mlp = 4 * a * T * m.intermediate
-    return 2 * norm + attn + latent + mlp
+    return norms * T + attn + latent + mlp
 
 
 def add_activations(b: Builder, m: ModelSpec) -> None:
@@ -55,13 +75,17 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
     per_dense = layer_bytes(m, s, moe=False)
     per_moe = layer_bytes(m, s, moe=True) if m.moe_layers else 0
     full = dense_layers * per_dense + m.moe_layers * per_moe
-    stream = (4 if (_autocast(s) or s.precision == "fp32") else 2) * T * m.hidden
-    final_norm = (4 + (4 if s.precision == "fp32" else 2)) * T * m.hidden
+    stream = (2 if compute_mode(s) == "low" else 4) * T * m.hidden
+    final_norm = norm_bytes(m, s, 1) * T
+    a = 4 if compute_mode(s) == "fp32" else 2
+    width = max(m.intermediate if dense_layers else 0, m.experts_active * m.expert_width + m.shared_width)
+    b.gpu("gradient working set of one layer", "temporaries", a * T * (4 * width + 2 * m.hidden), BWD_END,
+          "gradients of the MLP's four intermediate tensors and of the hidden state, inside one layer's backward")
     if s.grad_checkpointing:
         b.gpu("layer inputs kept by checkpointing", "activations", m.layers * stream + final_norm,
               FORWARDS | BWD_START, "one residual-stream tensor per layer (torch.utils.checkpoint)")
         b.gpu("one layer recomputed in backward", "activations", max(per_dense, per_moe),
-              BWD_START | BWD_END, "checkpointing re-runs a layer's forward before its backward")
+              BWD_END, "checkpointing re-runs a layer's forward before its backward")
     else:
         b.gpu("saved activations", "activations", full + final_norm, FORWARDS | BWD_START,
               f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else ""))
@@ -88,7 +112,7 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
               FORWARDS | BWD_START, "Liger computes d(hidden) and d(lm_head) in the forward pass")
         return
     upcast = 4 * E if c == 2 else 0
-    b.gpu("logits", "logits", c * E, FORWARDS | BWD_START, f"batch x seq x vocab = {E:,} elements")
+    b.gpu("logits", "logits", c * E, FORWARDS, f"batch x seq x vocab = {E:,} elements; dropped with the output")
     b.gpu("fp32 upcast + log_softmax output", "logits", upcast + 4 * E, FORWARDS,
           "ForCausalLMLoss: logits.float(); cross_entropy saves log_softmax's output")
     b.gpu("log_softmax output + its gradient + the logits' fp32 gradient", "logits", 12 * E, BWD_START,

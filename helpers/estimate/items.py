@@ -9,27 +9,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MOMENTS = (
-    "setup", "resume", "forward", "backward_start", "backward_end", "step",
-    "steady_forward", "steady_backward_start", "steady_backward_end",
+    "setup", "resume", "forward", "backward_start", "backward_end", "backward_done", "step",
+    "steady_forward", "steady_backward_start", "steady_backward_end", "steady_backward_done",
 )
 PHASE_MOMENTS = {
     "setup": ("setup",),
     "resume": ("resume",),
     "forward": ("forward",),
-    "backward": ("backward_start", "backward_end"),
+    "backward": ("backward_start", "backward_end", "backward_done"),
     "step": ("step",),
-    "steady": ("steady_forward", "steady_backward_start", "steady_backward_end"),
+    "steady": ("steady_forward", "steady_backward_start", "steady_backward_end", "steady_backward_done"),
 }
 
 ALWAYS = frozenset(MOMENTS)
 FORWARDS = frozenset({"forward", "steady_forward"})
 BWD_START = frozenset({"backward_start", "steady_backward_start"})
-BWD_END = frozenset({"backward_end", "steady_backward_end"})
+BWD_END = frozenset({"backward_end", "steady_backward_end"})        # backward of the first layer (the last to run)
+BWD_DONE = frozenset({"backward_done", "steady_backward_done"})     # every gradient made
 FWD_BWD = FORWARDS | BWD_START | BWD_END
-GRADS = BWD_END | {"step"}                                 # made in backward, freed after the step
-STATES = frozenset({"step", "steady_forward", "steady_backward_start", "steady_backward_end"})
+GRADS = BWD_END | BWD_DONE | {"step"}                      # made in backward, freed after the step
+STATES = frozenset({"step", "steady_forward", "steady_backward_start", "steady_backward_end", "steady_backward_done"})
 STEP = frozenset({"step"})
-AFTER_FIRST_BACKWARD = BWD_END | STATES                    # buffers allocated at the first backward and kept
+AFTER_FIRST_BACKWARD = BWD_END | BWD_DONE | STATES                    # buffers allocated at the first backward and kept
 
 
 @dataclass(frozen=True)

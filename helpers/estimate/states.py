@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from helpers.estimate.items import (
-    AFTER_FIRST_BACKWARD, ALWAYS, BWD_END, BWD_START, FORWARDS, FWD_BWD, GRADS, STATES, STEP, Item,
+    AFTER_FIRST_BACKWARD, ALWAYS, BWD_DONE, BWD_END, BWD_START, FORWARDS, FWD_BWD, GRADS, STATES, STEP, Item,
 )
 from helpers.models import ModelSpec
 from helpers.training import TrainSetup
@@ -81,10 +81,15 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     compute, storage = dtype_bytes(s)
     dt = {2: "bf16", 4: "fp32"}
     b.gpu(f"parameters ({dt[storage]})", "parameters", P * storage, ALWAYS, "the model's own weights")
+    embed = 0 if m.tied else m.group_params.get("embed", 0)
     if s.precision == "bf16-mixed":
-        b.gpu("bf16 weight copies (autocast cache, saved for backward)", "temporaries", P * 2, FORWARDS | BWD_START,
-              "torch.autocast caches the bf16 cast of each fp32 weight; matmuls save it for backward")
-    b.gpu(f"gradients ({dt[storage]})", "gradients", P * storage, GRADS, "param.grad, freed by zero_grad()")
+        b.gpu("bf16 weight copies (autocast cache, saved for backward)", "temporaries", m.matmul_params * 2,
+              FORWARDS | BWD_START, "torch.autocast caches the bf16 cast of each fp32 matmul weight (not the "
+              "embedding or norms); matmuls save it for backward")
+    b.gpu(f"gradients ({dt[storage]})" + (", all but the embedding's" if embed else ""), "gradients",
+          (P - embed) * storage, GRADS, "param.grad, freed by zero_grad()")
+    b.gpu(f"embedding gradient ({dt[storage]})", "gradients", embed * storage, BWD_DONE | STEP,
+          "the embedding's backward runs last")
     if s.strategy == "ddp":
         b.gpu("DDP gradient buckets", "comm_buffers", P * storage, ALWAYS,
               "DistributedDataParallel's reducer buckets (gradient_as_bucket_view=False, the default)")

@@ -1,0 +1,196 @@
+"""A fake accelerator named 'gpu' for dry runs: PyTorch's PrivateUse1 backend, renamed, with no memory behind it.
+
+Tensors created on device 'gpu' inside a FakeTensorMode have shapes, dtypes and a device but no storage, so a
+full-size step runs on a laptop; the tracker tells 'gpu' bytes from 'cpu' (host) bytes by the tensor's device.
+What a real CUDA device would add, registered here in Python:
+- autocast: CUDA's lists (ATen `autocast_mode.h`): matmul-like ops run in the autocast dtype, with the cast of a leaf
+  fp32 weight cached until autocast exits; reductions and losses run in fp32; everything else falls through.
+- attention: a Hugging Face attention function that calls the CUDA flash kernel's op (bf16/fp16) or the
+  memory-efficient one (fp32), which keep only the output and the logsumexp, as SDPA does on a GPU.
+A fake 'cuda' device cannot be used on a CPU-only build (backward aborts the process), hence this device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+NAME = "gpu"
+_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
+_LOWER = ("addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linear", "addbmm", "baddbmm", "bmm",
+          "_scaled_dot_product_flash_attention", "scaled_dot_product_attention")
+_FP32 = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+         "sinh", "tan", "pow", "softplus", "layer_norm", "native_layer_norm", "rms_norm", "group_norm", "nll_loss",
+         "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "dist", "cdist", "renorm", "logsumexp",
+         "binary_cross_entropy_with_logits", "cosine_similarity")
+_FP32_OPT_DTYPE = ("softmax.int", "log_softmax.int", "prod", "cumsum", "sum")
+_cast_cache: dict[int, tuple] = {}
+_installed = False
+_libs: list = []
+
+
+class _Stream:
+    def __init__(self, *args, **kwargs): pass
+    def wait_stream(self, other): pass
+    def wait_event(self, event): pass
+    def record_event(self, event=None): return _Event()
+    def synchronize(self): pass
+    def query(self): return True
+    def __enter__(self): return self
+    def __exit__(self, *exc): return False
+
+
+class _Event:
+    def __init__(self, *args, **kwargs): pass
+    def record(self, stream=None): pass
+    def wait(self, stream=None): pass
+    def synchronize(self): pass
+    def query(self): return True
+
+
+class _Backend:
+    """The module torch looks up as `torch.gpu`: one device, streams and events that do nothing."""
+
+    Stream, Event = _Stream, _Event
+
+    @staticmethod
+    def is_available(): return True
+    @staticmethod
+    def is_initialized(): return True
+    @staticmethod
+    def _lazy_init(): pass
+    @staticmethod
+    def _is_in_bad_fork(): return False
+    @staticmethod
+    def device_count(): return 1
+    @staticmethod
+    def current_device(): return 0
+    @staticmethod
+    def set_device(index): pass
+    @staticmethod
+    def current_stream(device=None): return _Stream()
+    @staticmethod
+    def default_stream(device=None): return _Stream()
+    @staticmethod
+    def stream(stream): return contextlib.nullcontext()
+    @staticmethod
+    def synchronize(device=None): pass
+    @staticmethod
+    def get_amp_supported_dtype(): return [torch.bfloat16, torch.float16]
+    @staticmethod
+    def is_bf16_supported(*args, **kwargs): return True
+    @staticmethod
+    def manual_seed_all(seed): pass
+    @staticmethod
+    def manual_seed(seed): pass
+    @staticmethod
+    def get_rng_state(device=None): return torch.empty(0, dtype=torch.uint8)
+    @staticmethod
+    def set_rng_state(state, device=None): pass
+
+
+def _eligible(t, target) -> bool:
+    return (isinstance(t, torch.Tensor) and t.device.type == NAME and t.is_floating_point()
+            and t.dtype != torch.float64 and t.dtype != target)
+
+
+def _cast(t, target):
+    if not _eligible(t, target):
+        return t
+    cacheable = target != torch.float32 and t.dtype == torch.float32 and t.requires_grad and t.is_leaf
+    if cacheable and id(t) in _cast_cache and _cast_cache[id(t)][0] is t:
+        return _cast_cache[id(t)][1]
+    out = t.to(target)
+    if cacheable:
+        _cast_cache[id(t)] = (t, out)
+    return out
+
+
+def _cast_tree(obj, target):
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cast_tree(o, target) for o in obj)
+    return _cast(obj, target)
+
+
+def _kernel(op, to_fp32: bool, opt_dtype: bool = False):
+    def kernel(*args, **kwargs):
+        target = torch.float32 if to_fp32 else torch.get_autocast_dtype(NAME)
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
+            if opt_dtype:
+                if kwargs.get("dtype") is None and args and _eligible(args[0], torch.float32):
+                    kwargs = {**kwargs, "dtype": torch.float32}
+                return op(*args, **kwargs)
+            return op(*_cast_tree(args, target), **{k: _cast_tree(v, target) for k, v in kwargs.items()})
+    return kernel
+
+
+def cached_weight_casts() -> list[torch.Tensor]:
+    """The low-precision copies of fp32 weights that autocast holds now (cleared when autocast exits)."""
+    return [pair[1] for pair in _cast_cache.values()]
+
+
+@contextlib.contextmanager
+def autocast(dtype=torch.bfloat16):
+    """torch.autocast on the fake GPU; clears the weight-cast cache on exit, as CUDA's autocast does."""
+    try:
+        with torch.autocast(NAME, dtype=dtype):
+            yield
+    finally:
+        _cast_cache.clear()
+
+
+def _flash_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kw):
+    """HF attention function: the CUDA flash (bf16/fp16) or memory-efficient (fp32) kernel's op."""
+    aten = torch.ops.aten
+    causal = True if is_causal is None else is_causal
+    if torch.is_autocast_enabled(NAME):                   # SDPA is on autocast's lower-precision list
+        target = torch.get_autocast_dtype(NAME)
+        query, key, value = (t.to(target) for t in (query, key, value))
+    if query.dtype in (torch.bfloat16, torch.float16):   # the flash kernel takes fewer key/value heads as they are
+        out = aten._scaled_dot_product_flash_attention(query, key, value, dropout, causal, scale=scaling)[0]
+        return out.transpose(1, 2).contiguous(), None
+    if key.shape[1] != query.shape[1]:                    # the memory-efficient kernel needs them repeated
+        rep = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    out = aten._scaled_dot_product_efficient_attention(query, key, value, None, True, dropout, causal, scale=scaling)[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def device() -> torch.device:
+    """The fake GPU device (installs the backend on first use)."""
+    install()
+    return torch.device(NAME)
+
+
+def install() -> None:
+    """Register the 'gpu' backend, its autocast kernels and the attention function (once per process)."""
+    global _installed
+    if _installed:
+        return
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    if torch._C._get_privateuse1_backend_name() != NAME:
+        _setup_privateuseone_for_python_backend(rename=NAME, backend_module=_Backend())
+    glob = torch.library.Library("_", "IMPL")
+    glob.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    lib = torch.library.Library("aten", "IMPL")
+    for names, fp32, opt in ((_LOWER, False, False), (_FP32, True, False), (_FP32_OPT_DTYPE, True, True)):
+        for name in names:
+            base, _, overload = name.partition(".")
+            packet = getattr(torch.ops.aten, base, None)
+            if packet is None:
+                continue
+            for ov in ([overload] if overload else packet.overloads()):
+                if ov.startswith("out") or "out" in ov.split("_"):
+                    continue
+                op = getattr(packet, ov)
+                try:
+                    lib.impl(op, _kernel(op, fp32, opt), "AutocastPrivateUse1")
+                except RuntimeError:
+                    pass                                   # an overload with no autocast meaning (e.g. inplace)
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("fake_gpu_attention", _flash_attention)
+    _libs.extend([glob, lib])
+    _installed = True
