@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from helpers.estimate.items import BWD_END, BWD_START, FORWARDS
+from helpers.estimate.items import BWD_END, BWD_HEAD, BWD_START, FORWARDS, LOSS
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
 from helpers.units import next_power_of_2
@@ -83,11 +83,11 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
           "gradients of the MLP's four intermediate tensors and of the hidden state, inside one layer's backward")
     if s.grad_checkpointing:
         b.gpu("layer inputs kept by checkpointing", "activations", m.layers * stream + final_norm,
-              FORWARDS | BWD_START, "one residual-stream tensor per layer (torch.utils.checkpoint)")
+              FORWARDS | BWD_START | BWD_HEAD, "one residual-stream tensor per layer (torch.utils.checkpoint)")
         b.gpu("one layer recomputed in backward", "activations", max(per_dense, per_moe),
               BWD_END, "checkpointing re-runs a layer's forward before its backward")
     else:
-        b.gpu("saved activations", "activations", full + final_norm, FORWARDS | BWD_START,
+        b.gpu("saved activations", "activations", full + final_norm, FORWARDS | BWD_START | BWD_HEAD,
               f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else ""))
         b.gpu("activations of the first layers, not yet freed", "activations", max(per_dense, per_moe), BWD_END,
               "backward frees each layer's saved tensors as it passes")
@@ -106,14 +106,14 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
     E = T * m.vocab
     if s.fused_ce:
         chunk = liger_chunk_tokens(T, m.hidden, m.vocab)
-        b.gpu("logits of one chunk (fp32 softmax in place)", "logits", chunk * m.vocab * 4, FORWARDS,
+        b.gpu("logits of one chunk (fp32 softmax in place)", "logits", chunk * m.vocab * 4, LOSS,
               f"fused linear cross-entropy: {chunk} tokens at a time (Liger's chunk rule)")
         b.gpu("input and weight gradients made during forward", "logits", T * m.hidden * c + m.vocab * m.hidden * c,
-              FORWARDS | BWD_START, "Liger computes d(hidden) and d(lm_head) in the forward pass")
+              FORWARDS | BWD_START | BWD_HEAD, "Liger computes d(hidden) and d(lm_head) in the forward pass")
         return
     upcast = 4 * E if c == 2 else 0
-    b.gpu("logits", "logits", c * E, FORWARDS, f"batch x seq x vocab = {E:,} elements; dropped with the output")
-    b.gpu("fp32 upcast + log_softmax output", "logits", upcast + 4 * E, FORWARDS,
+    b.gpu("logits", "logits", c * E, LOSS, f"batch x seq x vocab = {E:,} elements; dropped with the output")
+    b.gpu("fp32 upcast + log_softmax output", "logits", upcast + 4 * E, LOSS,
           "ForCausalLMLoss: logits.float(); cross_entropy saves log_softmax's output")
     b.gpu("log_softmax output + its gradient + the logits' fp32 gradient", "logits", 12 * E, BWD_START,
           "nll_loss backward makes a dense fp32 gradient; log_softmax backward another")

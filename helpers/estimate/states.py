@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 
 from helpers.estimate.items import (
-    AFTER_FIRST_BACKWARD, ALWAYS, BWD_DONE, BWD_END, BWD_START, FORWARDS, FWD_BWD, GRADS, STATES, STEP, Item,
+    AFTER_FIRST_BACKWARD, ALWAYS, BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARDS, FWD_BWD, GATHER, GRADS, LOSS, STATES,
+    STEP, STEP_PREPARE, Item,
 )
 from helpers.models import ModelSpec
 from helpers.training import TrainSetup
@@ -76,6 +77,13 @@ def _adam_temporary(b: Builder, m: ModelSpec, elements: int, state_bytes: int, d
     add(f"AdamW {impl} temporary", "temporaries", nbytes, STEP, why)
 
 
+def _head_gradient(b: Builder, m: ModelSpec, nbytes_per: int) -> None:
+    """The output head's weight gradient: the first one backward makes, whole, before any hook can shard it."""
+    head = m.group_params["embed"] if m.tied else m.lm_head_params
+    b.gpu("output head's gradient (the first one made)", "gradients", head * nbytes_per, BWD_HEAD,
+          "autograd makes it whole before a gradient hook can partition it")
+
+
 def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     s, P = b.setup, m.params
     compute, storage = dtype_bytes(s)
@@ -84,12 +92,13 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     embed = 0 if m.tied else m.group_params.get("embed", 0)
     if s.precision == "bf16-mixed":
         b.gpu("bf16 weight copies (autocast cache, saved for backward)", "temporaries", m.matmul_params * 2,
-              FORWARDS | BWD_START, "torch.autocast caches the bf16 cast of each fp32 matmul weight (not the "
+              FORWARDS | BWD_START | BWD_HEAD, "torch.autocast caches the bf16 cast of each fp32 matmul weight (not the "
               "embedding or norms); matmuls save it for backward")
     b.gpu(f"gradients ({dt[storage]})" + (", all but the embedding's" if embed else ""), "gradients",
           (P - embed) * storage, GRADS, "param.grad, freed by zero_grad()")
     b.gpu(f"embedding gradient ({dt[storage]})", "gradients", embed * storage, BWD_DONE | STEP,
           "the embedding's backward runs last")
+    _head_gradient(b, m, storage)
     if s.strategy == "ddp":
         b.gpu("DDP gradient buckets", "comm_buffers", P * storage, ALWAYS,
               "DistributedDataParallel's reducer buckets (gradient_as_bucket_view=False, the default)")
@@ -98,36 +107,36 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     _adam_temporary(b, m, P, storage, "gpu")
 
 
-def _pairs_max(values: list[int]) -> int:
-    """Largest sum of two neighbouring groups: the group computing and the one prefetched."""
-    if len(values) < 2:
-        return sum(values)
-    return max(a + c for a, c in zip(values, values[1:]))
-
-
 def _fsdp2(b: Builder, m: ModelSpec) -> None:
+    """FSDP2 as torchtitan groups it: the embedding, each block, norm + output head (measured against dry runs)."""
     s, P, G = b.setup, m.params, b.setup.gpus
     compute, storage = dtype_bytes(s)
     off = s.offload_params
-    reduce_bytes = 4 if s.precision != "bf16" else 2
+    r = 4 if s.precision != "bf16" else 2                    # reduce dtype: fp32 under MixedPrecisionPolicy
     shard = math.ceil(P / G)
     place = b.host if off else b.gpu
-    pin = off and s.pin_memory
     blocks = [math.ceil(t.numel / G) * storage for t in m.tensors]
-    place("sharded parameters" + (" (fp32)" if storage == 4 else " (bf16)"), "parameters", shard * storage, ALWAYS,
+    groups = list(m.group_params.values())                  # embed, layer.0 .. layer.N-1, head (model order)
+    head, last, first = groups[-1], groups[-2], groups[0]
+    dt = " (fp32)" if storage == 4 else " (bf16)"
+    place("sharded parameters" + dt, "parameters", shard * storage, ALWAYS,
           "fully_shard keeps 1/N of each parameter as a DTensor shard" + ("; CPUOffloadPolicy: on the host" if off else ""),
-          pinned=pin, blocks=blocks)
-    groups = list(m.group_params.values())
-    b.gpu("unsharded parameters in flight (current + prefetched group)", "temporaries", _pairs_max(groups) * compute,
-          FWD_BWD, "all-gathered groups (embedding, each block, norm+output), in the compute dtype")
-    b.gpu("reduce-scatter input (one group's unsharded gradients)", "comm_buffers",
-          max(groups) * reduce_bytes, BWD_START | BWD_END, "reduce_dtype fp32 under MixedPrecisionPolicy")
-    if off:
-        b.gpu("sharded group copied to the GPU before all-gather", "temporaries", 2 * math.ceil(max(groups) / G) * storage,
-              FWD_BWD, "CPUOffloadPolicy copies each shard host-to-device")
-    place("sharded gradients", "gradients", shard * storage, GRADS,
-          "reduce-scattered into 1/N shards" + ("; copied to the host (pinned when pin_memory)" if off else ""),
-          pinned=pin, blocks=blocks)
+          pinned=off and s.pin_memory, blocks=blocks)
+    gather = max(2 * g + prev for prev, g in zip([0] + groups[:-1], groups))
+    b.gpu("all-gather of a group (buffer + unsharded copy) beside the previous group", "temporaries", gather * compute,
+          GATHER, "foreach_all_gather output and its copy-out coexist until the copy is done")
+    b.gpu("unsharded output head", "temporaries", head * compute, LOSS | BWD_START,
+          "the head's group while the loss and its backward are computed")
+    b.gpu("unsharded gradient of the head, and the next group prefetched", "temporaries", (head + last) * compute,
+          BWD_HEAD, "the head's backward, with the last block's all-gather prefetched")
+    b.gpu("reduce-scatter of the head: input and output", "comm_buffers", head * r + math.ceil(head / G) * r,
+          BWD_HEAD, f"gradients reduced in {'fp32' if r == 4 else 'bf16'} (reduce_dtype)")
+    b.gpu("unsharded first group (embedding) in backward", "temporaries", first * compute, BWD_END,
+          "the last group to run backward")
+    b.gpu("reduce-scatter input of the first group", "comm_buffers", first * r, BWD_END, "")
+    place("sharded gradients" + dt, "gradients", shard * storage, GRADS,
+          "reduce-scattered into 1/N shards" + ("; copied to the host" if off else ""),
+          pinned=off and s.pin_memory, blocks=blocks)
     place("AdamW exp_avg + exp_avg_sq (sharded)", "optimizer_states", 2 * shard * storage, STATES,
           "torch AdamW on the shards" + ("; the step runs on the CPU" if off else ""))
     _adam_temporary(b, m, shard, storage, "host" if off else "gpu")
@@ -143,20 +152,29 @@ def _zero12(b: Builder, m: ModelSpec) -> None:
     place = b.host if off else b.gpu
     place("fp32 master partition", "master_weights", part * 4, ALWAYS,
           "single_partition_of_fp32_groups, 1/N of the weights in fp32" + ("; pinned" if pin else ""), pinned=pin)
-    if s.strategy == "zero1":
-        b.gpu(f"gradients ({dt}, full)", "gradients", P * compute, GRADS, "ZeRO-1 keeps every gradient until the step")
+    zgrads = BWD_HEAD | BWD_END | BWD_DONE | STEP_PREPARE            # released before the update itself
+    if s.strategy == "zero1" and not off:
+        b.gpu(f"gradients ({dt}, full)", "gradients", P * compute, BWD_END | BWD_DONE | STEP_PREPARE,
+              "ZeRO-1 keeps every gradient until the step")
+        b.gpu(f"gradient partition ({dt}, flattened at the step)", "gradients", part * compute, STEP_PREPARE,
+              "flatten_dense_tensors_aligned(averaged_gradients)")
+        _head_gradient(b, m, compute)
     elif not off:
-        b.gpu(f"gradient partition ({dt})", "gradients", part * compute, GRADS, "grads_in_partition (contiguous_gradients)")
+        b.gpu(f"gradient partition ({dt})", "gradients", part * compute, zgrads,
+              "grads_in_partition (contiguous_gradients), made by the first gradient hook")
+        _head_gradient(b, m, compute)
+    else:
+        _head_gradient(b, m, compute)
     buckets = 2 if s.overlap else 1
     b.gpu(f"ipg reduce bucket{'s' if buckets > 1 else ''} ({dt})", "comm_buffers",
-          buckets * s.reduce_bucket_size * compute, BWD_START | AFTER_FIRST_BACKWARD,
+          buckets * s.reduce_bucket_size * compute, BWD_START | BWD_HEAD | AFTER_FIRST_BACKWARD,
           f"reduce_bucket_size={s.reduce_bucket_size:.0e} elements, x{buckets} (overlap_comm={s.overlap})")
     if off:
         b.host("fp32 gradient partition", "gradients", part * 4, ALWAYS,
                "made at initialize_optimizer_states, kept for the CPU optimizer" + ("; pinned" if pin else ""), pinned=pin)
         b.host("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", part * 8, STATES, "DeepSpeedCPUAdam, lazy at the first step")
     else:
-        b.gpu("fp32 gradient partition (made at the step)", "gradients", part * 4, STEP,
+        b.gpu("fp32 gradient partition (made at the step)", "gradients", part * 4, STEP | STEP_PREPARE,
               "step(): flat bf16 partition .to(fp32) before optimizer.step")
         b.gpu("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", part * 8, STATES, "FusedAdam, lazy at the first step")
 

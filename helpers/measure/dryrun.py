@@ -93,7 +93,7 @@ def _watch_logits(model, tracker: Tracker) -> None:
 class SingleStep:
     """One GPU (or, per rank, the replicated strategies): torch AdamW, autocast for bf16-mixed."""
 
-    def __init__(self, model, setup: TrainSetup, tracker: Tracker):
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
         self.model, self.setup, self.tracker = model, setup, tracker
         self.params = [p for p in model.parameters()]
         tracker.label(self.params, "parameters")
@@ -123,6 +123,177 @@ class SingleStep:
         self.optimizer.zero_grad(set_to_none=True)
 
 
+class FSDP2Step(SingleStep):
+    """FSDP2 on a fake process group (rank 0 of `gpus`): torchtitan's grouping, MixedPrecisionPolicy for
+    bf16-mixed (bf16 compute, fp32 reduce), CPUOffloadPolicy (pageable: a fake host cannot pin) with offload."""
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        kw = {"mesh": mesh}
+        if setup.precision == "bf16-mixed":
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if setup.offload_params:
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
+        inner = model.base_model
+        fully_shard(inner.embed_tokens, **kw)
+        for layer in inner.layers:
+            fully_shard(layer, **kw)
+        fully_shard([inner.norm, model.get_output_embeddings()], **kw)
+        fully_shard(model, **kw)
+        self.model, self.setup, self.tracker = model, setup, tracker
+        self.params = list(model.parameters())
+        tracker.label(self.params, "parameters")
+        self.optimizer = _adamw(self.params, setup.adam)
+
+    def forward(self, ids):
+        with _fsdp_buffers_counted(self.tracker):
+            return self.model(input_ids=ids, labels=ids).loss
+
+    def backward(self, loss):
+        with _fsdp_buffers_counted(self.tracker):
+            super().backward(loss)
+
+
+@contextlib.contextmanager
+def _fsdp_buffers_counted(tracker: Tracker):
+    """Count what FSDP2's all-gathers make (unsharded parameters) as temporaries, its reduce-scatters as
+    communication buffers."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
+
+    originals = {name: getattr(pg, name) for name in ("foreach_all_gather", "foreach_all_gather_copy_out", "foreach_reduce")}
+
+    def wrap(fn, category):
+        def wrapped(*args, **kwargs):
+            with tracker.made_as(category):
+                return fn(*args, **kwargs)
+        return wrapped
+
+    for name, fn in originals.items():
+        setattr(pg, name, wrap(fn, "comm_buffers" if name == "foreach_reduce" else "temporaries"))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(pg, name, fn)
+
+
+class ZeroEquivalentStep(SingleStep):
+    """DeepSpeed ZeRO-1/2 re-enacted in torch (DeepSpeed itself cannot run on fake tensors), labelled as such.
+
+    The same buffers as `deepspeed/runtime/zero/stage_1_and_2.py`, made at the same points: bf16 parameters; an fp32
+    master partition (1/N, on the host with offload_optimizer); ipg reduce bucket(s) made when backward starts; each
+    gradient copied into a contiguous bf16 partition (ZeRO-2) or kept whole (ZeRO-1) as it is made; at the step an
+    fp32 copy of the gradient partition, then Adam (torch's fused AdamW standing in for FusedAdam/DeepSpeedCPUAdam).
+    """
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
+        self.model, self.setup, self.tracker = model, setup, tracker
+        self.params = list(model.parameters())
+        tracker.label(self.params, "parameters")
+        G, dev = setup.gpus, self.params[0].device
+        self.part = -(-sum(p.numel() for p in self.params) // G)
+        self.host = torch.device("cpu") if setup.offload_optimizer else dev
+        self.master = torch.nn.Parameter(torch.empty(self.part, dtype=torch.float32, device=self.host))
+        tracker.label([self.master], "master_weights")
+        self.host_grad = None
+        if setup.offload_optimizer:
+            self.host_grad = torch.empty(self.part, dtype=torch.float32, device=self.host)
+            tracker.label([self.host_grad], "gradients")
+        self.optimizer = torch.optim.AdamW([self.master], lr=1e-5, fused=True)
+        self.buckets, self.partition, self.offset = None, None, 0
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._reduce)
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, labels=ids).loss
+
+    def backward(self, loss):
+        if self.buckets is None:
+            n = 2 if self.setup.overlap else 1
+            self.buckets = [torch.empty(self.setup.reduce_bucket_size, dtype=torch.bfloat16, device=self.params[0].device)
+                            for _ in range(n)]
+            self.tracker.label(self.buckets, "comm_buffers")
+        self.offset = 0
+        super().backward(loss)
+
+    def _reduce(self, p):
+        """What DeepSpeed's gradient hooks do: keep this rank's share of the gradient, free the rest."""
+        if self.setup.strategy == "zero1" and not self.setup.offload_optimizer:
+            self.tracker.label([p.grad], "gradients")
+            return
+        n = -(-p.numel() // self.setup.gpus)
+        n = min(n, self.part - self.offset)
+        if self.host_grad is not None:
+            self.host_grad.narrow(0, self.offset, n).copy_(p.grad.view(-1)[:n])
+        else:
+            if self.partition is None:
+                self.partition = torch.empty(self.part, dtype=p.dtype, device=p.device)
+                self.tracker.label([self.partition], "gradients")
+            self.partition.narrow(0, self.offset, n).copy_(p.grad.view(-1)[:n])
+        self.offset += n
+        p.grad = None
+
+    def step(self):
+        if self.host_grad is not None:
+            self.master.grad = self.host_grad
+        else:
+            if self.partition is None:        # ZeRO-1: flatten this rank's share of the whole gradients
+                share, left = [], self.part
+                for p in self.params:
+                    n = min(-(-p.numel() // self.setup.gpus), left)
+                    share.append(p.grad.view(-1)[:n])
+                    left -= n
+                self.partition = torch.cat(share)
+                self.tracker.label([self.partition], "gradients")
+                del share
+            self.master.grad = self.partition.float()
+            self.tracker.label([self.master.grad], "gradients")
+            for p in self.params:
+                p.grad = None
+            self.partition = None
+        self.optimizer.step()
+        self.tracker.label([v for st in self.optimizer.state.values() for v in st.values()
+                            if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states")
+        if self.host_grad is None:
+            self.master.grad = None
+
+
+_PG = {"world": None}
+
+
+def _fake_mesh(world: int):
+    """A device mesh over a fake process group of `world` ranks, this process being rank 0."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if _PG["world"] != world:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+        _PG["world"] = world
+    return init_device_mesh(fakegpu.NAME, (world,))
+
+
+@contextlib.contextmanager
+def _untracked_sharding_propagation(tracker: Tracker):
+    """DTensor infers output shapes by running ops on scratch fake tensors: keep those out of the count."""
+    from torch.distributed.tensor import _sharding_prop as sp
+
+    original = sp.ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def propagate(self, *args, **kwargs):
+        with tracker.paused():
+            return original(self, *args, **kwargs)
+
+    sp.ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+    try:
+        yield
+    finally:
+        sp.ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
 def run(model, setup: TrainSetup, progress: bool = True) -> Result:
     """Dry-run one set-up: a Result with mode 'dry-run' (GPU per rank, host per node)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -131,26 +302,32 @@ def run(model, setup: TrainSetup, progress: bool = True) -> Result:
     setup = setup.validate()
     m = models.spec(model)
     if setup.strategy not in STEPS:
-        raise InputError(f"dry run of strategy {setup.strategy!r} is not available; available: {', '.join(STEPS)}")
+        raise InputError(
+            f"no dry run for strategy {setup.strategy!r}: DeepSpeed cannot run on fake tensors, and ZeRO-3's "
+            f"gathering has no faithful torch re-enactment here; dry runs exist for {', '.join(STEPS)} "
+            f"(fsdp2 shards as ZeRO-3 does; a scaled real run uses DeepSpeed itself)")
     started = time.perf_counter()
     dev = fakegpu.device()
     bar = tqdm(total=6, desc=f"dry run {m.name}", disable=not progress, leave=False)
+    mesh = _fake_mesh(setup.gpus) if setup.strategy == "fsdp2" else None
     with FakeTensorMode(allow_non_fake_inputs=True):
+        net = build_model(m, setup, dev)                     # built before tracking: setup is the engine's state
+        bar.update()
         tracker = Tracker()
-        with tracker:
-            net = build_model(m, setup, dev)
-            bar.update()
+        with tracker, _untracked_sharding_propagation(tracker):
+            engine = STEPS[setup.strategy](net, setup, tracker, mesh)
+            tracker.label([b for b in net.buffers()], "parameters")
+            tracker.restart_peak("setup")
             _watch_logits(net, tracker)
-            engine = STEPS[setup.strategy](net, setup, tracker)
             ids = torch.randint(0, m.vocab, (setup.batch, setup.seq), device=dev)
             bar.update()
             for first in (True, False):
                 with tracker.phase("forward" if first else "steady", activity="forward"):
-                    out = engine.forward(ids)
+                    loss = engine.forward(ids)
                 bar.update()
                 with tracker.phase("backward" if first else "steady", activity="backward"):
-                    engine.backward(out)
-                    del out
+                    engine.backward(loss)
+                    del loss
                 bar.update()
                 if first:
                     with tracker.phase("step"):
@@ -168,4 +345,5 @@ def run(model, setup: TrainSetup, progress: bool = True) -> Result:
     )
 
 
-STEPS = {"single": SingleStep, "ddp": SingleStep}
+STEPS = {"single": SingleStep, "ddp": SingleStep, "zero1": ZeroEquivalentStep, "zero2": ZeroEquivalentStep,
+         "fsdp2": FSDP2Step}

@@ -65,6 +65,8 @@ class Tracker(TorchDispatchMode):
         self._activity = "setup"
         self._context: str | None = None
         self._resize_orig = None
+        self._paused = 0
+        self._made_as: str | None = None
         self._open_phase("setup")
 
     # -- attribution ---------------------------------------------------------------------------------------------
@@ -94,9 +96,32 @@ class Tracker(TorchDispatchMode):
         finally:
             self._activity = previous
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Ignore ops inside (e.g. DTensor's shape propagation on scratch fake tensors)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
     def set_context(self, name: str | None) -> None:
         """Tag new tensors (e.g. 'logits') until set back to None."""
         self._context = name
+
+    @contextlib.contextmanager
+    def made_as(self, category: str):
+        """Count every tensor made inside as `category` (e.g. an engine's communication code)."""
+        previous, self._made_as = self._made_as, category
+        try:
+            yield
+        finally:
+            self._made_as = previous
+
+    def restart_peak(self, phase: str) -> None:
+        """Let `phase`'s peak be what is live now (e.g. setup measured after initialisation's transients)."""
+        for dev in self.totals:
+            self.peaks[(phase, dev)] = (self.totals[dev], len(self.events))
 
     def label(self, tensors, category: str) -> None:
         """Settle the category of these tensors' storages (registering them if new)."""
@@ -113,7 +138,7 @@ class Tracker(TorchDispatchMode):
         st = t.untyped_storage()
         rec = self._records.get(st)
         if rec is None:
-            rec = Record(st.nbytes(), device_kind(t), self._activity, self._context)
+            rec = Record(st.nbytes(), device_kind(t), self._activity, self._context, self._made_as)
             rec.ref = weakref.ref(st, lambda _r, rec=rec: self._free(rec))
             self._records[st] = rec
             self._add(rec, rec.nbytes)
@@ -140,9 +165,10 @@ class Tracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.track(t)
+        if not self._paused:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.track(t)
         return out
 
     def __enter__(self):
