@@ -53,6 +53,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers", description="LLM training memory, per phase, in GiB.")
     sub = parser.add_subparsers(dest="command", required=True)
     setup_parser(sub.add_parser("estimate", help="analytic estimate (instant, no tensors)"))
+    measure = sub.add_parser("measure", help="measured memory: --mode dry-run (full size, fake tensors)")
+    setup_parser(measure)
+    measure.add_argument("--mode", default="dry-run", choices=["dry-run"],
+                         help="dry-run: the real step of the full-size model on fake tensors")
+    measure.add_argument("--save", metavar="PATH", default=None,
+                         help="also write the result as JSON (atomically), e.g. data/results/NAME.json")
+    measure.add_argument("--no-progress", action="store_true", help="no progress bar")
     sub.add_parser("models", help="list the model catalogue")
     a = parser.parse_args(argv)
     try:
@@ -62,7 +69,14 @@ def main(argv=None) -> int:
                 print(f"{name:20s} {models.spec(name).params:>16,d} parameters")
             return 0
         from helpers import estimate, report
-        result = estimate.run(a.model, setup_from_args(a))
+        setup = setup_from_args(a)
+        if a.command == "measure":
+            from helpers.measure import dryrun
+            result = dryrun.run(a.model, setup, progress=not a.no_progress)
+            if a.save:
+                result.save(a.save)
+        else:
+            result = estimate.run(a.model, setup)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

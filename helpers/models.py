@@ -80,7 +80,7 @@ class ModelSpec:
     q_width: int          # query features per token (heads * query head dim)
     k_width: int          # key features per token, before GQA repetition
     v_width: int          # value features per token, before GQA repetition
-    kv_latent: int        # MLA latent width per token (0 for ordinary attention)
+    kv_latent: int        # MLA compressed key/value width (kv_lora_rank; 0 for ordinary attention)
     moe_layers: int       # layers whose MLP is a mixture of experts
     experts: int          # routed experts per MoE layer
     experts_active: int   # routed experts each token visits (top-k)
@@ -138,7 +138,7 @@ def _dims(cfg) -> dict:
     if getattr(cfg, "kv_lora_rank", None):  # multi-head latent attention (DeepSeek-V2)
         qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
         dims.update(q_width=heads * qk, k_width=heads * qk, v_width=heads * cfg.v_head_dim,
-                    kv_latent=cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+                    kv_latent=cfg.kv_lora_rank)
         head_dim = qk
     experts = getattr(cfg, "n_routed_experts", None) or getattr(cfg, "num_local_experts", None) or 0
     first_dense = getattr(cfg, "first_k_dense_replace", 0) or 0

@@ -27,6 +27,8 @@ def table(r: Result) -> str:
     lines = [f"{r.model}: {r.params:,d} parameters, {r.setup['strategy']} on {r.setup['gpus']} GPU(s), "
              f"{r.setup['precision']}, batch {r.setup['batch']} x seq {r.setup['seq']}   [{r.mode}; GiB = 2^30 bytes]",
              "", f"{'phase':30s}{'GPU (each)':>14s}{'host (node)':>14s}"]
+    if r.meta.get("device"):
+        lines.insert(1, f"measured on: {r.meta['device']}; {r.meta.get('wall_s', '?')} s; {r.meta.get('date', '')}")
     for phase, gpu_bytes in r.gpu.phases.items():
         lines.append(f"{PHASE_LABELS[phase]:30s}{to_gib(gpu_bytes):14.2f}{to_gib(r.host.phases[phase]):14.2f}")
     for name in ("gpu", "host"):

@@ -41,7 +41,7 @@ def test_tied_embedding_counted_once():
 def test_deepseek_moe_dimensions():
     m = models.spec("deepseek-v2-lite")
     assert (m.moe_layers, m.experts, m.experts_active, m.expert_width) == (26, 64, 6, 1408)
-    assert m.shared_width == 2 * 1408 and m.kv_latent == 512 + 64
+    assert m.shared_width == 2 * 1408 and m.kv_latent == 512
     assert 15.6e9 < m.params < 15.8e9   # "15.7B" in DeepSeek's model card
 
 

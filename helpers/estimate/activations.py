@@ -56,12 +56,15 @@ def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
         attn = attn * T + probs
     elif mode == "fp32":                                            # memory-efficient kernel, heads repeated
         attn = 4 * T * (m.q_width + rep_k + rep_v + o_width) + 4 * B * m.heads * math.ceil(S / 32) * 32
+    elif m.kv_latent:                       # MLA under flash: values and output padded to the query head size
+        attn = 2 * T * (m.q_width + m.k_width + 2 * m.q_width + o_width) + 4 * B * m.heads * S
     else:                                                           # flash: q, k, v, output, logsumexp
         attn = 2 * T * (m.q_width + m.k_width + m.v_width + o_width) + 4 * B * m.heads * S
-    latent = (4 + 2 * a) * T * m.kv_latent
+    latent = (4 + 2 * a) * T * m.kv_latent                         # the latent's RMSNorm
     if moe:  # routed pairs keep input, gate/up output, SiLU output, product, output; shared experts as dense
         routed = a * T * m.experts_active * (2 * m.hidden + 4 * m.expert_width)
-        mlp = routed + 4 * a * T * m.shared_width + 4 * T * m.experts      # + the router's fp32 softmax
+        router = 4 * T * (m.hidden + m.experts) + 4 * m.experts * m.hidden  # fp32 input, softmax, fp32 weight copy
+        mlp = routed + 4 * a * T * m.shared_width + router
     else:
         mlp = 4 * a * T * m.intermediate
     return norms * T + attn + latent + mlp

@@ -98,6 +98,10 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
           (P - embed) * storage, GRADS, "param.grad, freed by zero_grad()")
     b.gpu(f"embedding gradient ({dt[storage]})", "gradients", embed * storage, BWD_DONE | STEP,
           "the embedding's backward runs last")
+    if m.tied:
+        b.gpu("tied embedding: its gradient and the earlier one, before they are summed", "temporaries",
+              2 * m.group_params["embed"] * storage, BWD_DONE,
+              "AccumulateGrad adds the embedding's contribution to the head's out of place")
     _head_gradient(b, m, storage)
     if s.strategy == "ddp":
         b.gpu("DDP gradient buckets", "comm_buffers", P * storage, ALWAYS,

@@ -130,14 +130,16 @@ def cached_weight_casts() -> list[torch.Tensor]:
     return [pair[1] for pair in _cast_cache.values()]
 
 
-@contextlib.contextmanager
 def autocast(dtype=torch.bfloat16):
-    """torch.autocast on the fake GPU; clears the weight-cast cache on exit, as CUDA's autocast does."""
-    try:
-        with torch.autocast(NAME, dtype=dtype):
-            yield
-    finally:
+    """torch.autocast on the fake GPU (its weight-cast cache is cleared when the outermost autocast exits)."""
+    return torch.autocast(NAME, dtype=dtype)
+
+
+def _clear_with_ours(original):
+    def clear_autocast_cache():
+        original()
         _cast_cache.clear()
+    return clear_autocast_cache
 
 
 def _flash_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kw):
@@ -147,14 +149,17 @@ def _flash_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     if torch.is_autocast_enabled(NAME):                   # SDPA is on autocast's lower-precision list
         target = torch.get_autocast_dtype(NAME)
         query, key, value = (t.to(target) for t in (query, key, value))
+    dv = value.shape[-1]
+    if dv != query.shape[-1]:                             # MLA: values padded to the query head size, as for flash
+        value = torch.nn.functional.pad(value, [0, query.shape[-1] - dv])
     if query.dtype in (torch.bfloat16, torch.float16):   # the flash kernel takes fewer key/value heads as they are
         out = aten._scaled_dot_product_flash_attention(query, key, value, dropout, causal, scale=scaling)[0]
-        return out.transpose(1, 2).contiguous(), None
+        return out[..., :dv].transpose(1, 2).contiguous(), None
     if key.shape[1] != query.shape[1]:                    # the memory-efficient kernel needs them repeated
         rep = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
     out = aten._scaled_dot_product_efficient_attention(query, key, value, None, True, dropout, causal, scale=scaling)[0]
-    return out.transpose(1, 2).contiguous(), None
+    return out[..., :dv].transpose(1, 2).contiguous(), None
 
 
 def device() -> torch.device:
@@ -172,6 +177,7 @@ def install() -> None:
 
     if torch._C._get_privateuse1_backend_name() != NAME:
         _setup_privateuseone_for_python_backend(rename=NAME, backend_module=_Backend())
+    torch.clear_autocast_cache = _clear_with_ours(torch.clear_autocast_cache)   # called as autocast exits
     glob = torch.library.Library("_", "IMPL")
     glob.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     lib = torch.library.Library("aten", "IMPL")
