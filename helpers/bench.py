@@ -1,32 +1,175 @@
-"""Benchmark: `python -m helpers.bench` prints the median time of one estimate (target: under 10 ms)."""
+"""Benchmarks that print figures: `python -m helpers.bench estimate` (speed of one estimate, target < 10 ms) and
+`python -m helpers.bench dryrun` (the dry run against torch's MemTracker and its own untracked step, Qwen2.5-72B's
+time, FSDP2's GPU/host split, and the estimate against the dry run on a grid of set-ups, saved to data/results/)."""
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import statistics
 import time
 
 from helpers import estimate, models
-from helpers.training import TrainSetup
+from helpers.results import Result
+from helpers.training import TrainSetup as T
+from helpers.units import to_gib
 
-SETUPS = {
-    "single bf16": TrainSetup(precision="bf16", seq=4096),
-    "zero2 offload": TrainSetup(strategy="zero2", offload_optimizer=True, seq=128),
-    "zero3 ratio 0.9, 8 GPUs": TrainSetup(strategy="zero3", gpus=8, offload_optimizer=True, offload_ratio=0.9),
-    "fsdp2 cpu offload, 2 GPUs": TrainSetup(strategy="fsdp2", gpus=2, offload_optimizer=True, offload_params=True),
+SPEED = {
+    "single bf16": T(precision="bf16", seq=4096),
+    "zero2 offload": T(strategy="zero2", offload_optimizer=True, seq=128),
+    "zero3 ratio 0.9, 8 GPUs": T(strategy="zero3", gpus=8, offload_optimizer=True, offload_ratio=0.9),
+    "fsdp2 cpu offload, 2 GPUs": T(strategy="fsdp2", gpus=2, offload_optimizer=True, offload_params=True),
 }
 
+OFF = dict(offload_optimizer=True, pin_memory=False)          # a dry run's host is pageable
+GRID = [
+    ("llama-3-8b", T(precision="bf16", adam_impl="fused", seq=128)),
+    ("llama-3-8b", T(precision="bf16", adam_impl="foreach", seq=128)),
+    ("llama-3-8b", T(precision="bf16-mixed", adam_impl="fused", seq=512)),
+    ("llama-3-8b", T(precision="bf16", adam_impl="for-loop", batch=2, seq=1024, attention="eager")),
+    ("llama-3-8b", T(precision="bf16", adam_impl="fused", seq=4096, grad_checkpointing=True, attention="flash")),
+    ("llama-3-8b", T(precision="fp32", adam_impl="foreach", seq=256)),
+    ("llama-3-8b", T(strategy="ddp", gpus=4, precision="bf16", adam_impl="fused", seq=1024)),
+    ("llama-3-8b", T(strategy="zero2", seq=128, attention="flash", grad_checkpointing=True)),
+    ("llama-3-8b", T(strategy="zero2", seq=128, attention="flash", grad_checkpointing=True, **OFF)),
+    ("llama-3-8b", T(strategy="zero1", gpus=4, seq=512, grad_checkpointing=True)),
+    ("llama-3-8b", T(strategy="zero2", gpus=4, seq=2048, overlap_comm=True)),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, adam_impl="fused", seq=128)),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, adam_impl="fused", seq=128, offload_params=True, **OFF)),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=4, seq=2048, grad_checkpointing=True,
+                     attention="flash", offload_params=True, **OFF)),
+    ("llama-3.2-3b", T(precision="bf16", adam_impl="fused", batch=4, seq=4096, grad_checkpointing=True)),
+    ("llama-3.2-3b", T(precision="bf16-mixed", adam_impl="for-loop", batch=2, seq=2048, grad_checkpointing=True)),
+    ("llama-3.2-3b", T(precision="fp32", adam_impl="foreach", seq=1024)),
+    ("llama-3.2-3b", T(strategy="fsdp2", gpus=8, batch=4, seq=4096, grad_checkpointing=True)),
+    ("qwen2.5-32b", T(precision="bf16", adam_impl="fused", seq=512, attention="eager")),
+    ("qwen2.5-32b", T(strategy="zero2", gpus=8, seq=1024, grad_checkpointing=True, **OFF)),
+    ("qwen2.5-72b", T(precision="bf16", adam_impl="foreach", seq=128)),
+    ("qwen2.5-72b", T(strategy="fsdp2", gpus=8, seq=2048, grad_checkpointing=True)),
+    ("deepseek-v2-lite", T(precision="bf16", adam_impl="fused", seq=2048)),
+    ("deepseek-v2-lite", T(strategy="fsdp2", gpus=4, gpus_per_node=4, batch=2, seq=1024, grad_checkpointing=True)),
+]
 
-def main() -> None:
+
+def bench_estimate() -> None:
     print(f"{'model':18s}{'set-up':28s}{'median ms':>10s}{'max ms':>9s}")
     for name in models.catalogue():
         models.spec(name)                      # the one-time meta build is not what a slider pays
-        for label, setup in SETUPS.items():
+        for label, setup in SPEED.items():
             times = []
             for _ in range(50):
                 t = time.perf_counter()
                 estimate.run(name, setup)
                 times.append((time.perf_counter() - t) * 1e3)
             print(f"{name:18s}{label:28s}{statistics.median(times):10.3f}{max(times):9.3f}")
+
+
+def _label(name: str, s: T) -> str:
+    opts = [s.strategy + (f"x{s.gpus}" if s.gpus > 1 else ""), s.precision, s.adam, f"b{s.batch}", f"s{s.seq}", s.attention]
+    opts += ["ckpt"] * s.grad_checkpointing + ["offload"] * (s.offload_optimizer or s.offload_params)
+    return f"{name} " + " ".join(opts)
+
+
+FLOOR = 16 * 2**20   # below 16 MiB a difference is scalars (optimizer step counters, losses), not a buffer
+
+
+def compare(est: Result, dry: Result) -> tuple[float, float]:
+    """(largest relative difference of a peak, of a phase), over GPU and host; differences under FLOOR count 0."""
+    peak, phase = 0.0, 0.0
+    for dev in ("gpu", "host"):
+        e, d = est.device(dev), dry.device(dev)
+        rel = lambda a, b: abs(a - b) / max(a, b) if abs(a - b) > FLOOR else 0.0
+        peak = max(peak, rel(e.peak_bytes, d.peak_bytes))
+        phase = max([phase] + [rel(e.phases[p], d.phases[p]) for p in d.phases])
+    return peak, phase
+
+
+def bench_dryrun(save: bool = True) -> None:
+    from helpers.measure import dryrun
+
+    print("1. Llama-3-8B, bf16, fused AdamW, batch 1, seq 128, sdpa: our tracker against torch's MemTracker")
+    s = T(precision="bf16", adam_impl="fused", seq=128)
+    untracked = dryrun.run("llama-3-8b", s, progress=False, track=False).meta["step_s"]
+    ours = dryrun.run("llama-3-8b", s, progress=False)
+    mt_peak, mt_s = _memtracker_peak("llama-3-8b", s)
+    print(f"   peak: ours {to_gib(ours.gpu.peak_bytes):.2f} GiB, MemTracker {to_gib(mt_peak):.2f} GiB, "
+          f"difference {abs(ours.gpu.peak_bytes - mt_peak) / mt_peak:.2%}")
+    print(f"   time of the steps: untracked {untracked:.1f} s, ours {ours.meta['step_s']:.1f} s "
+          f"({ours.meta['step_s'] / untracked:.1f}x), MemTracker {mt_s:.1f} s")
+    print("2. Qwen2.5-72B dry run (bf16, foreach AdamW, batch 1, seq 128)")
+    q = dryrun.run("qwen2.5-72b", T(precision="bf16", seq=128), progress=False)
+    print(f"   wall {q.meta['wall_s']:.1f} s (build + steps), peak {to_gib(q.gpu.peak_bytes):.2f} GiB")
+    print("3. FSDP2 with CPU offload, Llama-3-8B on 2 GPUs (bf16-mixed, fused AdamW, batch 1, seq 128)")
+    f = dryrun.run("llama-3-8b", GRID[12][1], progress=False)
+    print(f"   per GPU {to_gib(f.gpu.peak_bytes):.2f} GiB; host {to_gib(f.host.peak_bytes) / 2:.2f} GiB per rank "
+          f"({to_gib(f.host.peak_bytes):.2f} GiB per node of 2)")
+    print("4. Estimate against dry run (peaks per device; worst phase), GiB")
+    print(f"   {'set-up':72s}{'GPU est':>9s}{'GPU dry':>9s}{'host est':>9s}{'host dry':>9s}{'peak':>7s}{'phase':>7s}")
+    rows, worst = [], 0.0
+    for name, setup in GRID:
+        e, d = estimate.run(name, setup), dryrun.run(name, setup, progress=False)
+        peak, phase = compare(e, d)
+        worst = max(worst, phase)
+        print(f"   {_label(name, setup):72s}{to_gib(e.gpu.peak_bytes):9.2f}{to_gib(d.gpu.peak_bytes):9.2f}"
+              f"{to_gib(e.host.peak_bytes):9.2f}{to_gib(d.host.peak_bytes):9.2f}{peak:7.1%}{phase:7.1%}")
+        rows.append({"model": name, "setup": d.setup, "estimate": e.to_dict(), "dry_run": d.to_dict(),
+                     "peak_rel_diff": peak, "worst_phase_rel_diff": phase})
+    print(f"   {len(GRID)} set-ups; largest difference of any phase: {worst:.2%} (target: within 3%; "
+          f"differences under 16 MiB count as none)")
+    if save:
+        path = _save(rows, ours.meta)
+        print(f"   saved {path}")
+
+
+def _save(rows, meta) -> str:
+    import json
+    import os
+    import tempfile
+
+    out = models.DATA_DIR / "results" / "dryrun_vs_estimate.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"about": "python -m helpers.bench dryrun: estimate and dry run of each set-up (GiB = 2^30 bytes)",
+           "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": meta["versions"],
+           "device": meta["device"], "machine": meta["machine"], "rows": rows}
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    os.replace(tmp, out)
+    return str(out.relative_to(models.DATA_DIR.parent))
+
+
+def _memtracker_peak(name: str, setup: T) -> tuple[int, float]:
+    """torch's own MemTracker on the same fake step (one iteration): its peak bytes on the GPU, and its time."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from helpers.measure import dryrun, fakegpu
+
+    m, dev = models.spec(name), fakegpu.device()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        net = dryrun.build_model(m, setup, dev)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-5, fused=setup.adam == "fused", foreach=setup.adam == "foreach")
+        ids = torch.randint(0, m.vocab, (setup.batch, setup.seq), device=dev)
+        mt = MemTracker()
+        mt.track_external(net, opt)
+        t = time.perf_counter()
+        with mt:
+            net(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        elapsed = time.perf_counter() - t
+    peak = sum(v for d, cats in mt.get_tracker_snapshot("peak").items() if d.type != "cpu"
+               for k, v in cats.items() if k == "Total")
+    return peak, elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m helpers.bench")
+    p.add_argument("which", choices=["estimate", "dryrun"], nargs="?", default="estimate")
+    p.add_argument("--no-save", action="store_true", help="dryrun: do not write data/results/")
+    a = p.parse_args()
+    bench_estimate() if a.which == "estimate" else bench_dryrun(save=not a.no_save)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ def table(r: Result) -> str:
              "", f"{'phase':30s}{'GPU (each)':>14s}{'host (node)':>14s}"]
     if r.meta.get("device"):
         lines.insert(1, f"measured on: {r.meta['device']}; {r.meta.get('wall_s', '?')} s; {r.meta.get('date', '')}")
+        lines.insert(2, f"engine: {r.meta.get('engine', '?')}" + (f"; {r.meta['note']}" if r.meta.get("note") else ""))
     for phase, gpu_bytes in r.gpu.phases.items():
         lines.append(f"{PHASE_LABELS[phase]:30s}{to_gib(gpu_bytes):14.2f}{to_gib(r.host.phases[phase]):14.2f}")
     for name in ("gpu", "host"):

@@ -112,7 +112,8 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
 
 
 def _fsdp2(b: Builder, m: ModelSpec) -> None:
-    """FSDP2 as torchtitan groups it: the embedding, each block, norm + output head (measured against dry runs)."""
+    """FSDP2 as torchtitan groups it: the embedding, each block, norm + output head (a tied head shares the
+    embedding's group). Each moment below was located in dry runs."""
     s, P, G = b.setup, m.params, b.setup.gpus
     compute, storage = dtype_bytes(s)
     off = s.offload_params
@@ -120,27 +121,37 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     shard = math.ceil(P / G)
     place = b.host if off else b.gpu
     blocks = [math.ceil(t.numel / G) * storage for t in m.tensors]
-    groups = list(m.group_params.values())                  # embed, layer.0 .. layer.N-1, head (model order)
-    head, last, first = groups[-1], groups[-2], groups[0]
+    gp = m.group_params
+    layers = [v for k, v in gp.items() if k.startswith("layer.")]
+    first = gp["embed"] + (gp["head"] if m.tied else 0)
+    head = first if m.tied else gp["head"]
+    order = [first] + layers + [head]                       # the order groups are gathered in forward
+    layer = max(layers)
     dt = " (fp32)" if storage == 4 else " (bf16)"
     place("sharded parameters" + dt, "parameters", shard * storage, ALWAYS,
           "fully_shard keeps 1/N of each parameter as a DTensor shard" + ("; CPUOffloadPolicy: on the host" if off else ""),
           pinned=off and s.pin_memory, blocks=blocks)
-    gather = max(2 * g + prev for prev, g in zip([0] + groups[:-1], groups))
+    gather = max(2 * g + prev for prev, g in zip([0] + order[:-1], order))
     b.gpu("all-gather of a group (buffer + unsharded copy) beside the previous group", "temporaries", gather * compute,
           GATHER, "foreach_all_gather output and its copy-out coexist until the copy is done")
-    b.gpu("unsharded output head", "temporaries", head * compute, LOSS | BWD_START,
-          "the head's group while the loss and its backward are computed")
-    b.gpu("unsharded gradient of the head, and the next group prefetched", "temporaries", (head + last) * compute,
+    b.gpu("unsharded output head", "temporaries", head * compute, LOSS, "the head's group while the loss is computed")
+    b.gpu("unsharded gradient of the head, and the next group prefetched", "temporaries", (head + layers[-1]) * compute,
           BWD_HEAD, "the head's backward, with the last block's all-gather prefetched")
     b.gpu("reduce-scatter of the head: input and output", "comm_buffers", head * r + math.ceil(head / G) * r,
           BWD_HEAD, f"gradients reduced in {'fp32' if r == 4 else 'bf16'} (reduce_dtype)")
-    b.gpu("unsharded first group (embedding) in backward", "temporaries", first * compute, BWD_END,
-          "the last group to run backward")
-    b.gpu("reduce-scatter input of the first group", "comm_buffers", first * r, BWD_END, "")
-    place("sharded gradients" + dt, "gradients", shard * storage, GRADS,
+    b.gpu("unsharded first block, and the embedding prefetched", "temporaries", (layer + first) * compute, BWD_END,
+          "the first block's backward")
+    b.gpu("reduce-scatter input of a block", "comm_buffers", layer * r, BWD_END, "")
+    b.gpu("unsharded embedding in backward, and its reduce-scatter input", "comm_buffers", first * (compute + r),
+          BWD_DONE, "the last group to run backward")
+    in_first = [t.group == "embed" or (m.tied and t.group == "head") for t in m.tensors]
+    rest_blocks = [b_ for b_, f in zip(blocks, in_first) if not f]
+    first_blocks = [b_ for b_, f in zip(blocks, in_first) if f]
+    place("sharded gradients" + dt + ", all but the embedding's", "gradients", sum(rest_blocks), GRADS,
           "reduce-scattered into 1/N shards" + ("; copied to the host" if off else ""),
-          pinned=off and s.pin_memory, blocks=blocks)
+          pinned=off and s.pin_memory, blocks=rest_blocks)
+    place("sharded gradient of the embedding", "gradients", sum(first_blocks), BWD_DONE | STEP,
+          "its group runs backward last", pinned=off and s.pin_memory, blocks=first_blocks)
     place("AdamW exp_avg + exp_avg_sq (sharded)", "optimizer_states", 2 * shard * storage, STATES,
           "torch AdamW on the shards" + ("; the step runs on the CPU" if off else ""))
     _adam_temporary(b, m, shard, storage, "host" if off else "gpu")

@@ -78,15 +78,19 @@ def _adamw(params, impl: str):
 
 
 def _watch_logits(model, tracker: Tracker) -> None:
-    """Tag the output head and the loss as 'logits', in forward and in backward until d(hidden) is made."""
+    """Tag the output head's output and the loss as 'logits' in forward, and the loss's backward until the
+    gradient of the logits is made."""
     head = model.get_output_embeddings()
 
     def pre(module, args):
         tracker.set_context("logits")
-        if args[0].requires_grad:
-            args[0].register_hook(lambda grad: tracker.set_context(None))
+
+    def post(module, args, output):
+        if output.requires_grad:
+            output.register_hook(lambda grad: tracker.set_context(None))
 
     head.register_forward_pre_hook(pre)
+    head.register_forward_hook(post)
     model.register_forward_hook(lambda module, args, out: tracker.set_context(None))
 
 
@@ -136,10 +140,13 @@ class FSDP2Step(SingleStep):
         if setup.offload_params:
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
         inner = model.base_model
-        fully_shard(inner.embed_tokens, **kw)
+        head = [inner.norm, model.get_output_embeddings()]
+        tied = model.get_output_embeddings().weight is inner.embed_tokens.weight
+        if not tied:
+            fully_shard(inner.embed_tokens, **kw)
         for layer in inner.layers:
             fully_shard(layer, **kw)
-        fully_shard([inner.norm, model.get_output_embeddings()], **kw)
+        fully_shard([inner.embed_tokens, *head] if tied else head, **kw)   # a tied head shares one group
         fully_shard(model, **kw)
         self.model, self.setup, self.tracker = model, setup, tracker
         self.params = list(model.parameters())
@@ -294,7 +301,39 @@ def _untracked_sharding_propagation(tracker: Tracker):
         sp.ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
-def run(model, setup: TrainSetup, progress: bool = True) -> Result:
+class NullTracker:
+    """Stands in for the Tracker to time the same step untracked."""
+
+    def label(self, tensors, category): pass
+    def set_context(self, name): pass
+    def restart_peak(self, phase): pass
+
+    @contextlib.contextmanager
+    def phase(self, name, activity=None):
+        yield
+
+    @contextlib.contextmanager
+    def made_as(self, category):
+        yield
+
+    @contextlib.contextmanager
+    def paused(self):
+        yield
+
+    def __enter__(self): return self
+    def __exit__(self, *exc): return False
+
+
+ENGINES = {
+    "single": "torch AdamW on one GPU",
+    "ddp": "torch AdamW, plus one gradient-sized DDP bucket buffer (DDP itself not run)",
+    "zero1": "DeepSpeed ZeRO-1 re-enacted in torch (DeepSpeed cannot run on fake tensors)",
+    "zero2": "DeepSpeed ZeRO-2 re-enacted in torch (DeepSpeed cannot run on fake tensors)",
+    "fsdp2": "FSDP2 fully_shard on a fake process group, rank 0's view",
+}
+
+
+def run(model, setup: TrainSetup, progress: bool = True, track: bool = True) -> Result:
     """Dry-run one set-up: a Result with mode 'dry-run' (GPU per rank, host per node)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from tqdm.auto import tqdm
@@ -313,7 +352,8 @@ def run(model, setup: TrainSetup, progress: bool = True) -> Result:
     with FakeTensorMode(allow_non_fake_inputs=True):
         net = build_model(m, setup, dev)                     # built before tracking: setup is the engine's state
         bar.update()
-        tracker = Tracker()
+        tracker = Tracker() if track else NullTracker()
+        stepped = time.perf_counter()
         with tracker, _untracked_sharding_propagation(tracker):
             engine = STEPS[setup.strategy](net, setup, tracker, mesh)
             tracker.label([b for b in net.buffers()], "parameters")
@@ -332,7 +372,11 @@ def run(model, setup: TrainSetup, progress: bool = True) -> Result:
                 if first:
                     with tracker.phase("step"):
                         engine.step()
+    step_s = time.perf_counter() - stepped
     bar.close()
+    if not track:
+        return Result(m.name, m.params, "dry-run (untracked)", dataclasses.asdict(setup), DeviceMemory({}),
+                      DeviceMemory({}), meta={"step_s": round(step_s, 2)})
     scale = setup.ranks_per_node
     gpu_cap = None if setup.gpu_gib is None else from_gib(setup.gpu_gib)
     host_cap = None if setup.host_gib is None else from_gib(setup.host_gib)
@@ -341,7 +385,10 @@ def run(model, setup: TrainSetup, progress: bool = True) -> Result:
         gpu=DeviceMemory(tracker.breakdown("gpu"), gpu_cap), host=DeviceMemory(tracker.breakdown("host", scale), host_cap),
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
               "device": "fake tensors (no memory allocated); GPU = fake PrivateUse1 device 'gpu'",
-              "wall_s": round(time.perf_counter() - started, 2), "machine": platform.machine()},
+              "engine": ENGINES[setup.strategy], "wall_s": round(time.perf_counter() - started, 2),
+              "step_s": round(step_s, 2), "machine": platform.machine(),
+              "note": ("host bytes are pageable: fake tensors cannot be pinned"
+                       if setup.offload_optimizer or setup.offload_params else "")},
     )
 
 
