@@ -86,3 +86,22 @@ def test_models_listing(capsys):
 def test_items_listing_names_each_buffer(capsys):
     code, out, _ = cli(capsys, "--model", "llama-3-8b", "--strategy", "zero2", "--seq", "128", "--items")
     assert code == 0 and "fp32 gradient partition (made at the step)" in out and "nothing offloaded" in out
+
+
+def test_measure_dry_run_prints_the_same_object_and_saves_it(capsys, tmp_path):
+    from pathlib import Path
+
+    tiny = str(Path(__file__).parent / "data" / "tiny-llama.json")
+    out_file = tmp_path / "results" / "tiny.json"
+    code = main(["measure", "--mode", "dry-run", "--model", tiny, "--seq", "64", "--json", "--no-progress",
+                 "--save", str(out_file)])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0 and d["mode"] == "dry-run"
+    for dev in ("gpu", "host"):
+        assert {"peak_bytes", "peak_phase", "phases", "categories"} <= set(d[dev])
+    assert json.loads(out_file.read_text())["gpu"]["peak_bytes"] == d["gpu"]["peak_bytes"]
+
+
+def test_measure_refuses_zero3_with_a_reason(capsys):
+    assert main(["measure", "--model", "llama-3-8b", "--strategy", "zero3", "--gpus", "8", "--no-progress"]) == 2
+    assert "DeepSpeed cannot run on fake tensors" in capsys.readouterr().err

@@ -54,7 +54,7 @@ def build_model(m: models.ModelSpec, setup: TrainSetup, device):
         move_to(model, device)
     model.config.use_cache = False
     if setup.grad_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
     model.train()
     return model
 

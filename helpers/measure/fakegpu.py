@@ -168,15 +168,24 @@ def device() -> torch.device:
     return torch.device(NAME)
 
 
+def register_backend() -> None:
+    """Name PyTorch's PrivateUse1 backend 'gpu' (once per process).
+
+    This must happen before the process's first backward pass: autograd sizes its per-device queues then, and a
+    device registered later makes backward fail. `helpers.measure` calls it on import for that reason.
+    """
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    if torch._C._get_privateuse1_backend_name() != NAME:
+        _setup_privateuseone_for_python_backend(rename=NAME, backend_module=_Backend())
+
+
 def install() -> None:
     """Register the 'gpu' backend, its autocast kernels and the attention function (once per process)."""
     global _installed
     if _installed:
         return
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
-
-    if torch._C._get_privateuse1_backend_name() != NAME:
-        _setup_privateuseone_for_python_backend(rename=NAME, backend_module=_Backend())
+    register_backend()
     torch.clear_autocast_cache = _clear_with_ours(torch.clear_autocast_cache)   # called as autocast exits
     glob = torch.library.Library("_", "IMPL")
     glob.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")

@@ -1,0 +1,112 @@
+"""The tracker: each category's bytes equal numel * element_size of the tensors that hold it, for real and fake."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import models
+from helpers.measure import dryrun, fakegpu
+from helpers.measure.tracker import Tracker
+from helpers.training import TrainSetup
+
+TINY = str(Path(__file__).parent / "data" / "tiny-llama.json")
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def tracked_step(net, ids, device_kind, optimizer):
+    """Forward, backward and an AdamW step under the tracker; returns the tracker and what it should have seen."""
+    tracker = Tracker()
+    with tracker:
+        params = list(net.parameters())
+        tracker.label(params, "parameters")
+        tracker.label(list(net.buffers()), "parameters")
+        dryrun._watch_logits(net, tracker)
+        with tracker.phase("forward", activity="forward"):
+            loss = net(input_ids=ids, labels=ids).loss
+        with tracker.phase("backward", activity="backward"):
+            loss.backward()
+            del loss
+            grads = [p.grad for p in params]
+            tracker.label(grads, "gradients")
+        with tracker.phase("step"):
+            optimizer.step()
+            states = [v for s in optimizer.state.values() for v in s.values() if v.numel() > 1]
+            tracker.label(states, "optimizer_states")
+    expected = {"parameters": nbytes(params) + nbytes(net.buffers()), "gradients": nbytes(grads),
+                "optimizer_states": nbytes(states)}
+    return tracker.breakdown(device_kind), expected
+
+
+def test_real_cpu_step_categories_equal_tensor_bytes():
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    net = AutoModelForCausalLM.from_config(models.load_config(TINY), dtype=torch.float32)
+    ids = torch.randint(0, 512, (2, 32))
+    got, want = tracked_step(net, ids, "host", torch.optim.AdamW(net.parameters(), foreach=False))
+    assert got["setup"]["parameters"] == want["parameters"]
+    assert got["step"]["gradients"] == want["gradients"] == nbytes(net.parameters())
+    assert got["step"]["optimizer_states"] == want["optimizer_states"] == 2 * nbytes(net.parameters())
+    assert got["forward"]["activations"] > 0 and got["forward"]["logits"] > 0
+
+
+def test_fake_gpu_step_categories_equal_tensor_bytes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    m = models.spec("llama-3-8b")
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        net = dryrun.build_model(m, TrainSetup(precision="bf16", seq=64), fakegpu.device())
+        ids = torch.randint(0, m.vocab, (1, 64), device=fakegpu.device())
+        got, want = tracked_step(net, ids, "gpu", torch.optim.AdamW(net.parameters(), fused=True))
+    assert got["setup"]["parameters"] == want["parameters"] == 2 * m.params + nbytes(net.buffers())
+    assert got["step"]["gradients"] == want["gradients"] == 2 * m.params
+    assert got["step"]["optimizer_states"] == want["optimizer_states"] == 4 * m.params
+
+
+def test_dry_run_result_format_and_metadata():
+    r = dryrun.run("llama-3-8b", TrainSetup(strategy="zero2", seq=128, attention="flash", grad_checkpointing=True,
+                                            gpu_gib=80), progress=False)
+    d = r.to_dict()
+    assert d["mode"] == "dry-run" and d["params"] == 8_030_261_248
+    assert d["oom"] == {"device": "gpu", "phase": "step"}
+    assert {"date", "versions", "device", "wall_s", "engine"} <= set(d["meta"])
+    assert d["meta"]["versions"]["torch"].startswith("2.13")
+    assert "re-enacted" in d["meta"]["engine"]
+
+
+def test_fsdp2_shards_are_numel_times_element_size():
+    s = TrainSetup(strategy="fsdp2", gpus=4, gpus_per_node=4, seq=64, offload_optimizer=True, offload_params=True,
+                   pin_memory=False)
+    r = dryrun.run(TINY, s, progress=False)
+    spec = models.spec(TINY)
+    shards = sum(-(-t.numel // 4) for t in spec.tensors) * 4 * 4       # fp32 shards, 4 ranks on the node
+    assert r.host.breakdown["setup"]["parameters"] == pytest.approx(shards, rel=0.01)
+    assert r.host.breakdown["step"]["optimizer_states"] == pytest.approx(2 * shards, rel=0.01)
+    assert r.gpu.breakdown["setup"]["parameters"] < 1024      # only the rotary embedding's buffers stay on the GPU
+
+
+@pytest.mark.parametrize("model,setup", [
+    (TINY, TrainSetup(precision="bf16", adam_impl="foreach", batch=2, seq=64)),
+    (TINY, TrainSetup(precision="bf16-mixed", adam_impl="for-loop", seq=128, grad_checkpointing=True)),
+    (TINY, TrainSetup(strategy="fsdp2", gpus=2, gpus_per_node=2, seq=64)),
+    ("llama-3-8b", TrainSetup(strategy="zero2", seq=128, attention="flash", grad_checkpointing=True)),
+    ("llama-3-8b", TrainSetup(precision="bf16", adam_impl="fused", seq=1024, attention="eager")),
+])
+def test_estimate_agrees_with_dry_run_within_3_percent(model, setup):
+    from helpers import estimate
+
+    e, d = estimate.run(model, setup), dryrun.run(model, setup, progress=False)
+    for dev in ("gpu", "host"):
+        for phase, measured in d.device(dev).phases.items():
+            assert e.device(dev).phases[phase] == pytest.approx(measured, rel=0.03, abs=16 * 2**20), (dev, phase)
+
+
+def test_zero3_dry_run_is_refused_plainly():
+    from helpers.errors import InputError
+
+    with pytest.raises(InputError, match="DeepSpeed cannot run on fake tensors"):
+        dryrun.run("llama-3-8b", TrainSetup(strategy="zero3", gpus=8), progress=False)
