@@ -1,9 +1,10 @@
 """A memory tracker: live tensor bytes by category, phase and device, with each phase's peak.
 
 Every op's outputs are seen through a TorchDispatchMode; each new storage becomes a record, and a weak reference
-tells when it is freed. An event log (allocations and frees) keeps the peak of each (phase, device) as an index, so
-categories can be settled at the end: a tensor made in backward that turned out to be a gradient, or one made in
-the step that the optimizer kept as its state, is counted as such at every peak it was part of.
+tells when it is freed. An event log (allocations, frees, phase changes) is replayed at the end to find each
+(phase, device) peak, so categories and placements can be settled late: a tensor made in backward that turned out
+to be a gradient, or one the optimizer kept as its state, is counted as such at every peak it was part of; and in a
+scaled CPU run, a buffer the engine would keep on the host is placed there by `label(..., device='host')`.
 Only the ops' outputs are looked at, never the module tree, so a step costs little more than the step itself.
 
 Known limitations:
@@ -54,12 +55,14 @@ def device_kind(t: torch.Tensor) -> str:
 class Tracker(TorchDispatchMode):
     """Track live tensor bytes; use `phase()`, `activity()`, `context()` and `label()` to attribute them."""
 
-    def __init__(self):
+    def __init__(self, default_device: str | None = None):
+        """`default_device` ('gpu' or 'host') places every tensor there unless labelled otherwise; None places a
+        tensor by its own device (a CPU tensor on the host, any other on the GPU)."""
         super().__init__()
+        self.default_device = default_device
         self._records: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self.events: list[tuple[Record, int]] = []
-        self.totals = {"gpu": 0, "host": 0}
-        self.peaks: dict[tuple[str, str], tuple[int, int]] = {}
+        self.events: list[tuple] = []
+        self.totals = {"gpu": 0, "host": 0}          # live bytes by each tensor's first placement
         self.phases: list[str] = []
         self._phase = "setup"
         self._activity = "setup"
@@ -73,8 +76,7 @@ class Tracker(TorchDispatchMode):
     def _open_phase(self, name: str) -> None:
         if name not in self.phases:
             self.phases.append(name)
-        for dev in self.totals:
-            self.peaks.setdefault((name, dev), (self.totals[dev], len(self.events)))
+        self.events.append(("phase", name))
         self._phase = name
 
     @contextlib.contextmanager
@@ -86,7 +88,8 @@ class Tracker(TorchDispatchMode):
         try:
             yield
         finally:
-            self._phase, self._activity = previous
+            self.events.append(("phase", "_between"))      # between phases nothing is counted
+            self._phase, self._activity = "_between", previous[1]
 
     @contextlib.contextmanager
     def activity(self, name: str):
@@ -120,16 +123,18 @@ class Tracker(TorchDispatchMode):
 
     def restart_peak(self, phase: str) -> None:
         """Let `phase`'s peak be what is live now (e.g. setup measured after initialisation's transients)."""
-        for dev in self.totals:
-            self.peaks[(phase, dev)] = (self.totals[dev], len(self.events))
+        self.events.append(("restart", phase))
 
-    def label(self, tensors, category: str) -> None:
-        """Settle the category of these tensors' storages (registering them if new)."""
+    def label(self, tensors, category: str, device: str | None = None) -> None:
+        """Settle the category (and, if given, the placement) of these tensors' storages, registering them if new."""
         if category not in CATEGORIES:
             raise ValueError(f"unknown category {category!r}")
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                self.track(t).category = category
+                rec = self.track(t)
+                rec.category = category
+                if device is not None:
+                    rec.device = device
 
     # -- bookkeeping ---------------------------------------------------------------------------------------------
     def track(self, t: torch.Tensor) -> Record:
@@ -138,7 +143,8 @@ class Tracker(TorchDispatchMode):
         st = t.untyped_storage()
         rec = self._records.get(st)
         if rec is None:
-            rec = Record(st.nbytes(), device_kind(t), self._activity, self._context, self._made_as)
+            rec = Record(st.nbytes(), self.default_device or device_kind(t), self._activity, self._context,
+                         self._made_as)
             rec.ref = weakref.ref(st, lambda _r, rec=rec: self._free(rec))
             self._records[st] = rec
             self._add(rec, rec.nbytes)
@@ -149,9 +155,6 @@ class Tracker(TorchDispatchMode):
     def _add(self, rec: Record, nbytes: int) -> None:
         self.totals[rec.device] += nbytes
         self.events.append((rec, nbytes))
-        key = (self._phase, rec.device)
-        if self.totals[rec.device] > self.peaks[key][0]:
-            self.peaks[key] = (self.totals[rec.device], len(self.events))
 
     def _resized(self, rec: Record, nbytes: int) -> None:
         delta, rec.nbytes = nbytes - rec.nbytes, nbytes
@@ -199,24 +202,20 @@ class Tracker(TorchDispatchMode):
 
     def breakdown(self, device: str, scale: int = 1) -> dict[str, dict[str, int]]:
         """{phase: {category: bytes}} at each phase's peak on `device`, times `scale` (ranks per node)."""
-        targets = {}
-        for phase in self.phases:
-            targets.setdefault(self.peaks[(phase, device)][1], []).append(phase)
-        out = {p: {c: 0 for c in CATEGORIES} for p in self.phases}
-        live: dict[int, int] = {}
-        recs: dict[int, Record] = {}
-
-        def snapshot(index):
-            for phase in targets.get(index, []):
-                for key, nbytes in live.items():
-                    out[phase][self.category(recs[key])] += nbytes * scale
-
-        snapshot(0)
-        for i, (rec, delta) in enumerate(self.events, start=1):
-            if rec.device == device:
-                live[id(rec)] = live.get(id(rec), 0) + delta
-                recs[id(rec)] = rec
-                if live[id(rec)] == 0:
-                    del live[id(rec)]
-            snapshot(i)
-        return out
+        live = {c: 0 for c in CATEGORIES}
+        total, phase = 0, "setup"
+        best: dict[str, tuple[int, dict]] = {"setup": (0, dict(live))}
+        for event in self.events:
+            if event[0] in ("phase", "restart"):
+                phase = event[1]
+                if event[0] == "restart" or phase not in best:
+                    best[phase] = (total, dict(live))
+                continue
+            rec, delta = event
+            if rec.device != device:
+                continue
+            live[self.category(rec)] += delta
+            total += delta
+            if total > best[phase][0]:
+                best[phase] = (total, dict(live))
+        return {p: {c: v * scale for c, v in best[p][1].items()} for p in self.phases if p in best}
