@@ -53,10 +53,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers", description="LLM training memory, per phase, in GiB.")
     sub = parser.add_subparsers(dest="command", required=True)
     setup_parser(sub.add_parser("estimate", help="analytic estimate (instant, no tensors)"))
-    measure = sub.add_parser("measure", help="measured memory: --mode dry-run (full size, fake tensors)")
+    measure = sub.add_parser("measure", help="measured memory: dry-run (full size, fake tensors), scaled (tiny twin, "
+                                             "real, this CPU)")
     setup_parser(measure)
-    measure.add_argument("--mode", default="dry-run", choices=["dry-run"],
-                         help="dry-run: the real step of the full-size model on fake tensors")
+    measure.add_argument("--mode", default="scaled", choices=["dry-run", "scaled", "gpu"],
+                         help="scaled (default): the tiny twin trained for real on this CPU through the set-up's engine; "
+                              "dry-run: the full-size step on fake tensors; gpu: the full-size step on CUDA")
+    measure.add_argument("--steps", type=int, default=3, help="scaled: training steps (default 3)")
     measure.add_argument("--save", metavar="PATH", default=None,
                          help="also write the result as JSON (atomically), e.g. data/results/NAME.json")
     measure.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -71,8 +74,17 @@ def main(argv=None) -> int:
         from helpers import estimate, report
         setup = setup_from_args(a)
         if a.command == "measure":
-            from helpers.measure import dryrun
-            result = dryrun.run(a.model, setup, progress=not a.no_progress)
+            if a.steps < 1:
+                raise InputError(f"steps must be a positive integer, got {a.steps}")
+            if a.mode == "dry-run":
+                from helpers.measure import dryrun
+                result = dryrun.run(a.model, setup, progress=not a.no_progress)
+            elif a.mode == "scaled":
+                from helpers.measure import scaled
+                result = scaled.run(a.model, setup, steps=a.steps)
+            else:
+                from helpers.measure import gpu
+                result = gpu.run(a.model, setup, snapshot=a.save and a.save.replace(".json", ".pickle"))
             if a.save:
                 result.save(a.save)
         else:

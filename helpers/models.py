@@ -16,6 +16,7 @@ from helpers.errors import InputError
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 MODELS_DIR = DATA_DIR / "models"
+SCALED_DIR = Path.home() / ".cache" / "oom-casebook" / "scaled"   # the tiny twins' configs (derived, see scaled_config)
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -175,7 +176,7 @@ def _spec_from_path(path: str) -> ModelSpec:
             f"{path!r} ({cfg.model_type}) is not a decoder-only model with `layers.N` blocks; the memory arithmetic "
             f"covers Llama-style decoders (llama, qwen2, mistral, deepseek_v2, ...)"
         )
-    name = Path(path).stem if Path(path).parent == MODELS_DIR else path
+    name = Path(path).stem if Path(path).parent in (MODELS_DIR, SCALED_DIR) else path
     return ModelSpec(
         name=name, model_type=cfg.model_type, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
         layers=cfg.num_hidden_layers, vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
@@ -184,7 +185,64 @@ def _spec_from_path(path: str) -> ModelSpec:
 
 
 def spec(model: str | Path | ModelSpec) -> ModelSpec:
-    """The ModelSpec of a catalogue name or config path (built once, then cached)."""
+    """The ModelSpec of a catalogue name, config path or scaled twin's config file (built once, then cached)."""
     if isinstance(model, ModelSpec):
         return model
     return _spec_from_path(str(config_path(model)))
+
+
+# The tiny twin of a model: same architecture class and the same proportions where memory depends on them.
+SCALE_HIDDEN = 128        # hidden size of every twin
+SCALE_HEADS = 4           # attention heads (head size 32)
+SCALE_LAYERS = 2          # decoder layers
+SCALE_EXPERTS = 8         # routed experts of a MoE twin (2 active, at most)
+
+
+def scaled_config(model: str | Path) -> dict:
+    """The config of `model`'s tiny twin, derived by a fixed rule (documented in the README):
+
+    hidden 128, 4 heads, 2 layers; the MLP's width, the vocabulary and the share of key/value heads keep their
+    ratio to the hidden size (so weights, activations and logits keep their proportions); a tied head stays tied;
+    a MoE keeps its first dense layers (at most 1), 8 experts with 2 active, expert width in proportion;
+    MLA keeps its layout at 1/8 of each width.
+    """
+    cfg = json.loads(config_path(model).read_text())
+    h0, h = cfg["hidden_size"], SCALE_HIDDEN
+    ratio = h / h0
+    heads0 = cfg["num_attention_heads"]
+    kv0 = cfg.get("num_key_value_heads") or heads0
+    out = dict(cfg)
+    out.update(
+        hidden_size=h, num_attention_heads=SCALE_HEADS, num_hidden_layers=SCALE_LAYERS,
+        num_key_value_heads=max(1, SCALE_HEADS * kv0 // heads0),
+        intermediate_size=max(8, round(cfg["intermediate_size"] * ratio / 8) * 8),
+        vocab_size=max(256, round(cfg["vocab_size"] * ratio / 64) * 64),
+        max_position_embeddings=min(cfg.get("max_position_embeddings", 4096), 4096),
+        bos_token_id=0, eos_token_id=1, rope_scaling=None,
+    )
+    if "head_dim" in cfg:
+        out["head_dim"] = h // SCALE_HEADS
+    if cfg.get("n_routed_experts"):
+        out.update(n_routed_experts=SCALE_EXPERTS, num_experts_per_tok=min(2, cfg["num_experts_per_tok"]),
+                   moe_intermediate_size=max(8, round(cfg["moe_intermediate_size"] * ratio / 8) * 8),
+                   first_k_dense_replace=min(1, cfg.get("first_k_dense_replace", 0)), n_group=1, topk_group=1)
+    if cfg.get("kv_lora_rank"):
+        out.update({k: max(8, cfg[k] // 8) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                                       "v_head_dim") if cfg.get(k)})
+    return out
+
+
+def scaled_path(model: str | Path) -> Path:
+    """A config file of the tiny twin (written once under ~/.cache/oom-casebook, keyed by content)."""
+    import hashlib
+
+    text = json.dumps(scaled_config(model), indent=1, sort_keys=True)
+    name = config_path(model).stem
+    folder = SCALED_DIR
+    path = folder / f"{name}-scaled-{hashlib.sha1(text.encode()).hexdigest()[:8]}.json"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return path

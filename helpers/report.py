@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from helpers.results import Result
-from helpers.units import to_gib
+from helpers.units import GiB, MiB, to_gib
 from helpers.vocab import PHASE_LABELS
+
+
+def amount(nbytes: float) -> str:
+    """Bytes as '61.2 GiB', or '11.4 MiB' under 1 GiB."""
+    return f"{nbytes / GiB:.1f} GiB" if nbytes >= GiB else f"{nbytes / MiB:.1f} MiB"
 
 
 def verdict(r: Result) -> str:
@@ -12,32 +17,43 @@ def verdict(r: Result) -> str:
     oom = r.oom
     if oom["device"]:
         d = r.device(oom["device"])
+        if r.meta.get("oom_observed"):
+            return f"OOM observed on the GPU during the {r.meta['oom_observed']['phase']} phase (caught and freed)"
         return (f"OOM on {oom['device'].upper()} at the {PHASE_LABELS[oom['phase']]}: "
-                f"{to_gib(d.phases[oom['phase']]):.1f} GiB needed, {to_gib(d.capacity_bytes):.1f} GiB available")
+                f"{amount(d.phases[oom['phase']])} needed, {amount(d.capacity_bytes)} available")
     parts = []
     for name, label in (("gpu", "per GPU"), ("host", "host per node")):
         d = r.device(name)
-        cap = f" of {to_gib(d.capacity_bytes):.1f}" if d.capacity_bytes else ""
-        parts.append(f"{to_gib(d.peak_bytes):.1f}{cap} GiB {label} (peak at {PHASE_LABELS[d.peak_phase]})")
+        cap = f" of {amount(d.capacity_bytes)}" if d.capacity_bytes else ""
+        parts.append(f"{amount(d.peak_bytes)}{cap} {label} (peak at {PHASE_LABELS[d.peak_phase]})")
     return ("fits: " if any(r.device(n).capacity_bytes for n in ("gpu", "host")) else "needs: ") + "; ".join(parts)
 
 
 def table(r: Result) -> str:
-    """The estimate as text, GiB = 2**30 bytes."""
+    """The result as text, in GiB (2**30 bytes), or MiB (2**20) when everything is under 1 GiB (a scaled twin)."""
+    big = max(r.gpu.peak_bytes, r.host.peak_bytes) >= GiB
+    unit, div = ("GiB", GiB) if big else ("MiB", MiB)
+    conv = lambda b: b / div
     lines = [f"{r.model}: {r.params:,d} parameters, {r.setup['strategy']} on {r.setup['gpus']} GPU(s), "
-             f"{r.setup['precision']}, batch {r.setup['batch']} x seq {r.setup['seq']}   [{r.mode}; GiB = 2^30 bytes]",
-             "", f"{'phase':30s}{'GPU (each)':>14s}{'host (node)':>14s}"]
+             f"{r.setup['precision']}, batch {r.setup['batch']} x seq {r.setup['seq']}   [{r.mode}; "
+             f"{unit} = 2^{30 if big else 20} bytes]",
+             "", f"{'phase (' + unit + ')':30s}{'GPU (each)':>14s}{'host (node)':>14s}"]
     if r.meta.get("device"):
         lines.insert(1, f"measured on: {r.meta['device']}; {r.meta.get('wall_s', '?')} s; {r.meta.get('date', '')}")
         lines.insert(2, f"engine: {r.meta.get('engine', '?')}" + (f"; {r.meta['note']}" if r.meta.get("note") else ""))
     for phase, gpu_bytes in r.gpu.phases.items():
-        lines.append(f"{PHASE_LABELS[phase]:30s}{to_gib(gpu_bytes):14.2f}{to_gib(r.host.phases[phase]):14.2f}")
+        lines.append(f"{PHASE_LABELS[phase]:30s}{conv(gpu_bytes):14.2f}{conv(r.host.phases[phase]):14.2f}")
     for name in ("gpu", "host"):
         d = r.device(name)
         cats = {c: v for c, v in d.categories.items() if v}
         if cats:
             lines += ["", f"{name} at its peak ({PHASE_LABELS[d.peak_phase]}):"]
-            lines += [f"  {c:28s}{to_gib(v):14.2f}" for c, v in cats.items()]
+            lines += [f"  {c:28s}{conv(v):14.2f}" for c, v in cats.items()]
+    if r.meta.get("losses"):
+        lines += ["", "losses: " + ", ".join(f"{x:.3f}" for x in r.meta["losses"])]
+    if r.meta.get("rss_bytes"):
+        lines.append("process RSS at the end of each phase (MiB, everything the process holds): " + ", ".join(
+            f"{p} {v / MiB:.0f}" for p, v in r.meta["rss_bytes"].items()))
     if not any(r.host.phases.values()):
         lines += ["", "host: nothing offloaded (the processes' own RAM, data loaders and the CUDA context are not counted)"]
     lines += ["", verdict(r)]

@@ -103,5 +103,6 @@ def test_measure_dry_run_prints_the_same_object_and_saves_it(capsys, tmp_path):
 
 
 def test_measure_refuses_zero3_with_a_reason(capsys):
-    assert main(["measure", "--model", "llama-3-8b", "--strategy", "zero3", "--gpus", "8", "--no-progress"]) == 2
+    assert main(["measure", "--mode", "dry-run", "--model", "llama-3-8b", "--strategy", "zero3", "--gpus", "8",
+                 "--no-progress"]) == 2
     assert "DeepSpeed cannot run on fake tensors" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import models
-from helpers.measure import dryrun, fakegpu
+from helpers.measure import dryrun, engines, fakegpu
 from helpers.measure.tracker import Tracker
 from helpers.training import TrainSetup
 
@@ -24,7 +24,7 @@ def tracked_step(net, ids, device_kind, optimizer):
         params = list(net.parameters())
         tracker.label(params, "parameters")
         tracker.label(list(net.buffers()), "parameters")
-        dryrun._watch_logits(net, tracker)
+        engines.watch_logits(net, tracker)
         with tracker.phase("forward", activity="forward"):
             loss = net(input_ids=ids, labels=ids).loss
         with tracker.phase("backward", activity="backward"):

@@ -182,8 +182,17 @@ def _zero12(b: Builder, m: ModelSpec) -> None:
         _head_gradient(b, m, compute)
     buckets = 2 if s.overlap else 1
     b.gpu(f"ipg reduce bucket{'s' if buckets > 1 else ''} ({dt})", "comm_buffers",
-          buckets * s.reduce_bucket_size * compute, BWD_START | BWD_HEAD | AFTER_FIRST_BACKWARD,
-          f"reduce_bucket_size={s.reduce_bucket_size:.0e} elements, x{buckets} (overlap_comm={s.overlap})")
+          buckets * s.reduce_bucket_size * compute, BWD_HEAD | BWD_END | BWD_DONE,
+          f"reduce_bucket_size={s.reduce_bucket_size:.0e} elements, x{buckets} (overlap_comm={s.overlap}); made by the "
+          f"first gradient hook, released when backward ends")
+    if off:
+        largest = m.largest_tensor_params * compute
+        b.gpu(f"offload staging buffer ({dt}, largest parameter)", "comm_buffers", largest, ALWAYS,
+              "temp_grad_buffer_for_gpu_offload")
+        b.host(f"offload staging buffer ({dt}, largest parameter)", "comm_buffers", largest, ALWAYS,
+               "temp_grad_buffer_for_cpu_offload" + ("; pinned" if pin else ""), pinned=pin)
+        b.host(f"{dt} copy of the partition, for updated weights going back", "comm_buffers", part * compute, ALWAYS,
+               "param_buffer_of_bit16_for_cpu_offload_groups" + ("; pinned" if pin else ""), pinned=pin)
     if off:
         b.host("fp32 gradient partition", "gradients", part * 4, ALWAYS,
                "made at initialize_optimizer_states, kept for the CPU optimizer" + ("; pinned" if pin else ""), pinned=pin)

@@ -17,7 +17,7 @@ import torch
 
 from helpers import models
 from helpers.errors import InputError
-from helpers.measure import fakegpu
+from helpers.measure import engines, fakegpu
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup
@@ -77,23 +77,6 @@ def _adamw(params, impl: str):
     return torch.optim.AdamW(params, lr=1e-5, **kw)
 
 
-def _watch_logits(model, tracker: Tracker) -> None:
-    """Tag the output head's output and the loss as 'logits' in forward, and the loss's backward until the
-    gradient of the logits is made."""
-    head = model.get_output_embeddings()
-
-    def pre(module, args):
-        tracker.set_context("logits")
-
-    def post(module, args, output):
-        if output.requires_grad:
-            output.register_hook(lambda grad: tracker.set_context(None))
-
-    head.register_forward_pre_hook(pre)
-    head.register_forward_hook(post)
-    model.register_forward_hook(lambda module, args, out: tracker.set_context(None))
-
-
 class SingleStep:
     """One GPU (or, per rank, the replicated strategies): torch AdamW, autocast for bf16-mixed."""
 
@@ -132,57 +115,19 @@ class FSDP2Step(SingleStep):
     bf16-mixed (bf16 compute, fp32 reduce), CPUOffloadPolicy (pageable: a fake host cannot pin) with offload."""
 
     def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-        kw = {"mesh": mesh}
-        if setup.precision == "bf16-mixed":
-            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if setup.offload_params:
-            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
-        inner = model.base_model
-        head = [inner.norm, model.get_output_embeddings()]
-        tied = model.get_output_embeddings().weight is inner.embed_tokens.weight
-        if not tied:
-            fully_shard(inner.embed_tokens, **kw)
-        for layer in inner.layers:
-            fully_shard(layer, **kw)
-        fully_shard([inner.embed_tokens, *head] if tied else head, **kw)   # a tied head shares one group
-        fully_shard(model, **kw)
+        engines.shard_fsdp2(model, setup, mesh, pin_memory=False)
         self.model, self.setup, self.tracker = model, setup, tracker
         self.params = list(model.parameters())
         tracker.label(self.params, "parameters")
         self.optimizer = _adamw(self.params, setup.adam)
 
     def forward(self, ids):
-        with _fsdp_buffers_counted(self.tracker):
+        with engines.fsdp_buffers_counted(self.tracker):
             return self.model(input_ids=ids, labels=ids).loss
 
     def backward(self, loss):
-        with _fsdp_buffers_counted(self.tracker):
+        with engines.fsdp_buffers_counted(self.tracker):
             super().backward(loss)
-
-
-@contextlib.contextmanager
-def _fsdp_buffers_counted(tracker: Tracker):
-    """Count what FSDP2's all-gathers make (unsharded parameters) as temporaries, its reduce-scatters as
-    communication buffers."""
-    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
-
-    originals = {name: getattr(pg, name) for name in ("foreach_all_gather", "foreach_all_gather_copy_out", "foreach_reduce")}
-
-    def wrap(fn, category):
-        def wrapped(*args, **kwargs):
-            with tracker.made_as(category):
-                return fn(*args, **kwargs)
-        return wrapped
-
-    for name, fn in originals.items():
-        setattr(pg, name, wrap(fn, "comm_buffers" if name == "foreach_reduce" else "temporaries"))
-    try:
-        yield
-    finally:
-        for name, fn in originals.items():
-            setattr(pg, name, fn)
 
 
 class ZeroEquivalentStep(SingleStep):
@@ -207,6 +152,10 @@ class ZeroEquivalentStep(SingleStep):
         if setup.offload_optimizer:
             self.host_grad = torch.empty(self.part, dtype=torch.float32, device=self.host)
             tracker.label([self.host_grad], "gradients")
+            largest = max(p.numel() for p in self.params)
+            self.staging = [torch.empty(largest, dtype=torch.bfloat16, device=d) for d in (self.host, dev)]
+            self.staging.append(torch.empty(self.part, dtype=torch.bfloat16, device=self.host))
+            tracker.label(self.staging, "comm_buffers")
         self.optimizer = torch.optim.AdamW([self.master], lr=1e-5, fused=True)
         self.buckets, self.partition, self.offset = None, None, 0
         for p in self.params:
@@ -216,19 +165,20 @@ class ZeroEquivalentStep(SingleStep):
         return self.model(input_ids=ids, labels=ids).loss
 
     def backward(self, loss):
-        if self.buckets is None:
-            n = 2 if self.setup.overlap else 1
-            self.buckets = [torch.empty(self.setup.reduce_bucket_size, dtype=torch.bfloat16, device=self.params[0].device)
-                            for _ in range(n)]
-            self.tracker.label(self.buckets, "comm_buffers")
         self.offset = 0
         super().backward(loss)
+        self.buckets = None                    # DeepSpeed releases its ipg buckets when backward ends
 
     def _reduce(self, p):
         """What DeepSpeed's gradient hooks do: keep this rank's share of the gradient, free the rest."""
         if self.setup.strategy == "zero1" and not self.setup.offload_optimizer:
             self.tracker.label([p.grad], "gradients")
             return
+        if self.buckets is None:               # made by the first gradient hook
+            n = 2 if self.setup.overlap else 1
+            self.buckets = [torch.empty(self.setup.reduce_bucket_size, dtype=torch.bfloat16, device=p.device)
+                            for _ in range(n)]
+            self.tracker.label(self.buckets, "comm_buffers")
         n = -(-p.numel() // self.setup.gpus)
         n = min(n, self.part - self.offset)
         if self.host_grad is not None:
@@ -266,39 +216,14 @@ class ZeroEquivalentStep(SingleStep):
             self.master.grad = None
 
 
-_PG = {"world": None}
-
-
 def _fake_mesh(world: int):
     """A device mesh over a fake process group of `world` ranks, this process being rank 0."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    if _PG["world"] != world:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-        _PG["world"] = world
+    from helpers.measure import procgroup
+
+    procgroup.ensure("fake", world)
     return init_device_mesh(fakegpu.NAME, (world,))
-
-
-@contextlib.contextmanager
-def _untracked_sharding_propagation(tracker: Tracker):
-    """DTensor infers output shapes by running ops on scratch fake tensors: keep those out of the count."""
-    from torch.distributed.tensor import _sharding_prop as sp
-
-    original = sp.ShardingPropagator._propagate_tensor_meta_non_cached
-
-    def propagate(self, *args, **kwargs):
-        with tracker.paused():
-            return original(self, *args, **kwargs)
-
-    sp.ShardingPropagator._propagate_tensor_meta_non_cached = propagate
-    try:
-        yield
-    finally:
-        sp.ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
 class NullTracker:
@@ -354,11 +279,11 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True) -> 
         bar.update()
         tracker = Tracker() if track else NullTracker()
         stepped = time.perf_counter()
-        with tracker, _untracked_sharding_propagation(tracker):
+        with tracker, engines.untracked_sharding_propagation(tracker):
             engine = STEPS[setup.strategy](net, setup, tracker, mesh)
             tracker.label([b for b in net.buffers()], "parameters")
             tracker.restart_peak("setup")
-            _watch_logits(net, tracker)
+            engines.watch_logits(net, tracker)
             ids = torch.randint(0, m.vocab, (setup.batch, setup.seq), device=dev)
             bar.update()
             for first in (True, False):

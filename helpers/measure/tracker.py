@@ -108,6 +108,15 @@ class Tracker(TorchDispatchMode):
         finally:
             self._paused -= 1
 
+    @contextlib.contextmanager
+    def placing(self, device: str):
+        """Place tensors made inside on `device` (e.g. an optimizer step that runs on the host)."""
+        previous, self.default_device = self.default_device, device
+        try:
+            yield
+        finally:
+            self.default_device = previous
+
     def set_context(self, name: str | None) -> None:
         """Tag new tensors (e.g. 'logits') until set back to None."""
         self._context = name
@@ -170,7 +179,7 @@ class Tracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if not self._paused:
             for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":    # meta tensors hold no memory
                     self.track(t)
         return out
 

@@ -1,0 +1,90 @@
+"""Pieces shared by the dry runs and the scaled runs: FSDP2's grouping, and what the tracker needs to know about
+the output head and about FSDP2's communication buffers."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from helpers.measure.tracker import Tracker
+from helpers.training import TrainSetup
+
+
+def shard_fsdp2(model, setup: TrainSetup, mesh, pin_memory: bool) -> None:
+    """fully_shard as torchtitan groups a decoder: the embedding, each block, norm + output head (a tied head shares
+    the embedding's group), then the root; MixedPrecisionPolicy for bf16-mixed, CPUOffloadPolicy with offload."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kw = {"mesh": mesh}
+    if setup.precision == "bf16-mixed":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if setup.offload_params:
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
+    inner = model.base_model
+    head = [inner.norm, model.get_output_embeddings()]
+    tied = model.get_output_embeddings().weight is inner.embed_tokens.weight
+    if not tied:
+        fully_shard(inner.embed_tokens, **kw)
+    for layer in inner.layers:
+        fully_shard(layer, **kw)
+    fully_shard([inner.embed_tokens, *head] if tied else head, **kw)
+    fully_shard(model, **kw)
+
+
+def watch_logits(model, tracker: Tracker) -> None:
+    """Tag the output head's output and the loss as 'logits' in forward, and the loss's backward until the
+    gradient of the logits is made."""
+    head = model.get_output_embeddings()
+
+    def pre(module, args):
+        tracker.set_context("logits")
+
+    def post(module, args, output):
+        if output.requires_grad:
+            output.register_hook(lambda grad: tracker.set_context(None))
+
+    head.register_forward_pre_hook(pre)
+    head.register_forward_hook(post)
+    model.register_forward_hook(lambda module, args, out: tracker.set_context(None))
+
+
+@contextlib.contextmanager
+def fsdp_buffers_counted(tracker: Tracker):
+    """Count what FSDP2's all-gathers make (unsharded parameters) as temporaries, its reduce-scatters as
+    communication buffers."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
+
+    originals = {name: getattr(pg, name) for name in ("foreach_all_gather", "foreach_all_gather_copy_out", "foreach_reduce")}
+
+    def wrap(fn, category):
+        def wrapped(*args, **kwargs):
+            with tracker.made_as(category):
+                return fn(*args, **kwargs)
+        return wrapped
+
+    for name, fn in originals.items():
+        setattr(pg, name, wrap(fn, "comm_buffers" if name == "foreach_reduce" else "temporaries"))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(pg, name, fn)
+
+
+@contextlib.contextmanager
+def untracked_sharding_propagation(tracker: Tracker):
+    """DTensor infers output shapes by running ops on scratch fake tensors: keep those out of the count."""
+    from torch.distributed.tensor import _sharding_prop as sp
+
+    original = sp.ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def propagate(self, *args, **kwargs):
+        with tracker.paused():
+            return original(self, *args, **kwargs)
+
+    sp.ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+    try:
+        yield
+    finally:
+        sp.ShardingPropagator._propagate_tensor_meta_non_cached = original

@@ -1,0 +1,79 @@
+"""One rank of a scaled FSDP2 run (started by `scaled.run` under torchrun); rank 0 writes the Result."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.distributed as dist
+
+from helpers.measure import engines, scaled
+from helpers.measure.tracker import Tracker
+from helpers.training import TrainSetup
+from helpers import models
+
+
+class FSDP2Engine:
+    """FSDP2 fully_shard over gloo on CPU, grouped as torchtitan does; offloaded shards placed on the host."""
+
+    def __init__(self, net, s: TrainSetup, tracker: Tracker, device_type: str = "cpu"):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.s, self.tracker, self.module, self.model = s, tracker, net, net
+        pin = s.pin_memory and device_type == "cuda"             # a CPU-only machine cannot pin
+        engines.shard_fsdp2(net, s, init_device_mesh(device_type, (s.gpus,)), pin_memory=pin)
+        self.params = list(net.parameters())
+        self.where = "host" if s.offload_params else "gpu"
+        tracker.label(self.params, "parameters", self.where)
+        kw = {"foreach": dict(foreach=True), "fused": dict(fused=True), "for-loop": dict(foreach=False)}[s.adam]
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-3, **kw)
+        self.describe = f"FSDP2 fully_shard over gloo, {s.gpus} processes under torchrun, torch AdamW ({s.adam})"
+
+    def forward(self, ids):
+        with engines.fsdp_buffers_counted(self.tracker):
+            return self.model(input_ids=ids, labels=ids).loss
+
+    def backward(self, loss):
+        with engines.fsdp_buffers_counted(self.tracker):
+            self.tracker.set_context("logits")
+            loss.backward()
+            self.tracker.set_context(None)
+        self.tracker.label([p.grad for p in self.params if p.grad is not None], "gradients", self.where)
+
+    def step(self):
+        with self.tracker.placing(self.where):           # with CPUOffloadPolicy the step runs on the host
+            self.optimizer.step()
+        self.tracker.label([v for st in self.optimizer.state.values() for v in st.values() if v.numel() > 1],
+                           "optimizer_states", self.where)
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--twin", required=True)
+    p.add_argument("--setup", required=True)
+    p.add_argument("--steps", type=int, default=scaled.STEPS)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    s = TrainSetup(**json.loads(a.setup))
+    dist.init_process_group("gloo")
+    started = time.perf_counter()
+    torch.manual_seed(0)
+    net = scaled._build(a.twin, s)
+    tracker = Tracker(default_device="gpu")
+    with tracker:
+        engine = FSDP2Engine(net, s, tracker)
+        tracker.label(list(net.buffers()), "parameters")
+        tracker.restart_peak("setup")
+        losses, rss = scaled.train(engine, tracker, s, models.spec(a.twin).vocab, a.steps)
+    if dist.get_rank() == 0:
+        r = scaled._result(a.twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe,
+                           ranks=s.ranks_per_node)
+        r.save(a.out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

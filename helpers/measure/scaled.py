@@ -1,0 +1,304 @@
+"""Scaled runs: the model's tiny twin (`models.scaled_config`) trained for real on this machine's CPU, through the
+set-up's own engine: torch (single, or DDP over gloo), DeepSpeed ZeRO-1/2/3 in this process (gloo, no launcher),
+or FSDP2 in one process per rank under torchrun (gloo).
+
+Memory is the tracker's census of the engine's real tensors. A CPU has one RAM, so each tensor is placed by its role:
+where the engine would keep it on a GPU machine (offloaded master weights, gradients and optimizer states on the
+host, everything else on the GPU). The process's resident memory (RSS) is reported beside the census: it also holds
+the Python interpreter, the libraries and the allocator's caches, which the census does not count.
+DeepSpeed's buffer sizes (reduce_bucket_size, sub_group_size, prefetch) are scaled by the twin's share of the full
+model's parameters, so that the twin keeps the full model's number of optimizer sub-groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from helpers import estimate, models
+from helpers.errors import InputError
+from helpers.measure import engines, procgroup
+from helpers.measure.tracker import Tracker
+from helpers.results import DeviceMemory, Result
+from helpers.training import TrainSetup
+from helpers.units import GiB, to_gib
+
+MAX_FRACTION = 0.8          # a scaled run may use at most this share of the RAM available when it starts
+MAX_PROCESSES = 4           # FSDP2 starts one process per rank
+PROCESS_OVERHEAD = int(0.7 * GiB)   # interpreter, torch and transformers in each process (measured RSS, rounded up)
+STEPS = 3
+
+
+def scaled_setup(model, setup: TrainSetup) -> tuple[Path, TrainSetup]:
+    """The twin's config file, and the set-up with DeepSpeed's element counts scaled to the twin (and pin_memory
+    off: a CPU-only machine cannot page-lock memory; DeepSpeed's CPU accelerator ignores the request)."""
+    twin = models.scaled_path(model)
+    share = models.spec(str(twin)).params / models.spec(model).params
+    scale = lambda n: max(1000, int(n * share))
+    return twin, setup.replace(reduce_bucket_size=scale(setup.reduce_bucket_size),
+                               sub_group_size=scale(setup.sub_group_size),
+                               prefetch_bucket_size=scale(setup.prefetch_bucket_size), gpu_gib=None, host_gib=None,
+                               pin_memory=False)
+
+
+def guard(twin: Path, setup: TrainSetup) -> None:
+    """Refuse, before it starts, a scaled run whose estimate would not fit in this machine's available RAM."""
+    e = estimate.run(str(twin), setup)
+    processes = setup.gpus if setup.strategy == "fsdp2" else 1
+    need = e.gpu.peak_bytes * processes + e.host.peak_bytes + PROCESS_OVERHEAD * processes
+    available = psutil.virtual_memory().available
+    if need > MAX_FRACTION * available:
+        raise InputError(
+            f"refused: this scaled run needs about {to_gib(need):.1f} GiB by its estimate ({to_gib(e.gpu.peak_bytes):.1f} "
+            f"GiB per GPU x {processes} process(es) + {to_gib(e.host.peak_bytes):.1f} GiB host + "
+            f"{to_gib(PROCESS_OVERHEAD * processes):.1f} GiB for the processes), and this machine has "
+            f"{to_gib(available):.1f} GiB available (at most {MAX_FRACTION:.0%} may be used): lower batch or seq")
+
+
+def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> Result:
+    """Train the twin of `model` for `steps` real steps under `setup`'s engine; a Result with mode 'scaled'."""
+    setup = setup.validate()
+    models.spec(model)
+    twin, s = scaled_setup(model, setup)
+    if s.strategy == "fsdp2" and s.gpus > MAX_PROCESSES:
+        raise InputError(f"a scaled FSDP2 run starts one process per GPU; at most {MAX_PROCESSES} here, got gpus={s.gpus}")
+    guard(twin, s)
+    if s.strategy == "fsdp2":
+        return _run_torchrun(twin, s, steps)
+    started = time.perf_counter()
+    torch.manual_seed(0)
+    net = _build(twin, s)
+    tracker = Tracker(default_device="gpu")
+    with tracker:
+        engine = (DeepSpeedEngine if s.strategy.startswith("zero") else TorchEngine)(net, s, tracker)
+        tracker.label(list(net.buffers()), "parameters")
+        tracker.restart_peak("setup")
+        losses, rss = train(engine, tracker, s, models.spec(str(twin)).vocab, steps)
+    return _result(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1)
+
+
+def _build(twin: Path, s: TrainSetup):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    dtype = torch.bfloat16 if s.precision == "bf16" else torch.float32
+    net = AutoModelForCausalLM.from_config(models.load_config(str(twin)), dtype=dtype,
+                                           attn_implementation="eager" if s.attention == "eager" else "sdpa")
+    net.config.use_cache = False
+    if s.grad_checkpointing:
+        net.activation_checkpointing_enable()
+    return net.train()
+
+
+def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int) -> tuple[list[float], dict]:
+    """Forward, backward and step `steps` times on one fixed batch (so the loss must fall); RSS at each phase's end."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (s.batch, s.seq), generator=gen)
+    losses, rss = [], {}
+    proc = psutil.Process()
+    engines.watch_logits(engine.module, tracker)
+    for i in range(steps):
+        with tracker.phase("forward" if i == 0 else "steady", activity="forward"):
+            loss = engine.forward(ids)
+        rss["forward" if i == 0 else "steady"] = proc.memory_info().rss
+        losses.append(float(loss.detach()))
+        with tracker.phase("backward" if i == 0 else "steady", activity="backward"):
+            engine.backward(loss)
+            del loss
+        rss["backward" if i == 0 else "steady"] = max(rss.get("steady", 0), proc.memory_info().rss)
+        with tracker.phase("step"):
+            engine.step()
+        rss["step"] = proc.memory_info().rss
+    return losses, rss
+
+
+class TorchEngine:
+    """torch AdamW on the twin; DDP (over a one-rank gloo group) for strategy 'ddp'; CPU autocast for bf16-mixed."""
+
+    def __init__(self, net, s: TrainSetup, tracker: Tracker):
+        self.s, self.tracker, self.module = s, tracker, net
+        self.params = list(net.parameters())
+        tracker.label(self.params, "parameters")
+        self.model = net
+        if s.strategy == "ddp":
+            procgroup.ensure("gloo", 1)
+            with tracker.made_as("comm_buffers"):
+                self.model = torch.nn.parallel.DistributedDataParallel(net)
+        kw = {"foreach": dict(foreach=True), "fused": dict(fused=True), "for-loop": dict(foreach=False)}[s.adam]
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-3, **kw)
+        self.describe = f"torch AdamW ({s.adam})" + (", DistributedDataParallel over gloo" if s.strategy == "ddp" else "")
+
+    def forward(self, ids):
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.s.precision == "bf16-mixed" else contextlib.nullcontext()
+        with ctx:
+            return self.model(input_ids=ids, labels=ids).loss
+
+    def backward(self, loss):
+        self.tracker.set_context("logits")
+        loss.backward()
+        self.tracker.set_context(None)
+        self.tracker.label([p.grad for p in self.params if p.grad is not None], "gradients")
+
+    def step(self):
+        self.optimizer.step()
+        self.tracker.label([v for st in self.optimizer.state.values() for v in st.values() if v.numel() > 1],
+                           "optimizer_states")
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+class DeepSpeedEngine:
+    """DeepSpeed itself, in this process over a one-rank gloo group, with the set-up's ZeRO configuration.
+
+    Its buffers are named from the optimizer's own attributes (stage_1_and_2.py / stage3.py) and placed by role;
+    ZeRO-3's optimizer sub-groups are placed as its ratio rule says (i < int((1 - ratio) * n) on the GPU): on a CPU,
+    DeepSpeed's accelerator is the CPU itself, so its own `subgroup_to_device` says 'cpu' for all.
+    """
+
+    def __init__(self, net, s: TrainSetup, tracker: Tracker):
+        procgroup.ensure("gloo", 1)
+        import deepspeed
+
+        comm = importlib.import_module("deepspeed.comm.torch")
+        comm.build_shm_op = lambda: None          # the shared-memory op only speeds up multi-process CPU runs
+        self.s, self.tracker, self.module = s, tracker, net
+        config = deepspeed_config(s)
+        engine, optimizer, _, _ = deepspeed.initialize(model=net, config=config)
+        self.engine, self.opt = engine, optimizer
+        self.host = "host" if s.offload_optimizer else "gpu"
+        self.describe = (f"DeepSpeed {deepspeed.__version__} ZeRO-{s.strategy[-1]} in one process (gloo)"
+                         + (", DeepSpeedCPUAdam" if s.offload_optimizer else ", FusedAdam"))
+        self._label_buffers()
+        if hasattr(optimizer, "setup_buckets"):             # the ipg buckets, made by the first gradient hook
+            setup_buckets = optimizer.setup_buckets
+
+            def counted_setup_buckets(*args, **kwargs):
+                with tracker.made_as("comm_buffers"):
+                    return setup_buckets(*args, **kwargs)
+
+            optimizer.setup_buckets = counted_setup_buckets
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is not None:
+            inner.register_step_pre_hook(lambda opt, args, kwargs: self._label_step_grads(opt))
+
+    def forward(self, ids):
+        return self.engine(input_ids=ids, labels=ids).loss
+
+    def backward(self, loss):
+        self.tracker.set_context("logits")
+        self.engine.backward(loss)
+        self.tracker.set_context(None)
+        self._label_buffers()
+
+    def step(self):
+        with self.tracker.placing(self.host):            # with offload_optimizer Adam runs on the host
+            self.engine.step()
+        self._label_buffers()
+
+    def _placement(self) -> dict[int, str]:
+        """Device of each ZeRO-3 optimizer sub-group by DeepSpeed's ratio rule."""
+        groups = getattr(self.opt, "fp32_partitioned_groups_flat", [])
+        n = len(groups)
+        first_host = int((1 - self.s.ratio) * n) if self.s.offload_optimizer else n
+        return {id(g): ("gpu" if i < first_host else "host") for i, g in enumerate(groups)}
+
+    def _label_buffers(self):
+        o, t, host = self.opt, self.tracker, self.host
+        if self.s.strategy == "zero3":
+            place = self._placement()
+            t.label([p.ds_tensor for p in self.module.parameters() if hasattr(p, "ds_tensor")], "parameters",
+                    "host" if self.s.offload_params else "gpu")
+            for g in o.fp32_partitioned_groups_flat:
+                dev = place[id(g)]
+                t.label([g], "master_weights", dev)
+                t.label([g.grad] if g.grad is not None else [], "gradients", dev)
+                t.label([v for v in o.optimizer.state.get(g, {}).values() if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states", dev)
+            buf = getattr(o, "grad_partitions_flat_buffer", None)
+            t.label([buf] if buf is not None else [], "gradients", host)
+        else:
+            t.label(list(getattr(o, "bit16_groups_flat", [])), "parameters", "gpu")
+            for g in o.single_partition_of_fp32_groups:
+                t.label([g], "master_weights", host)
+                t.label([g.grad] if g.grad is not None else [], "gradients", host)
+                t.label([v for v in o.optimizer.state.get(g, {}).values() if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states", host)
+            gip = getattr(o, "grads_in_partition", None)
+            t.label([gip] if gip is not None else [], "gradients", "gpu")
+            for name in ("temp_grad_buffer_for_cpu_offload", "temp_grad_buffer_for_gpu_offload"):
+                buf = getattr(o, name, None)
+                t.label([buf] if isinstance(buf, torch.Tensor) else [], "comm_buffers",
+                        "host" if "cpu" in name else "gpu")
+            t.label(list(getattr(o, "param_buffer_of_bit16_for_cpu_offload_groups", [])), "comm_buffers", "host")
+        for bucket in getattr(o, "ipg_buckets", {}).values():
+            t.label([b for b in getattr(bucket, "buffer", []) if isinstance(b, torch.Tensor)], "comm_buffers", "gpu")
+
+    def _label_step_grads(self, inner):
+        """Just before Adam runs: the fp32 gradients DeepSpeed made for it, on the device of their sub-group."""
+        place = self._placement() if self.s.strategy == "zero3" else {}
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.tracker.label([p.grad], "gradients", place.get(id(p), self.host))
+
+
+def deepspeed_config(s: TrainSetup) -> dict:
+    """The DeepSpeed configuration of a set-up (scaled sizes already applied)."""
+    zero = {"stage": int(s.strategy[-1]), "reduce_bucket_size": s.reduce_bucket_size,
+            "allgather_bucket_size": s.reduce_bucket_size, "overlap_comm": s.overlap, "contiguous_gradients": True}
+    if s.strategy == "zero3":
+        zero.update(sub_group_size=s.sub_group_size, stage3_prefetch_bucket_size=s.prefetch_bucket_size,
+                    stage3_param_persistence_threshold=0, stage3_max_live_parameters=s.prefetch_bucket_size * 4)
+    if s.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": s.pin_memory,
+                                     **({"ratio": s.offload_ratio} if s.offload_ratio is not None else {})}
+    if s.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": s.pin_memory}
+    return {"train_micro_batch_size_per_gpu": s.batch, "gradient_accumulation_steps": 1,
+            "bf16": {"enabled": s.precision == "bf16-mixed"}, "zero_optimization": zero,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "steps_per_print": 10**9, "wall_clock_breakdown": False}
+
+
+def _versions() -> dict:
+    from importlib.metadata import version
+
+    return {k: version(k) for k in ("torch", "transformers", "deepspeed")} | {"python": platform.python_version()}
+
+
+def _result(twin, s, tracker, losses, rss, wall, engine, ranks) -> Result:
+    m = models.spec(str(twin))
+    return Result(
+        model=m.name, params=m.params, mode="scaled", setup=dataclasses.asdict(s),
+        gpu=DeviceMemory(tracker.breakdown("gpu")), host=DeviceMemory(tracker.breakdown("host", ranks)),
+        meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
+              "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores): placement by role, GPU and host are one RAM",
+              "engine": engine, "losses": losses, "rss_bytes": rss, "wall_s": round(wall, 2),
+              "note": "pin_memory cannot take effect on a CPU-only machine" if (s.offload_optimizer or s.offload_params)
+              and s.pin_memory else ""},
+    )
+
+
+def _run_torchrun(twin: Path, s: TrainSetup, steps: int) -> Result:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={s.gpus}",
+               f"--master_port={procgroup.free_port()}", "-m", "helpers.measure.fsdp_worker", "--twin", str(twin),
+               "--setup", json.dumps(dataclasses.asdict(s)), "--steps", str(steps), "--out", str(out)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        if proc.returncode != 0 or not out.exists():
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise RuntimeError(f"the FSDP2 run under torchrun failed (exit {proc.returncode}):\n{tail}")
+        return Result.from_dict(json.loads(out.read_text()))
