@@ -66,7 +66,9 @@ def bench_estimate() -> None:
 
 def _label(name: str, s: T) -> str:
     opts = [s.strategy + (f"x{s.gpus}" if s.gpus > 1 else ""), s.precision, s.adam, f"b{s.batch}", f"s{s.seq}", s.attention]
-    opts += ["ckpt"] * s.grad_checkpointing + ["offload"] * (s.offload_optimizer or s.offload_params)
+    opts += ["ckpt"] * s.grad_checkpointing
+    opts += [("offload-opt+params" if s.offload_params and s.strategy != "fsdp2" else "offload")] * s.offload_optimizer
+    opts += [f"ratio{s.offload_ratio}"] * (s.offload_ratio is not None)
     return f"{name} " + " ".join(opts)
 
 
@@ -164,12 +166,51 @@ def _memtracker_peak(name: str, setup: T) -> tuple[int, float]:
     return peak, elapsed
 
 
+SCALED = [
+    ("llama-3-8b", T(precision="bf16", adam_impl="fused", batch=2, seq=128)),
+    ("llama-3-8b", T(strategy="ddp", precision="bf16-mixed", adam_impl="foreach", batch=2, seq=128)),
+    ("llama-3-8b", T(strategy="zero2", batch=2, seq=128, attention="flash", grad_checkpointing=True)),
+    ("llama-3-8b", T(strategy="zero2", batch=2, seq=128, attention="flash", grad_checkpointing=True,
+                     offload_optimizer=True)),
+    ("qwen2.5-72b", T(strategy="zero3", batch=2, seq=128, offload_optimizer=True, offload_ratio=0.9,
+                      sub_group_size=50_000_000)),
+    ("qwen2.5-72b", T(strategy="zero3", batch=2, seq=128, offload_optimizer=True, offload_params=True)),
+    ("llama-3.2-3b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=2, seq=256, grad_checkpointing=True)),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=2, seq=128, offload_optimizer=True,
+                     offload_params=True)),
+]
+
+
+def bench_scaled() -> None:
+    """Each engine trains its tiny twin for real here; the estimate of the same twin beside it."""
+    from helpers.measure import scaled
+
+    print("Scaled runs on this CPU (placement by role), MiB = 2^20 bytes; estimate of the same twin and set-up")
+    print(f"   {'set-up':64s}{'GPU est':>9s}{'GPU meas':>9s}{'host est':>9s}{'host meas':>10s}{'worst':>7s}"
+          f"{'loss first->last':>18s}{'RSS MiB':>9s}{'s':>6s}")
+    worst_all = 0.0
+    for name, setup in SCALED:
+        r = scaled.run(name, setup)
+        twin, s = scaled.scaled_setup(name, setup)
+        e = estimate.run(str(twin), s)
+        worst = max(abs(e.device(d).peak_bytes - r.device(d).peak_bytes) / max(r.device(d).peak_bytes, 1)
+                    for d in ("gpu", "host") if r.device(d).peak_bytes or e.device(d).peak_bytes)
+        worst_all = max(worst_all, worst)
+        mib = lambda b: b / 2**20
+        losses = r.meta["losses"]
+        print(f"   {_label(name, setup):64s}{mib(e.gpu.peak_bytes):9.2f}{mib(r.gpu.peak_bytes):9.2f}"
+              f"{mib(e.host.peak_bytes):9.2f}{mib(r.host.peak_bytes):10.2f}{worst:7.1%}"
+              f"{f'{losses[0]:.3f}->{losses[-1]:.3f}':>18s}{max(r.meta['rss_bytes'].values()) / 2**20:9.0f}"
+              f"{r.meta['wall_s']:6.1f}")
+    print(f"   largest difference of a peak: {worst_all:.1%} (target: within 10%)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m helpers.bench")
-    p.add_argument("which", choices=["estimate", "dryrun"], nargs="?", default="estimate")
+    p.add_argument("which", choices=["estimate", "dryrun", "scaled"], nargs="?", default="estimate")
     p.add_argument("--no-save", action="store_true", help="dryrun: do not write data/results/")
     a = p.parse_args()
-    bench_estimate() if a.which == "estimate" else bench_dryrun(save=not a.no_save)
+    {"estimate": bench_estimate, "scaled": bench_scaled}.get(a.which, lambda: bench_dryrun(save=not a.no_save))()
 
 
 if __name__ == "__main__":

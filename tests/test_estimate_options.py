@@ -21,7 +21,8 @@ def test_zero2_model_states_are_exact(case1):
     r = estimate.run(M, case1)
     assert cat(r, "gpu", "setup", "parameters") == 2 * P
     assert cat(r, "gpu", "setup", "master_weights") == 4 * P
-    assert cat(r, "gpu", "step", "gradients") == 4 * P   # fp32 copy made at the step; the bf16 one is released first
+    # at the step: the fp32 copy made for Adam, the bf16 partition and its flattened copy (DeepSpeed 0.19.8, measured)
+    assert cat(r, "gpu", "step", "gradients") == 4 * P + 2 * P + 2 * P
     assert cat(r, "gpu", "step", "optimizer_states") == 8 * P
     assert cat(r, "gpu", "setup", "optimizer_states") == 0           # Adam states are created at the first step
 

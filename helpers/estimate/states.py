@@ -167,19 +167,20 @@ def _zero12(b: Builder, m: ModelSpec) -> None:
     place = b.host if off else b.gpu
     place("fp32 master partition", "master_weights", part * 4, ALWAYS,
           "single_partition_of_fp32_groups, 1/N of the weights in fp32" + ("; pinned" if pin else ""), pinned=pin)
-    zgrads = BWD_HEAD | BWD_END | BWD_DONE | STEP_PREPARE            # released before the update itself
+    zgrads = BWD_HEAD | BWD_END | BWD_DONE | STEP_PREPARE | STEP
     if s.strategy == "zero1" and not off:
         b.gpu(f"gradients ({dt}, full)", "gradients", P * compute, BWD_END | BWD_DONE | STEP_PREPARE,
               "ZeRO-1 keeps every gradient until the step")
-        b.gpu(f"gradient partition ({dt}, flattened at the step)", "gradients", part * compute, STEP_PREPARE,
-              "flatten_dense_tensors_aligned(averaged_gradients)")
         _head_gradient(b, m, compute)
     elif not off:
         b.gpu(f"gradient partition ({dt})", "gradients", part * compute, zgrads,
-              "grads_in_partition (contiguous_gradients), made by the first gradient hook")
+              "grads_in_partition (contiguous_gradients), made by the first gradient hook, released after the step")
         _head_gradient(b, m, compute)
     else:
         _head_gradient(b, m, compute)
+    if not off:
+        b.gpu(f"flattened gradient partition ({dt}), a local of step()", "gradients", part * compute,
+              STEP_PREPARE | STEP, "flatten_dense_tensors_aligned(averaged_gradients), alive until step() returns")
     buckets = 2 if s.overlap else 1
     b.gpu(f"ipg reduce bucket{'s' if buckets > 1 else ''} ({dt})", "comm_buffers",
           buckets * s.reduce_bucket_size * compute, BWD_HEAD | BWD_END | BWD_DONE,

@@ -192,6 +192,7 @@ class ZeroEquivalentStep(SingleStep):
         p.grad = None
 
     def step(self):
+        flat = None
         if self.host_grad is not None:
             self.master.grad = self.host_grad
         else:
@@ -201,19 +202,21 @@ class ZeroEquivalentStep(SingleStep):
                     n = min(-(-p.numel() // self.setup.gpus), left)
                     share.append(p.grad.view(-1)[:n])
                     left -= n
-                self.partition = torch.cat(share)
-                self.tracker.label([self.partition], "gradients")
+                flat = torch.cat(share)
                 del share
-            self.master.grad = self.partition.float()
+            else:                             # ZeRO-2: flatten the partition's views (a copy), as DeepSpeed does
+                flat = torch.cat([self.partition])
+            self.tracker.label([flat], "gradients")
+            self.master.grad = flat.float()
             self.tracker.label([self.master.grad], "gradients")
             for p in self.params:
                 p.grad = None
-            self.partition = None
         self.optimizer.step()
         self.tracker.label([v for st in self.optimizer.state.values() for v in st.values()
                             if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states")
         if self.host_grad is None:
             self.master.grad = None
+        self.partition = flat = None          # released when step() returns
 
 
 def _fake_mesh(world: int):

@@ -204,7 +204,8 @@ class DeepSpeedEngine:
         self._label_buffers()
 
     def step(self):
-        with self.tracker.placing(self.host):            # with offload_optimizer Adam runs on the host
+        # DeepSpeed's step() flattens gradients (a gradient, though a local) and runs Adam (on the host with offload)
+        with self.tracker.placing(self.host), self.tracker.made_as("gradients"):
             self.engine.step()
         self._label_buffers()
 
@@ -236,6 +237,9 @@ class DeepSpeedEngine:
                 t.label([v for v in o.optimizer.state.get(g, {}).values() if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states", host)
             gip = getattr(o, "grads_in_partition", None)
             t.label([gip] if gip is not None else [], "gradients", "gpu")
+            for group in (getattr(o, "averaged_gradients", None) or {}).values():
+                flat = getattr(group, "flat_partition", None)          # the pre-flattened bf16 partition
+                t.label([flat] if isinstance(flat, torch.Tensor) else [], "gradients", "gpu")
             for name in ("temp_grad_buffer_for_cpu_offload", "temp_grad_buffer_for_gpu_offload"):
                 buf = getattr(o, name, None)
                 t.label([buf] if isinstance(buf, torch.Tensor) else [], "comm_buffers",

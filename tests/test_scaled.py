@@ -1,0 +1,115 @@
+"""Scaled runs, for real on this CPU: each engine trains the tiny twin (losses fall), its tensors are counted at
+numel * element_size and placed by role, the estimate of the same twin agrees, and oversized runs are refused."""
+
+import pytest
+import torch
+
+from helpers import estimate, models
+from helpers.errors import InputError
+from helpers.measure import gpu, scaled
+from helpers.training import TrainSetup
+
+M = "llama-3-8b"
+
+
+def twin_params(model=M) -> int:
+    return models.spec(str(models.scaled_path(model))).params
+
+
+def within_10_percent_of_estimate(r, model, setup):
+    twin, s = scaled.scaled_setup(model, setup)
+    e = estimate.run(str(twin), s)
+    for dev in ("gpu", "host"):
+        assert r.device(dev).peak_bytes == pytest.approx(e.device(dev).peak_bytes, rel=0.10), dev
+
+
+def falls(losses):
+    return all(b < a for a, b in zip(losses, losses[1:]))
+
+
+def test_twin_keeps_the_architecture_and_proportions():
+    full, twin = models.spec(M), models.spec(str(models.scaled_path(M)))
+    assert twin.model_type == full.model_type and twin.tied == full.tied
+    assert twin.intermediate / twin.hidden == pytest.approx(full.intermediate / full.hidden, rel=0.05)
+    assert twin.vocab / twin.hidden == pytest.approx(full.vocab / full.hidden, rel=0.05)
+    assert twin.params < 5e6
+
+
+def test_torch_single_counts_parameters_exactly():
+    setup = TrainSetup(precision="bf16", adam_impl="fused", batch=2, seq=64)
+    r = scaled.run(M, setup)
+    P = twin_params()
+    assert falls(r.meta["losses"])
+    assert r.gpu.breakdown["setup"]["parameters"] >= 2 * P
+    assert r.gpu.breakdown["step"]["gradients"] == 2 * P
+    assert r.gpu.breakdown["step"]["optimizer_states"] == 4 * P      # bf16 AdamW keeps bf16 states
+    assert r.meta["rss_bytes"]["step"] > r.gpu.peak_bytes           # RSS also holds the interpreter and libraries
+    within_10_percent_of_estimate(r, M, setup)
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_deepspeed_zero2(offload):
+    setup = TrainSetup(strategy="zero2", batch=2, seq=64, offload_optimizer=offload)
+    r = scaled.run(M, setup)
+    P = twin_params()
+    assert falls(r.meta["losses"]) and "DeepSpeed" in r.meta["engine"]
+    assert r.gpu.breakdown["setup"]["parameters"] == pytest.approx(2 * P, abs=4096)   # bf16 params (+ rotary buffers)
+    side = r.host if offload else r.gpu
+    states = side.breakdown["step"]
+    assert states["master_weights"] == 4 * P                         # fp32 master partition
+    assert states["optimizer_states"] == 8 * P                       # exp_avg + exp_avg_sq, fp32
+    assert states["master_weights"] + states["optimizer_states"] >= 12 * P
+    if offload:
+        assert r.gpu.breakdown["step"]["optimizer_states"] == 0
+    within_10_percent_of_estimate(r, M, setup)
+
+
+def test_deepspeed_zero3_ratio_keeps_the_first_sub_groups_on_the_gpu():
+    model = "qwen2.5-72b"
+    setup = TrainSetup(strategy="zero3", batch=2, seq=64, offload_optimizer=True, offload_ratio=0.9,
+                       sub_group_size=50_000_000)
+    twin, s = scaled.scaled_setup(model, setup)
+    from helpers.estimate import states
+    groups = states.zero3_sub_groups(models.spec(str(twin)), s)
+    on_gpu = int((1 - 0.9) * len(groups))
+    assert on_gpu >= 1                                            # enough sub-groups for the ratio to move one
+    r = scaled.run(model, setup)
+    assert falls(r.meta["losses"]) and "DeepSpeedCPUAdam" in r.meta["engine"]
+    assert r.gpu.breakdown["step"]["master_weights"] == 4 * sum(groups[:on_gpu])
+    assert r.host.breakdown["step"]["master_weights"] == 4 * sum(groups[on_gpu:])
+    assert r.host.breakdown["step"]["optimizer_states"] == 8 * sum(groups[on_gpu:])
+    within_10_percent_of_estimate(r, model, setup)
+
+
+def test_fsdp2_cpu_offload_under_torchrun():
+    setup = TrainSetup(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=2, seq=64, offload_optimizer=True,
+                       offload_params=True)
+    r = scaled.run(M, setup)
+    twin = models.spec(str(models.scaled_path(M)))
+    shards = sum(-(-t.numel // 2) for t in twin.tensors) * 4 * 2      # fp32 shards of 2 ranks
+    assert falls(r.meta["losses"]) and "torchrun" in r.meta["engine"]
+    assert r.host.breakdown["setup"]["parameters"] == pytest.approx(shards, rel=0.01)
+    assert r.host.breakdown["step"]["optimizer_states"] == pytest.approx(2 * shards, rel=0.01)
+    assert r.gpu.breakdown["step"]["optimizer_states"] == 0
+    within_10_percent_of_estimate(r, M, setup)
+
+
+def test_oversized_run_is_refused_before_it_starts():
+    with pytest.raises(InputError, match=r"refused: this scaled run needs about .* GiB by its estimate"):
+        scaled.run(M, TrainSetup(batch=512, seq=8192))
+
+
+def test_gpu_mode_says_when_there_is_no_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the gpu mode runs for real there")
+    with pytest.raises(InputError, match="needs a CUDA GPU, and this machine has none"):
+        gpu.run(M, TrainSetup())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_mode_runs_and_catches_oom(tmp_path):
+    small = models.scaled_path(M)
+    r = gpu.run(str(small), TrainSetup(batch=2, seq=64), snapshot=str(tmp_path / "snap.pickle"))
+    assert r.mode == "gpu" and r.meta["oom_observed"] is None and (tmp_path / "snap.pickle").exists()
+    big = gpu.run(M, TrainSetup(precision="fp32", batch=64, seq=8192))
+    assert big.meta["oom_observed"]["phase"] in ("setup", "forward", "backward", "step", "steady")
