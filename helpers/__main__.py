@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from helpers.errors import InputError
@@ -85,13 +86,15 @@ def main(argv=None) -> int:
             else:
                 from helpers.measure import gpu
                 result = gpu.run(a.model, setup, snapshot=a.save and a.save.replace(".json", ".pickle"))
-            if a.save:
+            if a.save and int(os.environ.get("RANK", "0")) == 0:
                 result.save(a.save)
         else:
             result = estimate.run(a.model, setup)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if int(os.environ.get("RANK", "0")) != 0:          # under a launcher, rank 0 reports
+        return 0
     print(json.dumps(result.to_dict(), indent=1) if a.json else report.table(result))
     if a.items and not a.json:
         print("\n" + report.items_table(result))

@@ -44,19 +44,13 @@ def require_cuda(setup: TrainSetup) -> None:
 
 
 def _build_on_cuda(model, setup: TrainSetup):
-    """The full-size model, built on the meta device and materialised on this GPU with random weights."""
+    """The full-size model, initialised (random weights) directly on this GPU."""
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if setup.precision == "bf16" else torch.float32
-    cfg = models.load_config(model if str(model) not in models.catalogue() else model)
-    with torch.device("meta"):
-        net = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=
-                                               "eager" if setup.attention == "eager" else "sdpa")
-    net.to_empty(device=torch.device("cuda", torch.cuda.current_device()))
-    with torch.no_grad():
-        for p in net.parameters():
-            p.normal_(0.0, 0.02)
-        net.model.rotary_emb.__init__(net.config, device=p.device)     # real inverse frequencies, not garbage
+    with torch.device("cuda", torch.cuda.current_device()):
+        net = AutoModelForCausalLM.from_config(models.load_config(model), dtype=dtype,
+                                               attn_implementation="eager" if setup.attention == "eager" else "sdpa")
     net.config.use_cache = False
     if setup.grad_checkpointing:
         net.activation_checkpointing_enable()
@@ -69,7 +63,7 @@ def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -
     require_cuda(setup)
     m = models.spec(model)
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if setup.gpus > 1 or setup.strategy.startswith("zero") or setup.strategy in ("ddp", "fsdp2"):
+    if setup.strategy != "single":
         procgroup.ensure("nccl", setup.gpus)
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)

@@ -134,8 +134,9 @@ class TorchEngine:
         self.params = list(net.parameters())
         tracker.label(self.params, "parameters")
         self.model = net
+        self.device_type = self.params[0].device.type
         if s.strategy == "ddp":
-            procgroup.ensure("gloo", 1)
+            procgroup.ensure("nccl" if self.device_type == "cuda" else "gloo", s.gpus if self.device_type == "cuda" else 1)
             with tracker.made_as("comm_buffers"):
                 self.model = torch.nn.parallel.DistributedDataParallel(net)
         kw = {"foreach": dict(foreach=True), "fused": dict(fused=True), "for-loop": dict(foreach=False)}[s.adam]
@@ -143,7 +144,8 @@ class TorchEngine:
         self.describe = f"torch AdamW ({s.adam})" + (", DistributedDataParallel over gloo" if s.strategy == "ddp" else "")
 
     def forward(self, ids):
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.s.precision == "bf16-mixed" else contextlib.nullcontext()
+        ctx = (torch.autocast(self.device_type, dtype=torch.bfloat16) if self.s.precision == "bf16-mixed"
+               else contextlib.nullcontext())
         with ctx:
             return self.model(input_ids=ids, labels=ids).loss
 
@@ -169,7 +171,8 @@ class DeepSpeedEngine:
     """
 
     def __init__(self, net, s: TrainSetup, tracker: Tracker):
-        procgroup.ensure("gloo", 1)
+        on_gpu = next(net.parameters()).is_cuda
+        procgroup.ensure("nccl" if on_gpu else "gloo", s.gpus if on_gpu else 1)
         import deepspeed
 
         comm = importlib.import_module("deepspeed.comm.torch")
