@@ -136,6 +136,7 @@ def _save(rows, meta) -> str:
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as fh:
         json.dump(doc, fh, indent=1)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, out)
     return str(out.relative_to(models.DATA_DIR.parent))
 

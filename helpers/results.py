@@ -102,6 +102,7 @@ class Result:
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(self.to_dict(), f, indent=1)
+            os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
