@@ -72,11 +72,6 @@ def move_to(model, device) -> None:
         model.tie_weights()
 
 
-def _adamw(params, impl: str):
-    kw = {"foreach": dict(foreach=True), "fused": dict(fused=True), "for-loop": dict(foreach=False)}[impl]
-    return torch.optim.AdamW(params, lr=1e-5, **kw)
-
-
 class SingleStep:
     """One GPU (or, per rank, the replicated strategies): torch AdamW, autocast for bf16-mixed."""
 
@@ -84,7 +79,7 @@ class SingleStep:
         self.model, self.setup, self.tracker = model, setup, tracker
         self.params = [p for p in model.parameters()]
         tracker.label(self.params, "parameters")
-        self.optimizer = _adamw(self.params, setup.adam)
+        self.optimizer = engines.adamw(self.params, setup.adam, lr=1e-5)
         if setup.strategy == "ddp":          # DDP's reducer buckets: one flat gradient-sized buffer (measured as such)
             dev = self.params[0].device
             self.buckets = torch.empty(sum(p.numel() for p in self.params), dtype=self.params[0].dtype, device=dev)
@@ -98,16 +93,10 @@ class SingleStep:
         return loss
 
     def backward(self, loss):
-        self.tracker.set_context("logits")
-        loss.backward()
-        self.tracker.set_context(None)
-        self.tracker.label([p.grad for p in self.params if p.grad is not None], "gradients")
+        engines.backward(self.tracker, loss, self.params)
 
     def step(self):
-        self.optimizer.step()
-        self.tracker.label([v for s in self.optimizer.state.values() for v in s.values()
-                            if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states")
-        self.optimizer.zero_grad(set_to_none=True)
+        engines.step(self.tracker, self.optimizer)
 
 
 class FSDP2Step(SingleStep):
@@ -119,7 +108,7 @@ class FSDP2Step(SingleStep):
         self.model, self.setup, self.tracker = model, setup, tracker
         self.params = list(model.parameters())
         tracker.label(self.params, "parameters")
-        self.optimizer = _adamw(self.params, setup.adam)
+        self.optimizer = engines.adamw(self.params, setup.adam, lr=1e-5)
 
     def forward(self, ids):
         with engines.fsdp_buffers_counted(self.tracker):
@@ -212,8 +201,7 @@ class ZeroEquivalentStep(SingleStep):
             for p in self.params:
                 p.grad = None
         self.optimizer.step()
-        self.tracker.label([v for st in self.optimizer.state.values() for v in st.values()
-                            if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states")
+        self.tracker.label(engines.optimizer_states(self.optimizer), "optimizer_states")
         if self.host_grad is None:
             self.master.grad = None
         self.partition = flat = None          # released when step() returns

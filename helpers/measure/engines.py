@@ -88,3 +88,30 @@ def untracked_sharding_propagation(tracker: Tracker):
         yield
     finally:
         sp.ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
+def adamw(params, impl: str, lr: float = 1e-3) -> torch.optim.AdamW:
+    """torch AdamW in one of its implementations: 'foreach', 'fused' or 'for-loop'."""
+    kw = {"foreach": dict(foreach=True), "fused": dict(fused=True), "for-loop": dict(foreach=False)}[impl]
+    return torch.optim.AdamW(params, lr=lr, **kw)
+
+
+def optimizer_states(optimizer) -> list[torch.Tensor]:
+    """The optimizer's state tensors (exp_avg, exp_avg_sq), without the scalar step counters."""
+    return [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.numel() > 1]
+
+
+def backward(tracker: Tracker, loss, params, device: str | None = None) -> None:
+    """loss.backward() with the loss's own backward counted as logits, then the gradients labelled."""
+    tracker.set_context("logits")
+    loss.backward()
+    tracker.set_context(None)
+    tracker.label([p.grad for p in params if p.grad is not None], "gradients", device)
+
+
+def step(tracker: Tracker, optimizer, device: str | None = None) -> None:
+    """optimizer.step() (run on `device` when given), its states labelled, gradients set to None."""
+    with tracker.placing(device) if device else contextlib.nullcontext():
+        optimizer.step()
+    tracker.label(optimizer_states(optimizer), "optimizer_states", device)
+    optimizer.zero_grad(set_to_none=True)

@@ -27,8 +27,7 @@ class FSDP2Engine:
         self.params = list(net.parameters())
         self.where = "host" if s.offload_params else "gpu"
         tracker.label(self.params, "parameters", self.where)
-        kw = {"foreach": dict(foreach=True), "fused": dict(fused=True), "for-loop": dict(foreach=False)}[s.adam]
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-3, **kw)
+        self.optimizer = engines.adamw(self.params, s.adam)
         self.describe = f"FSDP2 fully_shard over gloo, {s.gpus} processes under torchrun, torch AdamW ({s.adam})"
 
     def forward(self, ids):
@@ -37,17 +36,10 @@ class FSDP2Engine:
 
     def backward(self, loss):
         with engines.fsdp_buffers_counted(self.tracker):
-            self.tracker.set_context("logits")
-            loss.backward()
-            self.tracker.set_context(None)
-        self.tracker.label([p.grad for p in self.params if p.grad is not None], "gradients", self.where)
+            engines.backward(self.tracker, loss, self.params, self.where)
 
     def step(self):
-        with self.tracker.placing(self.where):           # with CPUOffloadPolicy the step runs on the host
-            self.optimizer.step()
-        self.tracker.label([v for st in self.optimizer.state.values() for v in st.values() if v.numel() > 1],
-                           "optimizer_states", self.where)
-        self.optimizer.zero_grad(set_to_none=True)
+        engines.step(self.tracker, self.optimizer, self.where)    # with CPUOffloadPolicy the step runs on the host
 
 
 def main() -> None:

@@ -139,8 +139,7 @@ class TorchEngine:
             procgroup.ensure("nccl" if self.device_type == "cuda" else "gloo", s.gpus if self.device_type == "cuda" else 1)
             with tracker.made_as("comm_buffers"):
                 self.model = torch.nn.parallel.DistributedDataParallel(net)
-        kw = {"foreach": dict(foreach=True), "fused": dict(fused=True), "for-loop": dict(foreach=False)}[s.adam]
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-3, **kw)
+        self.optimizer = engines.adamw(self.params, s.adam)
         self.describe = f"torch AdamW ({s.adam})" + (", DistributedDataParallel over gloo" if s.strategy == "ddp" else "")
 
     def forward(self, ids):
@@ -150,16 +149,10 @@ class TorchEngine:
             return self.model(input_ids=ids, labels=ids).loss
 
     def backward(self, loss):
-        self.tracker.set_context("logits")
-        loss.backward()
-        self.tracker.set_context(None)
-        self.tracker.label([p.grad for p in self.params if p.grad is not None], "gradients")
+        engines.backward(self.tracker, loss, self.params)
 
     def step(self):
-        self.optimizer.step()
-        self.tracker.label([v for st in self.optimizer.state.values() for v in st.values() if v.numel() > 1],
-                           "optimizer_states")
-        self.optimizer.zero_grad(set_to_none=True)
+        engines.step(self.tracker, self.optimizer)
 
 
 class DeepSpeedEngine:
@@ -229,7 +222,8 @@ class DeepSpeedEngine:
                 dev = place[id(g)]
                 t.label([g], "master_weights", dev)
                 t.label([g.grad] if g.grad is not None else [], "gradients", dev)
-                t.label([v for v in o.optimizer.state.get(g, {}).values() if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states", dev)
+                t.label([v for v in o.optimizer.state.get(g, {}).values()
+                         if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states", dev)
             buf = getattr(o, "grad_partitions_flat_buffer", None)
             t.label([buf] if buf is not None else [], "gradients", host)
         else:
@@ -237,7 +231,8 @@ class DeepSpeedEngine:
             for g in o.single_partition_of_fp32_groups:
                 t.label([g], "master_weights", host)
                 t.label([g.grad] if g.grad is not None else [], "gradients", host)
-                t.label([v for v in o.optimizer.state.get(g, {}).values() if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states", host)
+                t.label([v for v in o.optimizer.state.get(g, {}).values()
+                         if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states", host)
             gip = getattr(o, "grads_in_partition", None)
             t.label([gip] if gip is not None else [], "gradients", "gpu")
             for group in (getattr(o, "averaged_gradients", None) or {}).values():
