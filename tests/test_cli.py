@@ -106,3 +106,10 @@ def test_measure_refuses_zero3_with_a_reason(capsys):
     assert main(["measure", "--mode", "dry-run", "--model", "llama-3-8b", "--strategy", "zero3", "--gpus", "8",
                  "--no-progress"]) == 2
     assert "DeepSpeed cannot run on fake tensors" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["dry-run", "scaled"])
+@pytest.mark.parametrize("flag,needle", [("--fused-ce", "fused_ce is modelled"), ("--resume", "resume is modelled")])
+def test_options_a_measurement_cannot_run_are_refused_not_ignored(capsys, mode, flag, needle):
+    assert main(["measure", "--mode", mode, "--model", "llama-3-8b", flag, "--no-progress"]) == 2
+    assert needle in capsys.readouterr().err

@@ -255,6 +255,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True) -> 
     from tqdm.auto import tqdm
 
     setup = setup.validate()
+    engines.refuse_unsupported(setup, "dry")
     m = models.spec(model)
     if setup.strategy not in STEPS:
         raise InputError(

@@ -11,6 +11,18 @@ from helpers.measure.tracker import Tracker
 from helpers.training import TrainSetup
 
 
+def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
+    """Options the estimate models but this mode does not run yet: say so rather than measure something else."""
+    from helpers.errors import InputError
+
+    if setup.fused_ce:
+        raise InputError(f"fused_ce is modelled by the estimate (Liger's chunked linear cross-entropy) but a {mode} "
+                         f"run does not swap the loss yet; measure without --fused-ce, or use `estimate`")
+    if setup.resume:
+        raise InputError(f"resume is modelled by the estimate (the loaded checkpoint beside the live buffers) but a "
+                         f"{mode} run does not load a checkpoint yet; measure without --resume, or use `estimate`")
+
+
 def shard_fsdp2(model, setup: TrainSetup, mesh, pin_memory: bool) -> None:
     """fully_shard as torchtitan groups a decoder: the embedding, each block, norm + output head (a tied head shares
     the embedding's group), then the root; MixedPrecisionPolicy for bf16-mixed, CPUOffloadPolicy with offload."""

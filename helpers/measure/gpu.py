@@ -60,6 +60,7 @@ def _build_on_cuda(model, setup: TrainSetup):
 def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -> Result:
     """Run `steps` training steps of the full-size model on this GPU; a Result with mode 'gpu'."""
     setup = setup.validate()
+    engines.refuse_unsupported(setup, "gpu")
     require_cuda(setup)
     m = models.spec(model)
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -71,6 +71,7 @@ def guard(twin: Path, setup: TrainSetup) -> None:
 def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> Result:
     """Train the twin of `model` for `steps` real steps under `setup`'s engine; a Result with mode 'scaled'."""
     setup = setup.validate()
+    engines.refuse_unsupported(setup, "scaled")
     models.spec(model)
     twin, s = scaled_setup(model, setup)
     if s.strategy == "fsdp2" and s.gpus > MAX_PROCESSES:
