@@ -206,12 +206,33 @@ def bench_scaled() -> None:
     print(f"   largest difference of a peak: {worst_all:.1%} (target: within 10%)")
 
 
+def bench_explorer() -> None:
+    """Median time of one explorer update: the estimate, the figure's update, and a full redraw (Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers import explore
+
+    e = explore.explorer(case=1)
+    moves = [dict(batch=b) for b in (2, 4, 8, 16, 1)] + [dict(seq=q) for q in (256, 1024, 4096, 128)]
+    moves += [dict(offload_optimizer=v) for v in (True, False)] + [dict(grad_checkpointing=v) for v in (False, True)]
+    moves += [dict(strategy="zero3", gpus=8), dict(use_ratio=True), dict(offload_ratio=0.5), dict(use_ratio=False)]
+    times = []
+    for _ in range(3):
+        for move in moves:
+            t = time.perf_counter()
+            e.set(**move)                     # Agg's draw_idle draws at once: this is estimate + update + redraw
+            times.append((time.perf_counter() - t) * 1e3)
+    print(f"explorer update (estimate + figure update + full redraw), {len(times)} moves: median "
+          f"{statistics.median(times):.1f} ms, max {max(times):.1f} ms (target: median under 100 ms)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m helpers.bench")
-    p.add_argument("which", choices=["estimate", "dryrun", "scaled"], nargs="?", default="estimate")
+    p.add_argument("which", choices=["estimate", "explorer", "dryrun", "scaled"], nargs="?", default="estimate")
     p.add_argument("--no-save", action="store_true", help="dryrun: do not write data/results/")
     a = p.parse_args()
-    {"estimate": bench_estimate, "scaled": bench_scaled}.get(a.which, lambda: bench_dryrun(save=not a.no_save))()
+    {"estimate": bench_estimate, "scaled": bench_scaled, "explorer": bench_explorer}.get(a.which, lambda: bench_dryrun(save=not a.no_save))()
 
 
 if __name__ == "__main__":

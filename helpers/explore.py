@@ -1,0 +1,142 @@
+"""Explorers: sliders and toggles for a set-up, bound to the estimator, redrawing one memory figure in place.
+
+`explore.explorer("llama-3-8b", cases.setup(1))` returns an Explorer; in a notebook it displays itself.
+Controls change a TrainSetup; an invalid combination shows its error as the verdict and leaves the figure as it was.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ipywidgets as w
+import matplotlib.pyplot as plt
+
+from helpers import estimate, models, plots, report
+from helpers.errors import InputError
+from helpers.training import ADAM_IMPLS, ATTENTIONS, PRECISIONS, STRATEGIES, TrainSetup
+
+SEQS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+GPUS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+class Explorer:
+    """A memory figure of `model` under a set-up, and one control per set-up option."""
+
+    def __init__(self, model: str = "llama-3-8b", setup: TrainSetup | None = None, reported: list[dict] | None = None):
+        self.model = model
+        self.setup = (setup or TrainSetup(gpu_gib=80)).validate()
+        self.reported = reported
+        self.result = estimate.run(model, self.setup)
+        s = self.setup
+        self.controls = {
+            "model": w.Dropdown(options=models.catalogue(), value=model if model in models.catalogue() else None,
+                                description="model"),
+            "batch": w.IntSlider(s.batch, 1, 64, description="micro batch"),
+            "seq": w.SelectionSlider(options=sorted(set(SEQS + [s.seq])), value=s.seq, description="seq"),
+            "strategy": w.Dropdown(options=STRATEGIES, value=s.strategy, description="strategy"),
+            "gpus": w.SelectionSlider(options=sorted(set(GPUS + [s.gpus])), value=s.gpus, description="GPUs"),
+            "precision": w.Dropdown(options=PRECISIONS, value=s.precision, description="precision"),
+            "adam_impl": w.Dropdown(options=("default",) + ADAM_IMPLS, value=s.adam_impl or "default",
+                                    description="AdamW"),
+            "offload_optimizer": w.Checkbox(s.offload_optimizer, description="offload optimizer"),
+            "offload_params": w.Checkbox(s.offload_params, description="offload params"),
+            "offload_ratio": w.FloatSlider(1.0 if s.offload_ratio is None else s.offload_ratio, min=0, max=1,
+                                           step=0.05, description="ratio"),
+            "use_ratio": w.Checkbox(s.offload_ratio is not None, description="partial offload (ratio)"),
+            "pin_memory": w.Checkbox(s.pin_memory, description="pin memory"),
+            "grad_checkpointing": w.Checkbox(s.grad_checkpointing, description="checkpointing"),
+            "fused_ce": w.Checkbox(s.fused_ce, description="fused CE"),
+            "attention": w.Dropdown(options=ATTENTIONS, value=s.attention, description="attention"),
+            "gpu_gib": w.FloatText(s.gpu_gib or 0.0, description="GPU GiB", tooltip="0: no capacity"),
+            "host_gib": w.FloatText(s.host_gib or 0.0, description="host GiB", tooltip="0: no capacity"),
+        }
+        self.verdict = w.HTML()
+        self.curve = plots.MemoryCurve(self.result)
+        self.curve.update(self.result, reported=reported)
+        self.last_update_s = 0.0
+        for c in self.controls.values():
+            c.observe(self._changed, names="value")
+        self._show_verdict()
+
+    def setup_from_controls(self) -> TrainSetup:
+        c = {k: v.value for k, v in self.controls.items()}
+        return TrainSetup(
+            batch=c["batch"], seq=c["seq"], strategy=c["strategy"], gpus=c["gpus"], precision=c["precision"],
+            adam_impl=None if c["adam_impl"] == "default" else c["adam_impl"],
+            offload_optimizer=c["offload_optimizer"], offload_params=c["offload_params"],
+            offload_ratio=c["offload_ratio"] if c["use_ratio"] else None, pin_memory=c["pin_memory"],
+            grad_checkpointing=c["grad_checkpointing"], fused_ce=c["fused_ce"], attention=c["attention"],
+            gpu_gib=c["gpu_gib"] or None, host_gib=c["host_gib"] or None, gpus_per_node=self.setup.gpus_per_node,
+            resume=self.setup.resume, reduce_bucket_size=self.setup.reduce_bucket_size,
+            sub_group_size=self.setup.sub_group_size, prefetch_bucket_size=self.setup.prefetch_bucket_size,
+        ).validate()
+
+    def set(self, **values) -> None:
+        """Move controls as a reader would (each change redraws)."""
+        for k, v in values.items():
+            self.controls[k].value = v
+
+    def _changed(self, change=None) -> None:
+        started = time.perf_counter()
+        try:
+            setup = self.setup_from_controls()
+            model = self.controls["model"].value or self.model
+            result = estimate.run(model, setup)
+        except InputError as exc:
+            self.verdict.value = f"<b style='color:#B00020'>not a valid set-up:</b> {exc}"
+            self.error = str(exc)
+            return
+        self.error = None
+        self.setup, self.model, self.result = setup, model, result
+        if list(result.gpu.phases) != self.curve.phases:
+            plt.close(self.curve.fig)
+            self.curve = plots.MemoryCurve(result)
+        self.curve.update(result, reported=self.reported if model == self.controls["model"].value else None)
+        self.curve.fig.canvas.draw_idle()
+        self._render_static()
+        self._show_verdict()
+        self.last_update_s = time.perf_counter() - started
+
+    def _show_verdict(self) -> None:
+        text = report.verdict(self.result)
+        color = "#B00020" if text.startswith("OOM") else "#1B5E20"
+        self.verdict.value = f"<b style='color:{color}'>{text}</b>"
+
+    def widget(self) -> w.Widget:
+        """The controls, the verdict and the figure (live with ipympl, a picture otherwise)."""
+        c = self.controls
+        rows = [w.HBox([c["model"], c["strategy"], c["gpus"]]), w.HBox([c["batch"], c["seq"], c["precision"]]),
+                w.HBox([c["adam_impl"], c["attention"], c["grad_checkpointing"], c["fused_ce"]]),
+                w.HBox([c["offload_optimizer"], c["offload_params"], c["pin_memory"]]),
+                w.HBox([c["use_ratio"], c["offload_ratio"], c["gpu_gib"], c["host_gib"]]), self.verdict]
+        canvas = self.curve.fig.canvas
+        if isinstance(canvas, w.DOMWidget):
+            return w.VBox(rows + [canvas])
+        out = w.Output()                     # without ipympl: a picture, redrawn into the same output
+        self._output = out
+        self._render_static()
+        return w.VBox(rows + [out])
+
+    def _render_static(self) -> None:
+        out = getattr(self, "_output", None)
+        if out is not None:
+            from IPython.display import display
+
+            out.clear_output(wait=True)
+            with out:
+                display(self.curve.fig)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget())
+
+
+def explorer(model: str = "llama-3-8b", setup: TrainSetup | None = None, case: int | None = None) -> Explorer:
+    """An Explorer for `model` under `setup`, or preset to a case (its model, set-up and reported figures)."""
+    if case is not None:
+        from helpers import cases
+
+        c = cases.case(case)
+        return Explorer(c["model"], cases.setup(case), reported=c["reported"])
+    return Explorer(model, setup)

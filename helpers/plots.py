@@ -1,0 +1,178 @@
+"""Figures from Results only (a plot never runs anything): memory curves per phase, before/after bars, sweeps.
+
+One colour per category and one phase order across the collection; every axis is in GiB (2**30 bytes).
+Figures are built once and updated in place (`MemoryCurve.update`) so an explorer redraws quickly.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from helpers.results import Result
+from helpers.units import GiB
+from helpers.vocab import CATEGORIES, PHASE_LABELS, PHASES
+
+COLORS = {                     # colour-blind-safe (Okabe-Ito, then greys) and the same in every notebook
+    "parameters": "#0072B2", "master_weights": "#56B4E9", "gradients": "#009E73", "optimizer_states": "#E69F00",
+    "activations": "#CC79A7", "logits": "#D55E00", "temporaries": "#999999", "comm_buffers": "#F0E442",
+    "checkpoint": "#000000", "pinned_overhead": "#7F3C8D",
+}
+DEVICE_TITLES = {"gpu": "GPU (each)", "host": "host RAM (per node)"}
+SHORT = {"setup": "setup", "resume": "resume", "forward": "forward", "backward": "backward", "step": "step",
+         "steady": "later iters"}
+
+
+def gib(nbytes: float) -> float:
+    return nbytes / GiB
+
+
+class MemoryCurve:
+    """Memory per phase, stacked by category, one panel per device; capacity line, OOM marker, overlays."""
+
+    def __init__(self, result: Result, title: str | None = None, figsize=(11, 4.2), dpi: int = 100):
+        self.fig: Figure = plt.figure(figsize=figsize, dpi=dpi, layout="constrained")
+        self.axes = dict(zip(("gpu", "host"), self.fig.subplots(1, 2)))
+        self.phases = list(result.gpu.phases)
+        self.bars: dict[str, dict[str, list]] = {}
+        self.extras: list = []
+        x = range(len(self.phases))
+        for dev, ax in self.axes.items():
+            self.bars[dev] = {}
+            for cat in CATEGORIES:
+                self.bars[dev][cat] = ax.bar(x, [0] * len(self.phases), 0.62, color=COLORS[cat], label=cat,
+                                             edgecolor="white", linewidth=0.4)
+            ax.set_xticks(list(x), [SHORT[p] for p in self.phases])
+            ax.set_ylabel("GiB (2^30 bytes)")
+            ax.set_title(DEVICE_TITLES[dev], fontsize=11)
+            ax.grid(axis="y", alpha=0.3)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in CATEGORIES]
+        self.fig.legend(handles, [c.replace("_", " ") for c in CATEGORIES], loc="outside right center", fontsize=8,
+                        frameon=False)
+        self.title = title
+        self.update(result)
+        self.fig.canvas.draw()                        # lay out once, then keep the layout: redraws stay fast
+        self.fig.set_layout_engine("none")
+
+    def update(self, result: Result, overlay: Result | None = None, reported: list[dict] | None = None) -> None:
+        """Redraw for another result of the same phases (heights only, then the markers)."""
+        if list(result.gpu.phases) != self.phases:
+            raise ValueError(f"phases changed from {self.phases} to {list(result.gpu.phases)}: make a new MemoryCurve")
+        for artist in self.extras:
+            artist.remove()
+        self.extras = []
+        self.result = result
+        for dev, ax in self.axes.items():
+            d = result.device(dev)
+            bottoms = [0.0] * len(self.phases)
+            for cat in CATEGORIES:
+                for i, (rect, phase) in enumerate(zip(self.bars[dev][cat], self.phases)):
+                    h = gib(d.breakdown[phase][cat])
+                    rect.set_y(bottoms[i])
+                    rect.set_height(h)
+                    rect.set_visible(h > 0)              # empty categories cost nothing to draw
+                    bottoms[i] += h
+            top = max(bottoms + [0.1])
+            if d.capacity_bytes:
+                cap = gib(d.capacity_bytes)
+                top = max(top, cap)
+                self.extras.append(ax.axhline(cap, color="#D00000", linestyle="--", linewidth=1.2))
+                self.extras.append(ax.text(len(self.phases) - 0.5, cap, f" capacity {cap:.0f} GiB", color="#D00000",
+                                           va="bottom", ha="right", fontsize=8))
+                first = d.first_over()
+                if first:
+                    i = self.phases.index(first)
+                    self.extras.append(ax.plot(i, bottoms[i], marker="X", markersize=13, color="#D00000",
+                                               markeredgecolor="white")[0])
+                    self.extras.append(ax.annotate(f"OOM at {PHASE_LABELS[first]}", (i, bottoms[i]),
+                                                   xytext=(0, 9), textcoords="offset points", ha="center",
+                                                   color="#D00000", fontsize=9, fontweight="bold"))
+            if overlay is not None:
+                o = overlay.device(dev)
+                ys = [gib(o.phases.get(p, 0)) for p in self.phases]
+                top = max(top, *ys)
+                self.extras.append(ax.plot(range(len(self.phases)), ys, "o-", color="black", linewidth=1.2,
+                                           markersize=5, label=overlay.mode)[0])
+            for item in reported or []:
+                if item.get("device") != dev or item.get("value") is None or not isinstance(item["value"], (int, float)):
+                    continue
+                from helpers.cases import reported_bytes
+                y = gib(reported_bytes(item))
+                top = max(top, y)
+                if item.get("phase") in self.phases:
+                    i = self.phases.index(item["phase"])
+                    self.extras.append(ax.plot(i + 0.22, y, marker="*", markersize=14, color="#FFD400",
+                                               markeredgecolor="black")[0])
+                else:
+                    self.extras.append(ax.axhline(y, color="black", linestyle=":", linewidth=1))
+                    self.extras.append(ax.text(-0.4, y, f"reported {item['value']} {item['unit']}", fontsize=7,
+                                               va="bottom", ha="left"))
+            ax.set_ylim(0, top * 1.15)
+            if not any(bottoms):
+                self.extras.append(ax.text(0.5, 0.5, "nothing here", transform=ax.transAxes, ha="center",
+                                           color="#777777", fontsize=10))
+        mode = result.mode + (f" vs {overlay.mode} (black line)" if overlay is not None else "")
+        stars = "; stars: reported" if reported else ""
+        self.fig.suptitle(self.title or f"{result.model}: {result.setup['strategy']} x{result.setup['gpus']}, "
+                          f"{result.setup['precision']}, batch {result.setup['batch']} x seq {result.setup['seq']} "
+                          f"[{mode}{stars}]", fontsize=11)
+
+    def heights(self, device: str) -> dict[str, float]:
+        """The drawn total per phase on `device`, in GiB (what a reader sees)."""
+        return {p: sum(self.bars[device][c][i].get_height() for c in CATEGORIES) for i, p in enumerate(self.phases)}
+
+
+def memory_curve(result: Result, overlay: Result | None = None, reported: list[dict] | None = None,
+                 title: str | None = None) -> MemoryCurve:
+    """A MemoryCurve of `result`, with a measurement overlaid and the case's reported figures marked."""
+    curve = MemoryCurve(result, title)
+    curve.update(result, overlay, reported)
+    return curve
+
+
+def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "") -> Figure:
+    """Before/after: each result's peak on `device`, stacked by category, with its capacity line."""
+    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(results), 4.2), layout="constrained")
+    labels = list(results)
+    top = 0.0
+    for i, label in enumerate(labels):
+        d = results[label].device(device)
+        bottom = 0.0
+        for cat in CATEGORIES:
+            h = gib(d.categories.get(cat, 0))
+            ax.bar(i, h, 0.6, bottom=bottom, color=COLORS[cat], edgecolor="white", linewidth=0.4)
+            bottom += h
+        ax.text(i, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=9)
+        top = max(top, bottom)
+        if d.capacity_bytes:
+            ax.hlines(gib(d.capacity_bytes), i - 0.4, i + 0.4, color="#D00000", linestyle="--")
+            top = max(top, gib(d.capacity_bytes))
+    ax.set_ylim(0, max(top, 0.1) * 1.12)
+    used = [c for c in CATEGORIES if any(r.device(device).categories.get(c) for r in results.values())]
+    ax.legend([plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in used], [c.replace("_", " ") for c in used],
+              fontsize=7, loc="upper right", frameon=False)
+    ax.set_xticks(range(len(labels)), labels, fontsize=9)
+    ax.set_ylabel(f"peak, {DEVICE_TITLES[device]} — GiB (2^30 bytes)")
+    ax.set_title(title, fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def sweep(xs: list, results: list[Result], xlabel: str, device: str = "gpu", title: str = "") -> Figure:
+    """Peak memory on `device` against one set-up variable, with the capacity line and the points over it."""
+    fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
+    ys = [gib(r.device(device).peak_bytes) for r in results]
+    ax.plot(xs, ys, "o-", color="#0072B2")
+    cap = results[0].device(device).capacity_bytes if results else None
+    if cap:
+        ax.axhline(gib(cap), color="#D00000", linestyle="--", label=f"capacity {gib(cap):.0f} GiB")
+        over = [(x, y) for x, y in zip(xs, ys) if y > gib(cap)]
+        if over:
+            ax.plot(*zip(*over), "X", color="#D00000", markersize=10, label="out of memory")
+        ax.legend(fontsize=8)
+    ax.set_ylim(0, max(ys + [gib(cap) if cap else 0, 0.1]) * 1.12)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"peak, {DEVICE_TITLES[device]} — GiB (2^30 bytes)")
+    ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
+    return fig

@@ -1,0 +1,85 @@
+"""Figures and explorers: every kind renders headless, shows the result's own numbers, and responds to controls."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import nbformat  # noqa: E402
+import pytest  # noqa: E402
+
+from helpers import cases, estimate, explore, plots  # noqa: E402
+from helpers.units import GiB  # noqa: E402
+
+
+def texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts] + [fig._suptitle.get_text() if fig._suptitle else ""]
+
+
+def test_memory_curve_draws_the_results_numbers_and_marks_the_oom():
+    r = estimate.run("llama-3-8b", cases.setup(1))
+    curve = plots.memory_curve(r, reported=cases.case(1)["reported"])
+    for dev in ("gpu", "host"):
+        for phase, height in curve.heights(dev).items():
+            assert height == pytest.approx(r.device(dev).phases[phase] / GiB)
+    assert "OOM at optimizer step" in texts(curve.fig)
+    assert any("capacity 80 GiB" in t for t in texts(curve.fig))
+    assert all("GiB" in ax.get_ylabel() for ax in curve.fig.axes)
+
+
+def test_overlay_and_update_in_place():
+    r = estimate.run("llama-3-8b", cases.setup(1))
+    fixed = estimate.run("llama-3-8b", cases.setup(1, fixed=True))
+    curve = plots.memory_curve(r, overlay=fixed)
+    before = curve.heights("gpu")
+    curve.update(fixed)
+    assert curve.heights("gpu") != before
+    assert curve.heights("gpu")["step"] == pytest.approx(fixed.gpu.phases["step"] / GiB)
+    assert "OOM at optimizer step" not in texts(curve.fig)
+
+
+def test_compare_bars_and_sweep():
+    a, b = estimate.run("llama-3-8b", cases.setup(1)), estimate.run("llama-3-8b", cases.setup(1, fixed=True))
+    fig = plots.compare_bars({"ZeRO-2": a, "+ offload": b}, "gpu")
+    tops = sorted(float(t) for t in texts(fig) if t.replace(".", "").isdigit())
+    assert tops == pytest.approx(sorted([a.gpu.peak_bytes / GiB, b.gpu.peak_bytes / GiB]), abs=0.05)
+    xs = [1, 2, 4, 8, 16]
+    results = [estimate.run("llama-3-8b", cases.setup(1, fixed=True, batch=x, seq=4096)) for x in xs]
+    fig = plots.sweep(xs, results, "micro batch")
+    line = fig.axes[0].lines[0]
+    assert list(line.get_ydata()) == pytest.approx([r.gpu.peak_bytes / GiB for r in results])
+    assert any(l.get_label() == "out of memory" for l in fig.axes[0].lines)
+
+
+def test_explorer_controls_change_figure_and_verdict():
+    e = explore.explorer(case=1)
+    assert e.verdict.value.count("OOM on GPU at the optimizer step")
+    before = e.curve.heights("gpu")
+    e.set(offload_optimizer=True)
+    assert "fits" in e.verdict.value and e.curve.heights("gpu") != before
+    assert e.curve.heights("gpu")["step"] == pytest.approx(e.result.gpu.phases["step"] / GiB)
+    shown = e.curve.heights("gpu")
+    e.set(strategy="fsdp2")                       # FSDP2 cannot offload the optimizer alone
+    assert "not a valid set-up" in e.verdict.value and "together" in e.verdict.value
+    assert e.curve.heights("gpu") == shown
+    e.set(offload_params=True, gpus=2)
+    assert "fits" in e.verdict.value and e.setup.strategy == "fsdp2"
+
+
+def test_explorer_runs_headless_in_a_notebook_and_renders_static(tmp_path):
+    from nbclient import NotebookClient
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("%matplotlib widget\nfrom helpers import explore\ne = explore.explorer(case=5)\ne"),
+        nbformat.v4.new_code_cell("e.set(batch=4)\nassert 'fits' in e.verdict.value or 'OOM' in e.verdict.value"),
+    ])
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
+    nb2 = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import matplotlib\nmatplotlib.use('Agg')\n%matplotlib inline\nfrom helpers import cases, estimate, plots\n"
+        "plots.memory_curve(estimate.run('llama-3-8b', cases.setup(1))).fig")])
+    NotebookClient(nb2, timeout=120, kernel_name="python3").execute()
+    html, _ = HTMLExporter().from_notebook_node(nb2)
+    assert "data:image/png;base64" in html
