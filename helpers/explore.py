@@ -126,10 +126,18 @@ class Explorer:
             with out:
                 display(self.curve.fig)
 
-    def _ipython_display_(self):
-        from IPython.display import display
+    def _repr_mimebundle_(self, **kwargs):
+        """The live widget for JupyterLab, plus a PNG of the figure for static renderings (nbconvert, CI docs)."""
+        import base64
+        import io
 
-        display(self.widget())
+        bundle = self.widget()._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        png = io.BytesIO()
+        self.curve.fig.savefig(png, format="png", dpi=80)
+        data["image/png"] = base64.b64encode(png.getvalue()).decode()
+        data["text/plain"] = f"Explorer({self.model}): {report.verdict(self.result)}"
+        return bundle
 
 
 def explorer(model: str = "llama-3-8b", setup: TrainSetup | None = None, case: int | None = None) -> Explorer:
@@ -138,5 +146,7 @@ def explorer(model: str = "llama-3-8b", setup: TrainSetup | None = None, case: i
         from helpers import cases
 
         c = cases.case(case)
-        return Explorer(c["model"], cases.setup(case), reported=c["reported"])
+        e = Explorer(c["model"], cases.setup(case), reported=c["reported"])
+        e.curve.fig.text(0.01, 0.005, f"reported figures: {c['source']}", fontsize=7, color="#444444")
+        return e
     return Explorer(model, setup)

@@ -123,10 +123,13 @@ class MemoryCurve:
 
 
 def memory_curve(result: Result, overlay: Result | None = None, reported: list[dict] | None = None,
-                 title: str | None = None) -> MemoryCurve:
-    """A MemoryCurve of `result`, with a measurement overlaid and the case's reported figures marked."""
+                 title: str | None = None, source: str | None = None) -> MemoryCurve:
+    """A MemoryCurve of `result`, with a measurement overlaid and the case's reported figures marked
+    (stars at a phase, dotted lines otherwise), their `source` written under the figure."""
     curve = MemoryCurve(result, title)
     curve.update(result, overlay, reported)
+    if source:
+        curve.fig.text(0.01, 0.005, f"reported figures: {source}", fontsize=7, color="#444444")
     return curve
 
 

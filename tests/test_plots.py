@@ -77,9 +77,20 @@ def test_explorer_runs_headless_in_a_notebook_and_renders_static(tmp_path):
     outputs = [o for c in nb.cells for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
+    assert any("image/png" in o.get("data", {}) for o in outputs)          # the static picture beside the widget
+    html, _ = HTMLExporter(config=_png_first()).from_notebook_node(nb)
+    assert "data:image/png;base64" in html
     nb2 = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "import matplotlib\nmatplotlib.use('Agg')\n%matplotlib inline\nfrom helpers import cases, estimate, plots\n"
         "plots.memory_curve(estimate.run('llama-3-8b', cases.setup(1))).fig")])
     NotebookClient(nb2, timeout=120, kernel_name="python3").execute()
     html, _ = HTMLExporter().from_notebook_node(nb2)
     assert "data:image/png;base64" in html
+
+
+def _png_first():
+    from traitlets.config import Config
+
+    c = Config()
+    c.NbConvertBase.display_data_priority = ["image/png", "text/html", "text/plain"]
+    return c
