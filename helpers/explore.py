@@ -22,7 +22,8 @@ GPUS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 class Explorer:
     """A memory figure of `model` under a set-up, and one control per set-up option."""
 
-    def __init__(self, model: str = "llama-3-8b", setup: TrainSetup | None = None, reported: list[dict] | None = None):
+    def __init__(self, model: str = "llama-3-8b", setup: TrainSetup | None = None, reported: list[dict] | None = None,
+                 source: str | None = None):
         self.model = model
         self.setup = (setup or TrainSetup(gpu_gib=80)).validate()
         self.reported = reported
@@ -51,7 +52,8 @@ class Explorer:
             "host_gib": w.FloatText(s.host_gib or 0.0, description="host GiB", tooltip="0: no capacity"),
         }
         self.verdict = w.HTML()
-        self.curve = plots.MemoryCurve(self.result)
+        self.source = source
+        self.curve = plots.MemoryCurve(self.result, source=source)
         self.curve.update(self.result, reported=reported)
         self.last_update_s = 0.0
         for c in self.controls.values():
@@ -90,7 +92,7 @@ class Explorer:
         self.setup, self.model, self.result = setup, model, result
         if list(result.gpu.phases) != self.curve.phases:
             plt.close(self.curve.fig)
-            self.curve = plots.MemoryCurve(result)
+            self.curve = plots.MemoryCurve(result, source=self.source)
         self.curve.update(result, reported=self.reported if model == self.controls["model"].value else None)
         self.curve.fig.canvas.draw_idle()
         self._render_static()
@@ -146,7 +148,5 @@ def explorer(model: str = "llama-3-8b", setup: TrainSetup | None = None, case: i
         from helpers import cases
 
         c = cases.case(case)
-        e = Explorer(c["model"], cases.setup(case), reported=c["reported"])
-        e.curve.fig.text(0.01, 0.005, f"reported figures: {c['source']}", fontsize=7, color="#444444")
-        return e
+        return Explorer(c["model"], cases.setup(case), reported=c["reported"], source=c["source"])
     return Explorer(model, setup)

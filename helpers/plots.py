@@ -30,7 +30,8 @@ def gib(nbytes: float) -> float:
 class MemoryCurve:
     """Memory per phase, stacked by category, one panel per device; capacity line, OOM marker, overlays."""
 
-    def __init__(self, result: Result, title: str | None = None, figsize=(11, 4.2), dpi: int = 100):
+    def __init__(self, result: Result, title: str | None = None, figsize=(11, 4.2), dpi: int = 100,
+                 source: str | None = None):
         self.fig: Figure = plt.figure(figsize=figsize, dpi=dpi, layout="constrained")
         self.axes = dict(zip(("gpu", "host"), self.fig.subplots(1, 2)))
         self.phases = list(result.gpu.phases)
@@ -49,7 +50,7 @@ class MemoryCurve:
         handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in CATEGORIES]
         self.fig.legend(handles, [c.replace("_", " ") for c in CATEGORIES], loc="outside right center", fontsize=8,
                         frameon=False)
-        self.title = title
+        self.title, self.source = title, source
         self.update(result)
         self.fig.canvas.draw()                        # lay out once, then keep the layout: redraws stay fast
         self.fig.set_layout_engine("none")
@@ -112,10 +113,10 @@ class MemoryCurve:
                 self.extras.append(ax.text(0.5, 0.5, "nothing here", transform=ax.transAxes, ha="center",
                                            color="#777777", fontsize=10))
         mode = result.mode + (f" vs {overlay.mode} (black line)" if overlay is not None else "")
-        stars = "; stars: reported" if reported else ""
-        self.fig.suptitle(self.title or f"{result.model}: {result.setup['strategy']} x{result.setup['gpus']}, "
-                          f"{result.setup['precision']}, batch {result.setup['batch']} x seq {result.setup['seq']} "
-                          f"[{mode}{stars}]", fontsize=11)
+        source = f"\nreported figures (stars, dotted lines): {self.source}" if self.source else ""
+        self.fig.suptitle((self.title or f"{result.model}: {result.setup['strategy']} x{result.setup['gpus']}, "
+                           f"{result.setup['precision']}, batch {result.setup['batch']} x seq {result.setup['seq']} "
+                           f"[{mode}]") + source, fontsize=10)
 
     def heights(self, device: str) -> dict[str, float]:
         """The drawn total per phase on `device`, in GiB (what a reader sees)."""
@@ -126,10 +127,8 @@ def memory_curve(result: Result, overlay: Result | None = None, reported: list[d
                  title: str | None = None, source: str | None = None) -> MemoryCurve:
     """A MemoryCurve of `result`, with a measurement overlaid and the case's reported figures marked
     (stars at a phase, dotted lines otherwise), their `source` written under the figure."""
-    curve = MemoryCurve(result, title)
+    curve = MemoryCurve(result, title, source=source)
     curve.update(result, overlay, reported)
-    if source:
-        curve.fig.text(0.01, 0.005, f"reported figures: {source}", fontsize=7, color="#444444")
     return curve
 
 
