@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from helpers.results import Result
 from helpers.units import GiB
-from helpers.vocab import CATEGORIES, PHASE_LABELS, PHASES
+from helpers.vocab import CATEGORIES, PHASE_LABELS
 
 COLORS = {                     # colour-blind-safe (Okabe-Ito, then greys) and the same in every notebook
     "parameters": "#0072B2", "master_weights": "#56B4E9", "gradients": "#009E73", "optimizer_states": "#E69F00",

@@ -7,7 +7,6 @@ breakdown {phase: {category: bytes}}, capacity_bytes; and oom {device, phase}. S
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -117,5 +116,3 @@ class Result:
 def empty_breakdown(phases) -> dict[str, dict[str, int]]:
     return {p: {c: 0 for c in CATEGORIES} for p in phases}
 
-
-__all__ = ["DeviceMemory", "Result", "empty_breakdown", "dataclasses"]

@@ -37,7 +37,6 @@ STATES = frozenset({"step", "steady_forward_gather", "steady_forward", "steady_b
                     "steady_backward_head", "steady_backward_end", "steady_backward_done"})
 STEP = frozenset({"step"})
 STEP_PREPARE = frozenset({"step_prepare"})                  # before the update: gradients flattened, cast to fp32
-AFTER_FIRST_BACKWARD = BWD_END | BWD_DONE | STATES                    # buffers allocated at the first backward and kept
 
 
 @dataclass(frozen=True)
