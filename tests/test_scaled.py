@@ -99,6 +99,11 @@ def test_oversized_run_is_refused_before_it_starts():
         scaled.run(M, TrainSetup(batch=512, seq=8192))
 
 
+def test_scaled_deepspeed_over_several_gpus_is_refused_not_misreported():
+    with pytest.raises(InputError, match="a scaled DeepSpeed run is one process"):
+        scaled.run(M, TrainSetup(strategy="zero3", gpus=8))
+
+
 def test_gpu_mode_says_when_there_is_no_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the gpu mode runs for real there")

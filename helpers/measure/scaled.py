@@ -76,6 +76,9 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
     twin, s = scaled_setup(model, setup)
     if s.strategy == "fsdp2" and s.gpus > MAX_PROCESSES:
         raise InputError(f"a scaled FSDP2 run starts one process per GPU; at most {MAX_PROCESSES} here, got gpus={s.gpus}")
+    if s.strategy.startswith("zero") and s.gpus > 1:
+        raise InputError(f"a scaled DeepSpeed run is one process (one rank), got gpus={s.gpus}: use gpus=1 here; "
+                         f"the partitioning over several GPUs is in `estimate` and in `measure --mode dry-run`")
     guard(twin, s)
     if s.strategy == "fsdp2":
         return _run_torchrun(twin, s, steps)
