@@ -144,7 +144,8 @@ class TorchEngine:
             with tracker.made_as("comm_buffers"):
                 self.model = torch.nn.parallel.DistributedDataParallel(net)
         self.optimizer = engines.adamw(self.params, s.adam)
-        self.describe = f"torch AdamW ({s.adam})" + (", DistributedDataParallel over gloo" if s.strategy == "ddp" else "")
+        self.describe = f"torch AdamW ({s.adam})" + (", DistributedDataParallel over gloo, one rank (a replica's "
+                                                     "memory does not depend on the world size)" if s.strategy == "ddp" else "")
 
     def forward(self, ids):
         ctx = (torch.autocast(self.device_type, dtype=torch.bfloat16) if self.s.precision == "bf16-mixed"
