@@ -53,7 +53,8 @@ class Explorer:
         }
         self.verdict = w.HTML()
         self.source = source
-        self.curve = plots.MemoryCurve(self.result, source=source)
+        with plt.ioff():                      # shown once, inside the explorer's own widget
+            self.curve = plots.MemoryCurve(self.result, source=source)
         self.curve.update(self.result, reported=reported)
         self.last_update_s = 0.0
         for c in self.controls.values():
@@ -92,7 +93,8 @@ class Explorer:
         self.setup, self.model, self.result = setup, model, result
         if list(result.gpu.phases) != self.curve.phases:
             plt.close(self.curve.fig)
-            self.curve = plots.MemoryCurve(result, source=self.source)
+            with plt.ioff():
+                self.curve = plots.MemoryCurve(result, source=self.source)
         self.curve.update(result, reported=self.reported if model == self.controls["model"].value else None)
         self.curve.fig.canvas.draw_idle()
         self._render_static()

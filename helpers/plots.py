@@ -160,21 +160,39 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
     return fig
 
 
-def sweep(xs: list, results: list[Result], xlabel: str, device: str = "gpu", title: str = "") -> Figure:
-    """Peak memory on `device` against one set-up variable, with the capacity line and the points over it."""
+def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", category: str | None = None,
+          phase: str | None = None) -> Figure:
+    """Memory on `device` against one set-up variable: each result's peak, or one `category` at `phase`;
+    `results` is a list, or {label: list} for several lines. The capacity line and the points over it are marked."""
+    series = results if isinstance(results, dict) else {"": results}
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
-    ys = [gib(r.device(device).peak_bytes) for r in results]
-    ax.plot(xs, ys, "o-", color="#0072B2")
-    cap = results[0].device(device).capacity_bytes if results else None
-    if cap:
-        ax.axhline(gib(cap), color="#D00000", linestyle="--", label=f"capacity {gib(cap):.0f} GiB")
-        over = [(x, y) for x, y in zip(xs, ys) if y > gib(cap)]
-        if over:
-            ax.plot(*zip(*over), "X", color="#D00000", markersize=10, label="out of memory")
+    top = 0.1
+
+    def value(r: Result) -> float:
+        d = r.device(device)
+        return gib(d.breakdown[phase or d.peak_phase][category] if category else d.peak_bytes)
+
+    for label, rs in series.items():
+        ys = [value(r) for r in rs]
+        top = max(top, *ys)
+        ax.plot(xs, ys, "o-", label=label or None)
+        cap = rs[0].device(device).capacity_bytes if rs and not category else None
+        if cap:
+            over = [(x, y) for x, y in zip(xs, ys) if y > gib(cap)]
+            if over:
+                ax.plot(*zip(*over), "X", color="#D00000", markersize=10, label="out of memory")
+    caps = {r.device(device).capacity_bytes for rs in series.values() for r in rs} - {None}
+    if caps and not category:
+        cap = gib(max(caps))
+        ax.axhline(cap, color="#D00000", linestyle="--", label=f"capacity {cap:.0f} GiB")
+        top = max(top, cap)
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    ax.set_ylim(0, max(ys + [gib(cap) if cap else 0, 0.1]) * 1.12)
+    ax.set_ylim(0, top * 1.12)
+    what = category.replace("_", " ") + (f" at {PHASE_LABELS[phase]}" if phase else "") if category else "peak"
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"peak, {DEVICE_TITLES[device]} — GiB (2^30 bytes)")
-    ax.set_title(title, fontsize=11)
+    ax.set_ylabel("GiB (2^30 bytes)")
+    ax.set_title(f"{title}\n{what}, {DEVICE_TITLES[device]}" if title else f"{what}, {DEVICE_TITLES[device]}",
+                 fontsize=10)
     ax.grid(alpha=0.3)
     return fig

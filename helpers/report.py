@@ -24,6 +24,8 @@ def verdict(r: Result) -> str:
     parts = []
     for name, label in (("gpu", "per GPU"), ("host", "host per node")):
         d = r.device(name)
+        if name == "host" and not d.peak_bytes and not d.capacity_bytes:
+            continue                          # nothing on the host and no capacity to compare with
         cap = f" of {amount(d.capacity_bytes)}" if d.capacity_bytes else ""
         parts.append(f"{amount(d.peak_bytes)}{cap} {label} (peak at {PHASE_LABELS[d.peak_phase]})")
     return ("fits: " if any(r.device(n).capacity_bytes for n in ("gpu", "host")) else "needs: ") + "; ".join(parts)

@@ -71,6 +71,11 @@ class Result:
             raise KeyError(f"unknown device {name!r}: {DEVICES}")
         return getattr(self, name)
 
+    def per_param(self, device: str = "gpu", phase: str | None = None) -> dict[str, float]:
+        """Bytes per parameter of each category on `device` at `phase` (default: the device's peak phase)."""
+        d = self.device(device)
+        return {c: v / self.params for c, v in d.breakdown[phase or d.peak_phase].items() if v}
+
     @property
     def oom(self) -> dict:
         """{'device': 'gpu'|'host'|None, 'phase': phase|None}: the first phase in which a device overflows."""

@@ -24,6 +24,19 @@ PHASES = (
 
 DEVICES = ("gpu", "host")
 
+CATEGORY_MEANING = {
+    "parameters": "the weights the forward pass reads (fp32 when they are also what the optimizer updates)",
+    "master_weights": "an fp32 copy beside low-precision weights, the one the optimizer updates",
+    "gradients": "one value per weight, made by backward; engines add partitions and fp32 copies",
+    "optimizer_states": "AdamW's exp_avg and exp_avg_sq, two per weight, made at the first step",
+    "activations": "what autograd saves in forward to compute backward; grows with batch x sequence",
+    "logits": "batch x sequence x vocabulary scores, the loss's fp32 copies and their gradients",
+    "temporaries": "short-lived full-size buffers: an optimizer's scratch, gathered or cast weights",
+    "comm_buffers": "buckets that gradients pass through on their way to other GPUs",
+    "checkpoint": "optimizer states loaded from disk while resuming",
+    "pinned_overhead": "what page-locked host memory costs beyond its bytes (blocks rounded up)",
+}
+
 PHASE_LABELS = {
     "setup": "setup",
     "resume": "resume (load checkpoint)",
