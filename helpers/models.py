@@ -68,6 +68,7 @@ class ModelSpec:
     """What memory arithmetic needs from a model: dimensions and the exact parameter inventory."""
 
     name: str
+    path: str             # the config file it was built from
     model_type: str
     hidden: int
     intermediate: int
@@ -178,7 +179,7 @@ def _spec_from_path(path: str) -> ModelSpec:
         )
     name = Path(path).stem if Path(path).parent in (MODELS_DIR, SCALED_DIR) else path
     return ModelSpec(
-        name=name, model_type=cfg.model_type, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
+        name=name, path=path, model_type=cfg.model_type, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
         layers=cfg.num_hidden_layers, vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
         tensors=tensors, **_dims(cfg),
     )

@@ -1,7 +1,7 @@
 """Activations saved for backward, and the logits / cross-entropy, per GPU.
 
 Counted tensor by tensor from what autograd saves in Hugging Face's Llama/Qwen2 decoder layer (transformers 5):
-RMSNorm saves its fp32 upcast and its normalised output; q/k/v/o and MLP projections save their inputs; rotary saves
+RMSNorm saves its fp32 upcast, its normalised output and (through the projections) its weighted output; q/k/v/o and MLP projections save their inputs; rotary saves
 cos/sin once; SDPA/flash save q, k, v, the output and the fp32 logsumexp, while eager attention saves the fp32 softmax
 and its low-precision copy (batch x heads x seq^2 each); SiLU-gated MLPs save four intermediate-width tensors. The
 loss follows transformers' ForCausalLMLoss (logits upcast to fp32, log_softmax). Cf. Korthikanti et al. 2022,
@@ -49,11 +49,11 @@ def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
     a = 4 if mode == "fp32" else 2                                  # attention / MLP compute dtype
     norms = norm_bytes(m, setup, 3) + norm_bytes(m, setup, 2)
     o_width = m.v_width if m.kv_latent else m.q_width
-    rep_k, rep_v = m.heads * m.head_dim, m.heads * (m.v_width // m.kv_heads if not m.kv_latent else m.v_width // m.heads)
+    v_head = m.v_width // (m.heads if m.kv_latent else m.kv_heads)
+    rep_k, rep_v = m.heads * m.head_dim, m.heads * v_head                  # keys/values repeated to every head
     if setup.attention == "eager":
         probs = B * m.heads * S * S * (4 + (0 if mode == "fp32" else 2))   # fp32 softmax + its low-precision copy
-        attn = a * (m.q_width + rep_k + rep_v + o_width) + 0
-        attn = attn * T + probs
+        attn = a * T * (m.q_width + rep_k + rep_v + o_width) + probs
     elif mode == "fp32":                                            # memory-efficient kernel, heads repeated
         attn = 4 * T * (m.q_width + rep_k + rep_v + o_width) + 4 * B * m.heads * math.ceil(S / 32) * 32
     elif m.kv_latent:                       # MLA under flash: values and output padded to the query head size

@@ -40,22 +40,11 @@ def _versions() -> dict:
 
 
 def build_model(m: models.ModelSpec, setup: TrainSetup, device):
-    """The model from its config on `device`, in the dtype the set-up keeps its weights in."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    cfg = models.load_config(m.name if m.name in models.catalogue() else m.name)
+    """The model from its config on `device` (built on fake 'cpu', re-created there), in the dtype of its weights."""
     dtype = torch.bfloat16 if setup.precision == "bf16" or setup.strategy.startswith("zero") else torch.float32
-    if setup.strategy == "fsdp2" and setup.precision == "bf16":
-        dtype = torch.bfloat16
-    hf_logging.set_verbosity_error()
-    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=ATTENTION[setup.attention])
+    model = engines.build_model(m.path, setup, dtype, ATTENTION[setup.attention])
     if torch.device(device).type != "cpu":
         move_to(model, device)
-    model.config.use_cache = False
-    if setup.grad_checkpointing:
-        model.activation_checkpointing_enable()
-    model.train()
     return model
 
 

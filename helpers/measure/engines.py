@@ -23,6 +23,22 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
                          f"{mode} run does not load a checkpoint yet; measure without --resume, or use `estimate`")
 
 
+def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attention: str):
+    """A Hugging Face causal LM from its config (random weights), in train mode, with checkpointing if asked."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from helpers import models
+
+    hf_logging.set_verbosity_error()
+    net = AutoModelForCausalLM.from_config(models.load_config(config_path), dtype=dtype,
+                                           attn_implementation=attention)
+    net.config.use_cache = False
+    if setup.grad_checkpointing:
+        net.activation_checkpointing_enable()
+    return net.train()
+
+
 def shard_fsdp2(model, setup: TrainSetup, mesh, pin_memory: bool) -> None:
     """fully_shard as torchtitan groups a decoder: the embedding, each block, norm + output head (a tied head shares
     the embedding's group), then the root; MixedPrecisionPolicy for bf16-mixed, CPUOffloadPolicy with offload."""

@@ -43,18 +43,11 @@ def require_cuda(setup: TrainSetup) -> None:
                          f"`{launcher} helpers measure --mode gpu --gpus N ...`")
 
 
-def _build_on_cuda(model, setup: TrainSetup):
+def _build_on_cuda(config_path: str, setup: TrainSetup):
     """The full-size model, initialised (random weights) directly on this GPU."""
-    from transformers import AutoModelForCausalLM
-
     dtype = torch.bfloat16 if setup.precision == "bf16" else torch.float32
     with torch.device("cuda", torch.cuda.current_device()):
-        net = AutoModelForCausalLM.from_config(models.load_config(model), dtype=dtype,
-                                               attn_implementation="eager" if setup.attention == "eager" else "sdpa")
-    net.config.use_cache = False
-    if setup.grad_checkpointing:
-        net.activation_checkpointing_enable()
-    return net.train()
+        return engines.build_model(config_path, setup, dtype, "eager" if setup.attention == "eager" else "sdpa")
 
 
 def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -> Result:
@@ -74,7 +67,7 @@ def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -
     engine = None
     try:
         with tracker:
-            net = _build_on_cuda(m.name if m.name in models.catalogue() else model, setup)
+            net = _build_on_cuda(m.path, setup)
             if setup.strategy == "fsdp2":
                 from helpers.measure.fsdp_worker import FSDP2Engine
                 engine = FSDP2Engine(net, setup, tracker, device_type="cuda")

@@ -95,17 +95,8 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
 
 
 def _build(twin: Path, s: TrainSetup):
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
     dtype = torch.bfloat16 if s.precision == "bf16" else torch.float32
-    net = AutoModelForCausalLM.from_config(models.load_config(str(twin)), dtype=dtype,
-                                           attn_implementation="eager" if s.attention == "eager" else "sdpa")
-    net.config.use_cache = False
-    if s.grad_checkpointing:
-        net.activation_checkpointing_enable()
-    return net.train()
+    return engines.build_model(str(twin), s, dtype, "eager" if s.attention == "eager" else "sdpa")
 
 
 def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int) -> tuple[list[float], dict]:
@@ -114,19 +105,24 @@ def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int) -> tu
     ids = torch.randint(0, vocab, (s.batch, s.seq), generator=gen)
     losses, rss = [], {}
     proc = psutil.Process()
+
+    def record(phase):
+        rss[phase] = max(rss.get(phase, 0), proc.memory_info().rss)
+
     engines.watch_logits(engine.module, tracker)
     for i in range(steps):
-        with tracker.phase("forward" if i == 0 else "steady", activity="forward"):
+        forward, backward = ("forward", "backward") if i == 0 else ("steady", "steady")
+        with tracker.phase(forward, activity="forward"):
             loss = engine.forward(ids)
-        rss["forward" if i == 0 else "steady"] = proc.memory_info().rss
+        record(forward)
         losses.append(float(loss.detach()))
-        with tracker.phase("backward" if i == 0 else "steady", activity="backward"):
+        with tracker.phase(backward, activity="backward"):
             engine.backward(loss)
             del loss
-        rss["backward" if i == 0 else "steady"] = max(rss.get("steady", 0), proc.memory_info().rss)
+        record(backward)
         with tracker.phase("step"):
             engine.step()
-        rss["step"] = proc.memory_info().rss
+        record("step")
     return losses, rss
 
 
