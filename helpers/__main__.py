@@ -11,7 +11,7 @@ import os
 import sys
 
 from helpers.errors import InputError
-from helpers.training import ADAM_IMPLS, ATTENTIONS, PRECISIONS, STRATEGIES, TrainSetup
+from helpers.training import ADAM_IMPLS, ATTENTIONS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainSetup
 
 
 def setup_parser(p: argparse.ArgumentParser) -> None:
@@ -22,6 +22,10 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="bf16-mixed", metavar="{" + ",".join(PRECISIONS) + "}")
     p.add_argument("--adam-impl", default=None, metavar="{" + ",".join(ADAM_IMPLS) + "}",
                    help="torch AdamW implementation (single/ddp/fsdp2; default foreach)")
+    p.add_argument("--optimizer", default="adamw", metavar="{" + ",".join(OPTIMIZERS) + "}",
+                   help="adamw (default) or bitsandbytes' adamw-8bit (single/ddp)")
+    p.add_argument("--lora-rank", type=int, default=None, metavar="R",
+                   help="LoRA adapters of rank R on every linear layer, base frozen (single/ddp/zero1/zero2)")
     p.add_argument("--strategy", default="single", metavar="{" + ",".join(STRATEGIES) + "}")
     p.add_argument("--gpus", type=int, default=1, help="world size (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs sharing one host (default 8)")
@@ -43,7 +47,8 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
 
 def setup_from_args(a: argparse.Namespace) -> TrainSetup:
     return TrainSetup(
-        batch=a.batch, seq=a.seq, precision=a.precision, adam_impl=a.adam_impl, strategy=a.strategy, gpus=a.gpus,
+        batch=a.batch, seq=a.seq, precision=a.precision, adam_impl=a.adam_impl, optimizer=a.optimizer,
+        lora_rank=a.lora_rank, strategy=a.strategy, gpus=a.gpus,
         gpus_per_node=a.gpus_per_node, offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
         offload_ratio=a.offload_ratio, pin_memory=a.pin_memory, grad_checkpointing=a.grad_checkpointing,
         fused_ce=a.fused_ce, attention=a.attention, gpu_gib=a.gpu_gib, host_gib=a.host_gib, resume=a.resume,

@@ -13,10 +13,11 @@ import matplotlib.pyplot as plt
 
 from helpers import estimate, models, plots, report
 from helpers.errors import InputError
-from helpers.training import ADAM_IMPLS, ATTENTIONS, PRECISIONS, STRATEGIES, TrainSetup
+from helpers.training import ADAM_IMPLS, ATTENTIONS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainSetup
 
 SEQS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 GPUS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+LORA_RANKS = [0, 4, 8, 16, 32, 64, 128, 256]
 
 
 class Explorer:
@@ -39,6 +40,9 @@ class Explorer:
             "precision": w.Dropdown(options=PRECISIONS, value=s.precision, description="precision"),
             "adam_impl": w.Dropdown(options=("default",) + ADAM_IMPLS, value=s.adam_impl or "default",
                                     description="AdamW"),
+            "optimizer": w.Dropdown(options=OPTIMIZERS, value=s.optimizer, description="optimizer"),
+            "lora_rank": w.SelectionSlider(options=LORA_RANKS, value=s.lora_rank or 0, description="LoRA rank",
+                                           tooltip="0: full fine-tuning"),
             "offload_optimizer": w.Checkbox(s.offload_optimizer, description="offload optimizer"),
             "offload_params": w.Checkbox(s.offload_params, description="offload params"),
             "offload_ratio": w.FloatSlider(1.0 if s.offload_ratio is None else s.offload_ratio, min=0, max=1,
@@ -65,7 +69,8 @@ class Explorer:
         c = {k: v.value for k, v in self.controls.items()}
         return TrainSetup(
             batch=c["batch"], seq=c["seq"], strategy=c["strategy"], gpus=c["gpus"], precision=c["precision"],
-            adam_impl=None if c["adam_impl"] == "default" else c["adam_impl"],
+            adam_impl=None if c["adam_impl"] == "default" else c["adam_impl"], optimizer=c["optimizer"],
+            lora_rank=c["lora_rank"] or None,
             offload_optimizer=c["offload_optimizer"], offload_params=c["offload_params"],
             offload_ratio=c["offload_ratio"] if c["use_ratio"] else None, pin_memory=c["pin_memory"],
             grad_checkpointing=c["grad_checkpointing"], fused_ce=c["fused_ce"], attention=c["attention"],
@@ -111,6 +116,7 @@ class Explorer:
         c = self.controls
         rows = [w.HBox([c["model"], c["strategy"], c["gpus"]]), w.HBox([c["batch"], c["seq"], c["precision"]]),
                 w.HBox([c["adam_impl"], c["attention"], c["grad_checkpointing"], c["fused_ce"]]),
+                w.HBox([c["optimizer"], c["lora_rank"]]),
                 w.HBox([c["offload_optimizer"], c["offload_params"], c["pin_memory"]]),
                 w.HBox([c["use_ratio"], c["offload_ratio"], c["gpu_gib"], c["host_gib"]]), self.verdict]
         canvas = self.curve.fig.canvas

@@ -55,12 +55,15 @@ def load_config(model: str | Path):
 
 @dataclass(frozen=True)
 class Tensor:
-    """One parameter tensor: its name, element count and FSDP-style group ('embed', 'layer.N' or 'head')."""
+    """One parameter tensor: its name, element count, FSDP-style group ('embed', 'layer.N' or 'head'), its shape,
+    and whether it is the weight of an nn.Linear (what LoRA's "all-linear" adapts)."""
 
     name: str
     numel: int
     group: str
     ndim: int = 2
+    shape: tuple = ()
+    linear: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,14 @@ class ModelSpec:
         """Parameters of the matrices that matmuls read (autocast casts these): not the embedding, not 1-D ones."""
         return sum(t.numel for t in self.tensors if t.ndim >= 2 and (t.group != "embed" or self.tied))
 
+    def lora_targets(self) -> tuple[Tensor, ...]:
+        """The weights LoRA adapts with peft's target_modules="all-linear": every nn.Linear but the output head."""
+        return tuple(t for t in self.tensors if t.linear and t.group.startswith("layer."))
+
+    def lora_params(self, rank: int) -> int:
+        """Trainable parameters of LoRA adapters of `rank` on every target: A (rank x in) + B (out x rank)."""
+        return sum(rank * (t.shape[0] + t.shape[1]) for t in self.lora_targets())
+
     @property
     def lm_head_params(self) -> int:
         """Parameters of the output projection (0 when tied to the embedding)."""
@@ -171,7 +182,9 @@ def _spec_from_path(path: str) -> ModelSpec:
         raise InputError(f"{path!r} is not a causal-LM config transformers can build: {exc}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    tensors = tuple(Tensor(n, p.numel(), _group_of(n), p.dim()) for n, p in model.named_parameters())
+    linear = {f"{n}.weight" for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
+    tensors = tuple(Tensor(n, p.numel(), _group_of(n), p.dim(), tuple(p.shape), n in linear)
+                    for n, p in model.named_parameters())
     if not any(t.group.startswith("layer.") for t in tensors) or getattr(cfg, "is_encoder_decoder", False):
         raise InputError(
             f"{path!r} ({cfg.model_type}) is not a decoder-only model with `layers.N` blocks; the memory arithmetic "

@@ -12,6 +12,7 @@ from helpers.errors import InputError
 
 PRECISIONS = ("bf16", "bf16-mixed", "fp32")
 ADAM_IMPLS = ("foreach", "fused", "for-loop")
+OPTIMIZERS = ("adamw", "adamw-8bit")
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp2")
 ATTENTIONS = ("eager", "sdpa", "flash")
 ZERO = ("zero1", "zero2", "zero3")
@@ -29,6 +30,12 @@ class TrainSetup:
     """bf16: weights, grads, AdamW states all bf16; bf16-mixed: fp32 master weights and states, bf16 compute; fp32."""
     adam_impl: str | None = None
     """torch AdamW implementation for single/ddp/fsdp2 (default foreach, torch's GPU default); not for ZeRO."""
+    optimizer: str = "adamw"
+    """adamw: two states in the weights' dtype; adamw-8bit: bitsandbytes' AdamW8bit, block-quantised 8-bit states
+    (single and ddp only: torch strategies with a client optimizer)."""
+    lora_rank: int | None = None
+    """LoRA adapters of this rank on every linear layer but the output head (peft's "all-linear"); the base model is
+    frozen and kept in the compute dtype. None: full fine-tuning."""
     strategy: str = "single"
     gpus: int = 1
     """World size (data-parallel GPUs in all)."""
@@ -63,9 +70,11 @@ class TrainSetup:
 
     @property
     def adam(self) -> str:
-        """The optimizer implementation in effect ('deepspeed' for ZeRO strategies)."""
+        """The optimizer implementation in effect ('deepspeed' for ZeRO strategies, 'bitsandbytes' for 8-bit)."""
         if self.strategy in ZERO:
             return "deepspeed"
+        if self.optimizer == "adamw-8bit":
+            return "bitsandbytes"
         return self.adam_impl or "foreach"
 
     @property
@@ -92,6 +101,7 @@ class TrainSetup:
         _choice("precision", self.precision, PRECISIONS)
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("attention", self.attention, ATTENTIONS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.adam_impl is not None:
             _choice("adam_impl", self.adam_impl, ADAM_IMPLS)
         for name in ("batch", "seq", "gpus", "gpus_per_node", "reduce_bucket_size", "sub_group_size"):
@@ -102,7 +112,20 @@ class TrainSetup:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise InputError(f"{name} must be a positive number of GiB, got {value!r}")
+        if self.lora_rank is not None and (isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int)
+                                           or self.lora_rank < 1):
+            raise InputError(f"lora_rank must be a positive integer (or None for full fine-tuning), got {self.lora_rank!r}")
         s = self.strategy
+        if self.lora_rank is not None and s in ("zero3", "fsdp2"):
+            raise InputError(f"lora_rank is modelled with strategies single, ddp, zero1 and zero2, got {s!r} "
+                             f"(sharding a frozen base is not modelled here)")
+        if self.optimizer == "adamw-8bit":
+            if s not in ("single", "ddp"):
+                raise InputError(f"optimizer 'adamw-8bit' (bitsandbytes) is modelled with strategies single and ddp, "
+                                 f"got {s!r}: DeepSpeed uses its own Adam, FSDP2 shards are not modelled with it")
+            if self.adam_impl is not None:
+                raise InputError(f"adam_impl {self.adam_impl!r} chooses torch AdamW's implementation; optimizer "
+                                 f"'adamw-8bit' has its own kernel: leave adam_impl unset")
         if s == "single" and self.gpus != 1:
             raise InputError(f"strategy 'single' runs on one GPU, got gpus={self.gpus}: use ddp, zero1-3 or fsdp2")
         if s in ZERO and self.adam_impl is not None:

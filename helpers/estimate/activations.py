@@ -24,8 +24,8 @@ def compute_mode(setup) -> str:
     """'autocast' (an fp32 model under torch.autocast: single/ddp bf16-mixed), 'fp32', or 'low' (bf16 weights)."""
     if setup.precision == "fp32":
         return "fp32"
-    if setup.precision == "bf16-mixed" and setup.strategy in ("single", "ddp"):
-        return "autocast"
+    if setup.precision == "bf16-mixed" and setup.strategy in ("single", "ddp") and not setup.lora_rank:
+        return "autocast"                   # (LoRA's frozen base is bf16 itself: only its adapters are fp32)
     return "low"
 
 
@@ -94,6 +94,10 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else ""))
         b.gpu("activations of the first layers, not yet freed", "activations", max(per_dense, per_moe), BWD_END,
               "backward frees each layer's saved tensors as it passes")
+    if s.lora_rank:
+        targets = len(m.lora_targets()) if not s.grad_checkpointing else len(m.lora_targets()) // m.layers
+        b.gpu("LoRA intermediates (x @ A, saved by B)", "activations", targets * T * s.lora_rank * a,
+              FORWARDS | BWD_START | BWD_HEAD, f"{s.lora_rank} features per token per adapted linear layer")
 
 
 def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:
@@ -111,7 +115,8 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
         chunk = liger_chunk_tokens(T, m.hidden, m.vocab)
         b.gpu("logits of one chunk (fp32 softmax in place)", "logits", chunk * m.vocab * 4, LOSS,
               f"fused linear cross-entropy: {chunk} tokens at a time (Liger's chunk rule)")
-        b.gpu("input and weight gradients made during forward", "logits", T * m.hidden * c + m.vocab * m.hidden * c,
+        head_grad = 0 if s.lora_rank else m.vocab * m.hidden * c          # a frozen head needs no weight gradient
+        b.gpu("input and weight gradients made during forward", "logits", T * m.hidden * c + head_grad,
               FORWARDS | BWD_START | BWD_HEAD, "Liger computes d(hidden) and d(lm_head) in the forward pass")
         return
     upcast = 4 * E if c == 2 else 0

@@ -14,13 +14,14 @@ scaled twins (`python -m helpers.bench scaled`); where they disagreed, the items
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from helpers.estimate.items import (
     ALWAYS, BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARDS, FWD_BWD, GATHER, GRADS, LOSS, STATES,
     STEP, STEP_PREPARE, Item,
 )
-from helpers.models import ModelSpec
+from helpers.models import ModelSpec, Tensor
 from helpers.training import TrainSetup
 
 
@@ -54,8 +55,17 @@ def dtype_bytes(setup: TrainSetup) -> tuple[int, int]:
 
 
 def add_model_states(b: Builder, m: ModelSpec) -> None:
-    """Add the items of parameters, master weights, gradients, optimizer states and engine buffers."""
+    """Add the items of parameters, master weights, gradients, optimizer states and engine buffers.
+
+    With LoRA the frozen base is one item, and the strategy's own rules apply to the adapters alone: they are the
+    only parameters with gradients, master weights and optimizer states.
+    """
     s = b.setup
+    if s.lora_rank:
+        compute, _ = dtype_bytes(s)
+        b.gpu(f"frozen base weights ({'fp32' if compute == 4 else 'bf16'})", "parameters", m.params * compute, ALWAYS,
+              "LoRA: the base model is frozen (no gradients, no optimizer states), loaded in the compute dtype")
+        m = lora_adapters(m, s.lora_rank)
     if s.strategy in ("single", "ddp"):
         _torch_replicated(b, m)
     elif s.strategy == "fsdp2":
@@ -64,6 +74,44 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
         _zero3(b, m)
     else:
         _zero12(b, m)
+
+
+def lora_adapters(m: ModelSpec, rank: int) -> ModelSpec:
+    """The LoRA adapters of `m` as a model of their own: A (rank x in) and B (out x rank) for every target."""
+    tensors = []
+    for t in m.lora_targets():
+        out_f, in_f = t.shape
+        tensors.append(Tensor(f"{t.name}.lora_A", rank * in_f, t.group, 2, (rank, in_f), True))
+        tensors.append(Tensor(f"{t.name}.lora_B", out_f * rank, t.group, 2, (out_f, rank), True))
+    return dataclasses.replace(m, name=f"{m.name} LoRA r{rank}", tensors=tuple(tensors), tied=False)
+
+
+BNB_BLOCK = 256            # bitsandbytes 0.50 Optimizer2State.init_state: blockwise absmax per 256 elements
+BNB_MIN_8BIT = 4096        # min_8bit_size: smaller tensors keep fp32 states
+BNB_QMAPS = 2 * 256 * 4    # the signed and unsigned 8-bit code books (fp32, shared by every tensor)
+
+
+def adamw8bit_state_bytes(m: ModelSpec) -> int:
+    """bitsandbytes AdamW8bit's states: two uint8 tensors and two fp32 absmax vectors per tensor of at least
+    4096 elements, two fp32 tensors for the smaller ones, and the two code books."""
+    total = 0
+    for t in m.tensors:
+        n = t.numel
+        total += 2 * n + 2 * 4 * math.ceil(n / BNB_BLOCK) if n >= BNB_MIN_8BIT else 2 * 4 * n
+    return total + (BNB_QMAPS if any(t.numel >= BNB_MIN_8BIT for t in m.tensors) else 0)
+
+
+def _optimizer_states(b: Builder, m: ModelSpec, elements: int, state_bytes: int, device: str) -> None:
+    """The optimizer's states (lazy: made at the first step) and its step temporaries."""
+    add = b.gpu if device == "gpu" else b.host
+    if b.setup.optimizer == "adamw-8bit":
+        add("AdamW8bit states (uint8 x 2 + fp32 absmax per 256)", "optimizer_states", adamw8bit_state_bytes(m),
+            STATES, "bitsandbytes Optimizer2State: block-wise 8-bit exp_avg and exp_avg_sq, fp32 below 4096 elements")
+        return
+    dt = {2: "bf16", 4: "fp32"}[state_bytes]
+    add(f"AdamW exp_avg + exp_avg_sq ({dt})", "optimizer_states", 2 * elements * state_bytes, STATES,
+        "created lazily at the first step, in the parameters' dtype")
+    _adam_temporary(b, m, elements, state_bytes, device)
 
 
 def _adam_temporary(b: Builder, m: ModelSpec, elements: int, state_bytes: int, device: str) -> None:
@@ -108,9 +156,7 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     if s.strategy == "ddp":
         b.gpu("DDP gradient buckets", "comm_buffers", P * storage, ALWAYS,
               "DistributedDataParallel's reducer buckets (gradient_as_bucket_view=False, the default)")
-    b.gpu(f"AdamW exp_avg + exp_avg_sq ({dt[storage]})", "optimizer_states", 2 * P * storage, STATES,
-          "created lazily at the first step, in the parameters' dtype")
-    _adam_temporary(b, m, P, storage, "gpu")
+    _optimizer_states(b, m, P, storage, "gpu")
 
 
 def _fsdp2(b: Builder, m: ModelSpec) -> None:

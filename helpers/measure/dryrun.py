@@ -66,9 +66,9 @@ class SingleStep:
 
     def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
         self.model, self.setup, self.tracker = model, setup, tracker
-        self.params = [p for p in model.parameters()]
-        tracker.label(self.params, "parameters")
-        self.optimizer = engines.adamw(self.params, setup.adam, lr=1e-5)
+        tracker.label(list(model.parameters()), "parameters")
+        self.params = [p for p in model.parameters() if p.requires_grad]        # LoRA: the adapters only
+        self.optimizer = engines.optimizer(self.params, setup, lr=1e-5)
         if setup.strategy == "ddp":          # DDP's reducer buckets: one flat gradient-sized buffer (measured as such)
             dev = self.params[0].device
             self.buckets = torch.empty(sum(p.numel() for p in self.params), dtype=self.params[0].dtype, device=dev)
@@ -119,8 +119,8 @@ class ZeroEquivalentStep(SingleStep):
 
     def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
         self.model, self.setup, self.tracker = model, setup, tracker
-        self.params = list(model.parameters())
-        tracker.label(self.params, "parameters")
+        tracker.label(list(model.parameters()), "parameters")
+        self.params = [p for p in model.parameters() if p.requires_grad]        # LoRA: the adapters only
         G, dev = setup.gpus, self.params[0].device
         self.part = -(-sum(p.numel() for p in self.params) // G)
         self.host = torch.device("cpu") if setup.offload_optimizer else dev
@@ -245,6 +245,9 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True) -> 
 
     setup = setup.validate()
     engines.refuse_unsupported(setup, "dry")
+    if setup.optimizer == "adamw-8bit":
+        raise InputError("optimizer 'adamw-8bit' has no dry run: bitsandbytes' kernels cannot run on fake tensors; "
+                         "its states are in `estimate` and measured for real in a scaled run")
     m = models.spec(model)
     if setup.strategy not in STEPS:
         raise InputError(

@@ -31,12 +31,62 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
     from helpers import models
 
     hf_logging.set_verbosity_error()
+    if setup.lora_rank and setup.precision != "fp32":
+        dtype = torch.bfloat16                   # LoRA: the frozen base is loaded in the compute dtype
     net = AutoModelForCausalLM.from_config(models.load_config(config_path), dtype=dtype,
                                            attn_implementation=attention)
     net.config.use_cache = False
     if setup.grad_checkpointing:
         net.activation_checkpointing_enable()
+    if setup.lora_rank:
+        net = add_lora(net, setup)
     return net.train()
+
+
+def add_lora(net, setup: TrainSetup):
+    """peft LoRA adapters of the set-up's rank on every linear layer but the output head ("all-linear"); adapters
+    are fp32 under torch's bf16-mixed (peft's autocast_adapter_dtype), in the base's dtype otherwise."""
+    from peft import LoraConfig, get_peft_model
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if setup.grad_checkpointing:
+        net.enable_input_require_grads()        # a frozen embedding's output must carry grad into checkpointed layers
+    config = LoraConfig(r=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_dropout=0.0,
+                        target_modules="all-linear")
+    # fp32 adapters under torch autocast; DeepSpeed's bf16 mode casts the whole module, adapters included, to bf16
+    fp32_adapters = setup.precision == "bf16-mixed" and setup.strategy in ("single", "ddp")
+    if not isinstance(next(net.parameters()), FakeTensor):
+        return get_peft_model(net, config, autocast_adapter_dtype=fp32_adapters)
+    original = torch.nn.Module.to
+    torch.nn.Module.to = _recreate_to               # fake tensors cannot be swapped in place by Module.to
+    try:
+        return get_peft_model(net, config, autocast_adapter_dtype=fp32_adapters)
+    finally:
+        torch.nn.Module.to = original
+
+
+def _recreate_to(module, *args, **kwargs):
+    """Module.to for fake tensors: each parameter and buffer re-created on the device, in the dtype asked."""
+    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    for mod in module.modules():
+        for store in (mod._parameters, mod._buffers):
+            for name, t in list(store.items()):
+                if t is None:
+                    continue
+                dt = dtype if dtype is not None and t.is_floating_point() else t.dtype
+                new = torch.empty_like(t, device=device or t.device, dtype=dt)
+                store[name] = torch.nn.Parameter(new, t.requires_grad) if store is mod._parameters else new
+    return module
+
+
+def optimizer(params, setup: TrainSetup, lr: float = 1e-3):
+    """The set-up's torch-side optimizer over the trainable parameters: AdamW (its implementation) or AdamW8bit."""
+    params = [p for p in params if p.requires_grad]
+    if setup.optimizer == "adamw-8bit":
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, lr=lr)
+    return adamw(params, setup.adam, lr=lr)
 
 
 def shard_fsdp2(model, setup: TrainSetup, mesh, pin_memory: bool) -> None:

@@ -88,7 +88,7 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
     tracker = Tracker(default_device="gpu")
     with tracker:
         engine = (DeepSpeedEngine if s.strategy.startswith("zero") else TorchEngine)(net, s, tracker)
-        tracker.label(list(net.buffers()), "parameters")
+        tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad], "parameters")
         tracker.restart_peak("setup")
         losses, rss = train(engine, tracker, s, models.spec(str(twin)).vocab, steps)
     return _result(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1)
@@ -139,8 +139,8 @@ class TorchEngine:
             procgroup.ensure("nccl" if self.device_type == "cuda" else "gloo", s.gpus if self.device_type == "cuda" else 1)
             with tracker.made_as("comm_buffers"):
                 self.model = torch.nn.parallel.DistributedDataParallel(net)
-        self.optimizer = engines.adamw(self.params, s.adam)
-        self.describe = f"torch AdamW ({s.adam})" + (", DistributedDataParallel over gloo, one rank (a replica's "
+        self.optimizer = engines.optimizer(self.params, s)
+        self.describe = ("bitsandbytes AdamW8bit" if s.optimizer == "adamw-8bit" else f"torch AdamW ({s.adam})") + (", DistributedDataParallel over gloo, one rank (a replica's "
                                                      "memory does not depend on the world size)" if s.strategy == "ddp" else "")
 
     def forward(self, ids):
