@@ -140,10 +140,20 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     dt = {2: "bf16", 4: "fp32"}
     b.gpu(f"parameters ({dt[storage]})", "parameters", P * storage, ALWAYS, "the model's own weights")
     embed = 0 if m.tied else m.group_params.get("embed", 0)
-    if s.precision == "bf16-mixed":
+    if s.precision == "bf16-mixed" and not s.grad_checkpointing:
         b.gpu("bf16 weight copies (autocast cache, saved for backward)", "temporaries", m.matmul_params * 2,
               FORWARDS | BWD_START | BWD_HEAD, "torch.autocast caches the bf16 cast of each fp32 matmul weight (not the "
               "embedding or norms); matmuls save it for backward")
+    elif s.precision == "bf16-mixed":
+        head = m.group_params["embed"] if m.tied else m.lm_head_params
+        layer = max(sum(t.numel for t in m.tensors if t.group == g and t.ndim >= 2) for g in m.group_params
+                    if g.startswith("layer."))
+        b.gpu("bf16 weight copies of the layers (autocast cache)", "temporaries", (m.matmul_params - head) * 2, FORWARDS,
+              "cached while autocast is on; checkpointed layers save none for backward, so they go when forward ends")
+        b.gpu("bf16 copy of the output head's weight, saved for backward", "temporaries", head * 2,
+              FORWARDS | BWD_START | BWD_HEAD, "the head is not checkpointed: its matmul keeps the cast")
+        b.gpu("bf16 weight copies of the layer being recomputed", "temporaries", layer * 2, BWD_END,
+              "recomputation casts one layer's weights again")
     b.gpu(f"gradients ({dt[storage]})" + (", all but the embedding's" if embed else ""), "gradients",
           (P - embed) * storage, GRADS, "param.grad, freed by zero_grad()")
     b.gpu(f"embedding gradient ({dt[storage]})", "gradients", embed * storage, BWD_DONE | STEP,
