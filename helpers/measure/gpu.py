@@ -62,7 +62,7 @@ def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     torch.cuda.reset_peak_memory_stats()
-    started, stats, oom = time.perf_counter(), {}, None
+    started, stats, oom, step_s = time.perf_counter(), {}, None, []
     tracker = Tracker()
     engine = None
     try:
@@ -83,6 +83,8 @@ def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -
                 for phase, call in (("forward", lambda: engine.forward(ids)), ("backward", None), ("step", None)):
                     name = phase if (i == 0 or phase == "step") else "steady"
                     torch.cuda.reset_peak_memory_stats()
+                    torch.cuda.synchronize()
+                    phase_started = time.perf_counter()
                     with tracker.phase(name, activity=phase):
                         if phase == "forward":
                             loss = call()
@@ -91,6 +93,9 @@ def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -
                             del loss
                         else:
                             engine.step()
+                    if phase == "step":
+                        torch.cuda.synchronize()
+                        step_s.append(round(time.perf_counter() - phase_started, 4))
                     stats[name] = _cuda_stats(stats.get(name))
     except torch.OutOfMemoryError as exc:
         oom = {"phase": tracker._phase, "message": str(exc).splitlines()[0]}
@@ -108,7 +113,7 @@ def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -
         host=DeviceMemory(tracker.breakdown("host", setup.ranks_per_node)),
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
               "device": torch.cuda.get_device_name(), "engine": getattr(engine, "describe", setup.strategy),
-              "cuda_stats": stats, "oom_observed": oom, "snapshot": snapshot,
+              "cuda_stats": stats, "oom_observed": oom, "step_s": step_s, "snapshot": snapshot,
               "wall_s": round(time.perf_counter() - started, 2), "machine": platform.machine()},
     )
 

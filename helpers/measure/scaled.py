@@ -90,8 +90,9 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
         engine = (DeepSpeedEngine if s.strategy.startswith("zero") else TorchEngine)(net, s, tracker)
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad], "parameters")
         tracker.restart_peak("setup")
-        losses, rss = train(engine, tracker, s, models.spec(str(twin)).vocab, steps)
-    return _result(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1)
+        losses, rss, step_s = train(engine, tracker, s, models.spec(str(twin)).vocab, steps)
+    return _result(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1,
+                   step_s=step_s)
 
 
 def _build(twin: Path, s: TrainSetup):
@@ -99,11 +100,12 @@ def _build(twin: Path, s: TrainSetup):
     return engines.build_model(str(twin), s, dtype, "eager" if s.attention == "eager" else "sdpa")
 
 
-def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int) -> tuple[list[float], dict]:
-    """Forward, backward and step `steps` times on one fixed batch (so the loss must fall); RSS at each phase's end."""
+def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int) -> tuple[list[float], dict, list[float]]:
+    """Forward, backward and step `steps` times on one fixed batch (so the loss must fall); RSS at each phase's end;
+    the wall time of each optimizer step (seconds, tracker included)."""
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (s.batch, s.seq), generator=gen)
-    losses, rss = [], {}
+    losses, rss, step_s = [], {}, []
     proc = psutil.Process()
 
     def record(phase):
@@ -120,10 +122,12 @@ def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int) -> tu
             engine.backward(loss)
             del loss
         record(backward)
+        started = time.perf_counter()
         with tracker.phase("step"):
             engine.step()
+        step_s.append(time.perf_counter() - started)
         record("step")
-    return losses, rss
+    return losses, rss, step_s
 
 
 class TorchEngine:
@@ -280,7 +284,7 @@ def _versions() -> dict:
     return {k: version(k) for k in ("torch", "transformers", "deepspeed")} | {"python": platform.python_version()}
 
 
-def _result(twin, s, tracker, losses, rss, wall, engine, ranks) -> Result:
+def _result(twin, s, tracker, losses, rss, wall, engine, ranks, step_s=()) -> Result:
     m = models.spec(str(twin))
     return Result(
         model=m.name, params=m.params, mode="scaled", setup=dataclasses.asdict(s),
@@ -288,6 +292,7 @@ def _result(twin, s, tracker, losses, rss, wall, engine, ranks) -> Result:
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
               "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores): placement by role, GPU and host are one RAM",
               "engine": engine, "losses": losses, "rss_bytes": rss, "wall_s": round(wall, 2),
+              "step_s": [round(x, 5) for x in step_s],
               "note": "pin_memory cannot take effect on a CPU-only machine" if (s.offload_optimizer or s.offload_params)
               and s.pin_memory else ""},
     )
