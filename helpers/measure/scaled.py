@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -173,6 +174,9 @@ class DeepSpeedEngine:
         procgroup.ensure("nccl" if on_gpu else "gloo", s.gpus if on_gpu else 1)
         import deepspeed
 
+        # DeepSpeed 0.19.8 calls torch.distributed collectives that torch 2.13 deprecates, warning on every call
+        warnings.filterwarnings("ignore", category=FutureWarning,
+                                message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
         comm = importlib.import_module("deepspeed.comm.torch")
         comm.build_shm_op = lambda: None          # the shared-memory op only speeds up multi-process CPU runs
         self.s, self.tracker, self.module = s, tracker, net
