@@ -35,9 +35,14 @@ def test_case5_oom_without_offload_fits_with_offload_at_batch_4():
     assert run(5).oom["device"] == "gpu"
     r = run(5, fixed=True)
     assert r.oom == {"device": None, "phase": None}
-    # Reported ~18 GiB per GPU (sequence length not reported) and ~155 GiB host.
+    # Reported ~18 GiB per GPU (sequence length not reported) and ~155 GiB host (a whole-system reading).
     assert 12 * GiB < r.gpu.peak_bytes < 30 * GiB
-    assert r.host.peak_bytes == pytest.approx(reported(5, "host RAM with CPU offload"), rel=0.05)
+    host = r.host.breakdown["step"]
+    assert host["parameters"] + host["gradients"] + host["optimizer_states"] == 16 * r.params   # over the node
+    assert r.host.peak_bytes < reported(5, "host RAM with CPU offload") < 1.3 * r.host.peak_bytes
+    # torch's foreach AdamW would add one state-sized temporary on the host at the step (4 B/param over the node)
+    foreach = run(5, fixed=True, adam_impl="foreach")
+    assert foreach.host.peak_bytes - r.host.peak_bytes >= 4 * r.params
 
 
 def test_case5_report_arithmetic_is_states_only():
@@ -45,7 +50,7 @@ def test_case5_report_arithmetic_is_states_only():
     states = r.gpu.breakdown["step"]
     p_m_v = states["parameters"] + states["optimizer_states"]
     assert p_m_v == pytest.approx(8.03e9 * 4 * 3 / 2, rel=0.01)       # the report's 48 GB
-    assert r.gpu.phases["step"] > p_m_v + states["gradients"]          # plus what it left out
+    assert r.gpu.phases["step"] >= p_m_v + states["gradients"] > p_m_v   # plus what it left out: the gradients
 
 
 def test_case4_balloon_and_both_fixes():
