@@ -152,7 +152,7 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
     ax.set_ylim(0, max(top, 0.1) * 1.12)
     used = [c for c in CATEGORIES if any(r.device(device).categories.get(c) for r in results.values())]
     ax.legend([plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in used], [c.replace("_", " ") for c in used],
-              fontsize=7, loc="upper right", frameon=False)
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_xticks(range(len(labels)), labels, fontsize=9)
     ax.set_ylabel(f"peak, {DEVICE_TITLES[device]} — GiB (2^30 bytes)")
     ax.set_title(title, fontsize=11)

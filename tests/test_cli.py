@@ -109,7 +109,8 @@ def test_measure_refuses_zero3_with_a_reason(capsys):
 
 
 @pytest.mark.parametrize("mode", ["dry-run", "scaled"])
-@pytest.mark.parametrize("flag,needle", [("--fused-ce", "fused_ce is modelled"), ("--resume", "resume is modelled")])
-def test_options_a_measurement_cannot_run_are_refused_not_ignored(capsys, mode, flag, needle):
-    assert main(["measure", "--mode", mode, "--model", "llama-3-8b", flag, "--no-progress"]) == 2
+@pytest.mark.parametrize("flags,needle", [(["--fused-ce", "--strategy", "fsdp2", "--gpus", "2"], "needs the output head's whole weight"),
+                                          (["--resume"], "resume is modelled")])
+def test_options_a_measurement_cannot_run_are_refused_not_ignored(capsys, mode, flags, needle):
+    assert main(["measure", "--mode", mode, "--model", "llama-3-8b", *flags, "--no-progress"]) == 2
     assert needle in capsys.readouterr().err

@@ -77,7 +77,8 @@ class SingleStep:
     def forward(self, ids):
         ctx = fakegpu.autocast() if self.setup.precision == "bf16-mixed" else contextlib.nullcontext()
         with ctx:
-            loss = self.model(input_ids=ids, labels=ids).loss      # the output (and its logits) is dropped, as trainers do
+            # the output (and its logits) is dropped, as trainers do
+            loss = engines.causal_lm_loss(self.model, ids, self.setup.fused_ce, self.tracker)
             self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
         return loss
 
@@ -140,7 +141,7 @@ class ZeroEquivalentStep(SingleStep):
             p.register_post_accumulate_grad_hook(self._reduce)
 
     def forward(self, ids):
-        return self.model(input_ids=ids, labels=ids).loss
+        return engines.causal_lm_loss(self.model, ids, self.setup.fused_ce, self.tracker)
 
     def backward(self, loss):
         self.offset = 0

@@ -11,16 +11,46 @@ from helpers.measure.tracker import Tracker
 from helpers.training import TrainSetup
 
 
+FUSED_CE_STRATEGIES = {"dry": ("single", "ddp", "zero1", "zero2"), "scaled": ("single", "ddp"), "gpu": ("single", "ddp")}
+
+
 def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
-    """Options the estimate models but this mode does not run yet: say so rather than measure something else."""
+    """Options the estimate models but this mode does not run: say so rather than measure something else."""
     from helpers.errors import InputError
 
-    if setup.fused_ce:
-        raise InputError(f"fused_ce is modelled by the estimate (Liger's chunked linear cross-entropy) but a {mode} "
-                         f"run does not swap the loss yet; measure without --fused-ce, or use `estimate`")
+    allowed = FUSED_CE_STRATEGIES.get(mode, ())
+    if setup.fused_ce and setup.strategy not in allowed:
+        raise InputError(f"fused_ce in a {mode} run needs the output head's whole weight (strategies {', '.join(allowed)}); "
+                         f"got strategy {setup.strategy!r}, whose engine shards or wraps it: use `estimate`, or measure "
+                         f"the loss's memory with strategy 'single' (it does not depend on the sharding)")
     if setup.resume:
         raise InputError(f"resume is modelled by the estimate (the loaded checkpoint beside the live buffers) but a "
                          f"{mode} run does not load a checkpoint yet; measure without --resume, or use `estimate`")
+
+
+def chunked_ce_options():
+    """torch's chunked linear cross-entropy with Liger's chunk rule: next_pow2(ceil(N / ceil(vocab / hidden)))."""
+    return torch.nn.LinearCrossEntropyOptions(chunking_method="aspect_ratio")
+
+
+def causal_lm_loss(model, ids, fused: bool, tracker=None):
+    """The next-token loss of a causal LM on `ids`: Hugging Face's own (full logits, upcast to fp32), or with
+    `fused` torch's chunked `linear_cross_entropy` on the decoder's hidden states (the full logits never exist;
+    gradients of the hidden states and the head's weight are made in forward, as Liger's kernel does)."""
+    if not fused:
+        return model(input_ids=ids, labels=ids).loss
+    hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+    head = model.get_output_embeddings()
+    h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    if tracker is not None:
+        tracker.set_context("logits")
+        h.register_hook(lambda grad: tracker.set_context(None))      # the loss's backward ends here
+    try:
+        return torch.nn.functional.linear_cross_entropy(h, head.weight, ids[:, 1:].reshape(-1),
+                                                        options=chunked_ce_options())
+    finally:
+        if tracker is not None:
+            tracker.set_context(None)
 
 
 def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attention: str):

@@ -59,10 +59,10 @@ def main() -> None:
         engine = FSDP2Engine(net, s, tracker)
         tracker.label(list(net.buffers()), "parameters")
         tracker.restart_peak("setup")
-        losses, rss, step_s = scaled.train(engine, tracker, s, models.spec(a.twin).vocab, a.steps)
+        losses, rss, times = scaled.train(engine, tracker, s, models.spec(a.twin).vocab, a.steps)
     if dist.get_rank() == 0:
         r = scaled._result(a.twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe,
-                           ranks=s.ranks_per_node, step_s=step_s)
+                           ranks=s.ranks_per_node, times=times)
         r.save(a.out)
     dist.destroy_process_group()
 

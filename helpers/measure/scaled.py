@@ -91,9 +91,9 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
         engine = (DeepSpeedEngine if s.strategy.startswith("zero") else TorchEngine)(net, s, tracker)
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad], "parameters")
         tracker.restart_peak("setup")
-        losses, rss, step_s = train(engine, tracker, s, models.spec(str(twin)).vocab, steps)
+        losses, rss, times = train(engine, tracker, s, models.spec(str(twin)).vocab, steps)
     return _result(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1,
-                   step_s=step_s)
+                   times=times)
 
 
 def _build(twin: Path, s: TrainSetup):
@@ -101,12 +101,12 @@ def _build(twin: Path, s: TrainSetup):
     return engines.build_model(str(twin), s, dtype, "eager" if s.attention == "eager" else "sdpa")
 
 
-def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int) -> tuple[list[float], dict, list[float]]:
+def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int) -> tuple[list[float], dict, dict]:
     """Forward, backward and step `steps` times on one fixed batch (so the loss must fall); RSS at each phase's end;
-    the wall time of each optimizer step (seconds, tracker included)."""
+    the wall time of each forward, backward and optimizer step (seconds, tracker included)."""
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (s.batch, s.seq), generator=gen)
-    losses, rss, step_s = [], {}, []
+    losses, rss, times = [], {}, {"forward": [], "backward": [], "step": []}
     proc = psutil.Process()
 
     def record(phase):
@@ -115,20 +115,24 @@ def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int) -> tu
     engines.watch_logits(engine.module, tracker)
     for i in range(steps):
         forward, backward = ("forward", "backward") if i == 0 else ("steady", "steady")
+        started = time.perf_counter()
         with tracker.phase(forward, activity="forward"):
             loss = engine.forward(ids)
+        times["forward"].append(time.perf_counter() - started)
         record(forward)
         losses.append(float(loss.detach()))
+        started = time.perf_counter()
         with tracker.phase(backward, activity="backward"):
             engine.backward(loss)
             del loss
+        times["backward"].append(time.perf_counter() - started)
         record(backward)
         started = time.perf_counter()
         with tracker.phase("step"):
             engine.step()
-        step_s.append(time.perf_counter() - started)
+        times["step"].append(time.perf_counter() - started)
         record("step")
-    return losses, rss, step_s
+    return losses, rss, times
 
 
 class TorchEngine:
@@ -152,6 +156,8 @@ class TorchEngine:
         ctx = (torch.autocast(self.device_type, dtype=torch.bfloat16) if self.s.precision == "bf16-mixed"
                else contextlib.nullcontext())
         with ctx:
+            if self.s.fused_ce:
+                return engines.causal_lm_loss(self.module, ids, True, self.tracker)
             return self.model(input_ids=ids, labels=ids).loss
 
     def backward(self, loss):
@@ -288,7 +294,7 @@ def _versions() -> dict:
     return {k: version(k) for k in ("torch", "transformers", "deepspeed")} | {"python": platform.python_version()}
 
 
-def _result(twin, s, tracker, losses, rss, wall, engine, ranks, step_s=()) -> Result:
+def _result(twin, s, tracker, losses, rss, wall, engine, ranks, times=None) -> Result:
     m = models.spec(str(twin))
     return Result(
         model=m.name, params=m.params, mode="scaled", setup=dataclasses.asdict(s),
@@ -296,7 +302,8 @@ def _result(twin, s, tracker, losses, rss, wall, engine, ranks, step_s=()) -> Re
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
               "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores): placement by role, GPU and host are one RAM",
               "engine": engine, "losses": losses, "rss_bytes": rss, "wall_s": round(wall, 2),
-              "step_s": [round(x, 5) for x in step_s],
+              "step_s": [round(x, 5) for x in (times or {}).get("step", [])],
+              "phase_s": {k: [round(x, 5) for x in v] for k, v in (times or {}).items()},
               "note": "pin_memory cannot take effect on a CPU-only machine" if (s.offload_optimizer or s.offload_params)
               and s.pin_memory else ""},
     )
