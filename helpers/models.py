@@ -212,16 +212,18 @@ SCALE_LAYERS = 2          # decoder layers
 SCALE_EXPERTS = 8         # routed experts of a MoE twin (2 active, at most)
 
 
-def scaled_config(model: str | Path) -> dict:
+def scaled_config(model: str | Path, hidden: int = SCALE_HIDDEN) -> dict:
     """The config of `model`'s tiny twin, derived by a fixed rule (documented in the README):
 
-    hidden 128, 4 heads, 2 layers; the MLP's width, the vocabulary and the share of key/value heads keep their
+    hidden 128 (or `hidden`, for a wider twin where a measurement needs more bytes to resolve), 4 heads, 2 layers; the MLP's width, the vocabulary and the share of key/value heads keep their
     ratio to the hidden size (so weights, activations and logits keep their proportions); a tied head stays tied;
     a MoE keeps its first dense layers (at most 1), 8 experts with 2 active, expert width in proportion;
     MLA keeps its layout at 1/8 of each width.
     """
     cfg = json.loads(config_path(model).read_text())
-    h0, h = cfg["hidden_size"], SCALE_HIDDEN
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < SCALE_HEADS or hidden % SCALE_HEADS:
+        raise InputError(f"a twin's hidden size must be a positive multiple of {SCALE_HEADS}, got {hidden!r}")
+    h0, h = cfg["hidden_size"], hidden
     ratio = h / h0
     heads0 = cfg["num_attention_heads"]
     kv0 = cfg.get("num_key_value_heads") or heads0
@@ -246,11 +248,11 @@ def scaled_config(model: str | Path) -> dict:
     return out
 
 
-def scaled_path(model: str | Path) -> Path:
+def scaled_path(model: str | Path, hidden: int = SCALE_HIDDEN) -> Path:
     """A config file of the tiny twin (written once under ~/.cache/oom-casebook, keyed by content)."""
     import hashlib
 
-    text = json.dumps(scaled_config(model), indent=1, sort_keys=True)
+    text = json.dumps(scaled_config(model, hidden), indent=1, sort_keys=True)
     name = config_path(model).stem
     folder = SCALED_DIR
     path = folder / f"{name}-scaled-{hashlib.sha1(text.encode()).hexdigest()[:8]}.json"

@@ -161,26 +161,31 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
 
 
 def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", category: str | None = None,
-          phase: str | None = None) -> Figure:
-    """Memory on `device` against one set-up variable: each result's peak, or one `category` at `phase`;
-    `results` is a list, or {label: list} for several lines. The capacity line and the points over it are marked."""
+          phase: str | None = None, steps: bool = False) -> Figure:
+    """Memory on `device` against one set-up variable: each result's peak, its total at `phase`, or one `category`;
+    `results` is a list, or {label: list} for several lines. The capacity line and the points over it are marked.
+    `steps` draws each value as holding until the next point (for quantities that change in whole steps)."""
     series = results if isinstance(results, dict) else {"": results}
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
     top = 0.1
 
     def value(r: Result) -> float:
         d = r.device(device)
-        return gib(d.breakdown[phase or d.peak_phase][category] if category else d.peak_bytes)
+        if category:
+            return gib(d.breakdown[phase or d.peak_phase][category])
+        return gib(d.phases[phase] if phase else d.peak_bytes)
 
+    oom_label = "out of memory"
     for label, rs in series.items():
         ys = [value(r) for r in rs]
         top = max(top, *ys)
-        ax.plot(xs, ys, "o-", label=label or None)
+        ax.plot(xs, ys, "o-", label=label or None, drawstyle="steps-post" if steps else "default", markersize=4)
         cap = rs[0].device(device).capacity_bytes if rs and not category else None
         if cap:
             over = [(x, y) for x, y in zip(xs, ys) if y > gib(cap)]
             if over:
-                ax.plot(*zip(*over), "X", color="#D00000", markersize=10, label="out of memory")
+                ax.plot(*zip(*over), "X", color="#D00000", markersize=9, label=oom_label)
+                oom_label = None
     caps = {r.device(device).capacity_bytes for rs in series.values() for r in rs} - {None}
     if caps and not category:
         cap = gib(max(caps))
@@ -189,7 +194,8 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     ax.set_ylim(0, top * 1.12)
-    what = category.replace("_", " ") + (f" at {PHASE_LABELS[phase]}" if phase else "") if category else "peak"
+    what = (category.replace("_", " ") if category else "total") + (f" at {PHASE_LABELS[phase]}" if phase else "") \
+        if category or phase else "peak"
     ax.set_xlabel(xlabel)
     ax.set_ylabel("GiB (2^30 bytes)")
     ax.set_title(f"{title}\n{what}, {DEVICE_TITLES[device]}" if title else f"{what}, {DEVICE_TITLES[device]}",

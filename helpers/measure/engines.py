@@ -25,7 +25,8 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
                          f"the loss's memory with strategy 'single' (it does not depend on the sharding)")
     if setup.resume:
         raise InputError(f"resume is modelled by the estimate (the loaded checkpoint beside the live buffers) but a "
-                         f"{mode} run does not load a checkpoint yet; measure without --resume, or use `estimate`")
+                         f"{mode} run does not load a checkpoint; measure without --resume: the resume transient is "
+                         f"measured by helpers.measure.resume (DeepSpeed ZeRO with optimizer offload, notebook 03)")
 
 
 def chunked_ce_options():

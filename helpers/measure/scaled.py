@@ -43,10 +43,10 @@ PROCESS_OVERHEAD = int(0.7 * GiB)   # interpreter, torch and transformers in eac
 STEPS = 3
 
 
-def scaled_setup(model, setup: TrainSetup) -> tuple[Path, TrainSetup]:
+def scaled_setup(model, setup: TrainSetup, hidden: int = models.SCALE_HIDDEN) -> tuple[Path, TrainSetup]:
     """The twin's config file, and the set-up with DeepSpeed's element counts scaled to the twin (and pin_memory
     off: a CPU-only machine cannot page-lock memory; DeepSpeed's CPU accelerator ignores the request)."""
-    twin = models.scaled_path(model)
+    twin = models.scaled_path(model, hidden)
     share = models.spec(str(twin)).params / models.spec(model).params
     scale = lambda n: max(1000, int(n * share))
     return twin, setup.replace(reduce_bucket_size=scale(setup.reduce_bucket_size),
