@@ -23,6 +23,7 @@ import psutil
 import torch
 
 from helpers.errors import InputError
+from helpers.measure import procmem
 from helpers.units import to_gib
 
 IMPLS = ("plain", "chunked")
@@ -121,29 +122,18 @@ def agreement(tokens: int, hidden: int, vocab: int, dtype: str = "fp32") -> dict
             "grad_input_rel": rel(xc, xp), "grad_weight_rel": rel(wc, wp), "dtype": dtype}
 
 
-def _status_bytes(field: str) -> int:
-    """A memory figure of this process from /proc/self/status (Linux), in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def _child(a) -> dict:
     import gc
 
     torch.manual_seed(0)
     x, w, y = inputs(a.tokens, a.hidden, a.vocab, a.dtype)
     gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:     # reset the peak (VmHWM) to the current RSS: inputs only
-        f.write("5")
-    base = _status_bytes("VmRSS")
+    base = procmem.reset_peak()                        # the peak (VmHWM) starts from here: the inputs only
     started = time.perf_counter()
     value = loss(x, w, y, a.impl)
     value.backward()
     wall = time.perf_counter() - started
-    peak = _status_bytes("VmHWM")
+    peak = procmem.status_bytes("VmHWM")
     return {"mode": "real", "impl": a.impl, "tokens": a.tokens, "hidden": a.hidden, "vocab": a.vocab,
             "dtype": a.dtype, "peak_above_inputs": peak - base, "wall_s": round(wall, 4),
             "loss": float(value), "threads": torch.get_num_threads(),

@@ -33,31 +33,12 @@ import torch
 
 from helpers import estimate, models
 from helpers.errors import InputError
+from helpers.measure import procmem
 from helpers.training import TrainSetup
 from helpers.units import to_gib
 
 VARIANTS = ("default", "mmap", "no_optimizer")
 HIDDEN = 768
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _trim() -> None:
-    """glibc's malloc_trim(0): return freed heap memory to the OS, so a later allocation shows up in RSS rather than
-    reusing it silently (no-op where glibc is absent)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(name).malloc_trim(0)
 
 
 def _engine(twin: str, s: TrainSetup):
@@ -111,15 +92,13 @@ def _load(a) -> dict:
             path, map_location=map_location, weights_only=False, mmap=True)
     live = _host_buffers(optimizer, s.ratio)
     gc.collect()
-    _trim()                                               # freed heap memory back to the OS: growth is then new memory
-    with open("/proc/self/clear_refs", "w") as f:          # reset VmHWM to the current resident size
-        f.write("5")
-    before, anon_before = _status("VmRSS"), _status("RssAnon")
+    procmem.trim_heap()                                   # freed heap memory back to the OS: growth is then new memory
+    before, anon_before = procmem.reset_peak(), procmem.status_bytes("RssAnon")
     anon_peak, stop = [anon_before], threading.Event()
 
     def sample():
         while not stop.is_set():
-            anon_peak[0] = max(anon_peak[0], _status("RssAnon"))
+            anon_peak[0] = max(anon_peak[0], procmem.status_bytes("RssAnon"))
             time.sleep(0.001)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -129,8 +108,8 @@ def _load(a) -> dict:
     wall = time.perf_counter() - started
     stop.set()
     sampler.join()
-    return {"variant": a.variant, "rss_before": before, "peak": _status("VmHWM"), "transient": _status("VmHWM") - before,
-            "anon_transient": max(anon_peak[0], _status("RssAnon")) - anon_before, "live_buffers": live,
+    return {"variant": a.variant, "rss_before": before, "peak": procmem.status_bytes("VmHWM"), "transient": procmem.status_bytes("VmHWM") - before,
+            "anon_transient": max(anon_peak[0], procmem.status_bytes("RssAnon")) - anon_before, "live_buffers": live,
             "load_s": round(wall, 3)}
 
 
