@@ -82,7 +82,7 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
                          f"the partitioning over several GPUs is in `estimate` and in `measure --mode dry-run`")
     guard(twin, s)
     if s.strategy == "fsdp2":
-        return _run_torchrun(twin, s, steps)
+        return _pin_note(_run_torchrun(twin, s, steps), setup)
     started = time.perf_counter()
     torch.manual_seed(0)
     net = _build(twin, s)
@@ -92,8 +92,15 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad], "parameters")
         tracker.restart_peak("setup")
         losses, rss, times = train(engine, tracker, s, models.spec(str(twin)).vocab, steps)
-    return _result(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1,
-                   times=times)
+    return _pin_note(_result(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1,
+                             times=times), setup)
+
+
+def _pin_note(r: Result, asked: TrainSetup) -> Result:
+    """Say so when the set-up asked for pinned offload buffers, which a CPU-only machine cannot give."""
+    if asked.pin_memory and (asked.offload_optimizer or asked.offload_params):
+        r.meta["note"] = "pin_memory cannot take effect on a CPU-only machine: host buffers are pageable"
+    return r
 
 
 def _build(twin: Path, s: TrainSetup):
@@ -304,8 +311,7 @@ def _result(twin, s, tracker, losses, rss, wall, engine, ranks, times=None) -> R
               "engine": engine, "losses": losses, "rss_bytes": rss, "wall_s": round(wall, 2),
               "step_s": [round(x, 5) for x in (times or {}).get("step", [])],
               "phase_s": {k: [round(x, 5) for x in v] for k, v in (times or {}).items()},
-              "note": "pin_memory cannot take effect on a CPU-only machine" if (s.offload_optimizer or s.offload_params)
-              and s.pin_memory else ""},
+              "note": ""},
     )
 
 
