@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lab test clean
+.PHONY: setup lab test docs browser clean
 
 setup: $(STAMP)
 
@@ -22,8 +22,19 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest tests $(if $(wildcard notebooks/*.ipynb),notebooks --nbmake --nbmake-kernel=python3,)
+
+# The browser test drives Debian's chromium with Playwright (never `playwright install`: no browser download).
+browser:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)); \
+	  else echo "note: install Debian's chromium (sudo apt-get install chromium) to run the browser test; it skips without it"; fi; }
+
+# Executed notebooks as static HTML (figures as pictures), with an index in notebook order: docs/index.html.
+docs: $(STAMP)
+	$(PY) -m helpers.docs --out docs
 
 clean:
 	rm -rf $(VENV)

@@ -52,7 +52,9 @@ class MemoryCurve:
                         frameon=False)
         self.title, self.source = title, source
         self.update(result)
-        self.fig.canvas.draw()                        # lay out once, then keep the layout: redraws stay fast
+        # Lay out once, then keep the layout: redraws stay fast. Not canvas.draw(): an ipympl canvas drawn before its
+        # view exists stays 0 x 0 pixels in JupyterLab (seen by the browser test).
+        self.fig.draw_without_rendering()
         self.fig.set_layout_engine("none")
 
     def update(self, result: Result, overlay: Result | None = None, reported: list[dict] | None = None) -> None:
