@@ -83,7 +83,8 @@ def dry(tokens: int, hidden: int, vocab: int, dtype: str = "bf16", impl: str = "
             with tracker.phase("backward", activity="backward"):
                 out.backward()
                 del out
-    peak = max(tracker.breakdown("gpu")[p] and sum(tracker.breakdown("gpu")[p].values()) for p in ("forward", "backward"))
+    by_phase = tracker.breakdown("gpu")
+    peak = max(sum(by_phase[p].values()) for p in ("forward", "backward"))
     return {"mode": "dry", "impl": impl, "tokens": tokens, "hidden": hidden, "vocab": vocab, "dtype": dtype,
             "peak_above_inputs": peak - input_bytes(tokens, hidden, vocab, dtype),
             "note": "chunked: the custom op's outputs only; its per-chunk scratch is not seen" if impl == "chunked" else ""}
