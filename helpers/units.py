@@ -23,11 +23,6 @@ def from_gib(gib: float) -> int:
     return int(round(gib * GiB))
 
 
-def fmt_gib(nbytes: float, digits: int = 2) -> str:
-    """Bytes as a GiB string, e.g. '59.86 GiB'."""
-    return f"{to_gib(nbytes):.{digits}f} GiB"
-
-
 def next_power_of_2(n: int) -> int:
     """Smallest power of two >= n (n >= 1); the rounding of PyTorch's pinned host caching allocator."""
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()

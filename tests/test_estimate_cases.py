@@ -3,6 +3,7 @@
 import pytest
 
 from helpers import cases, estimate
+from helpers.cases import setup
 from helpers.units import GB, GiB
 
 
@@ -58,7 +59,8 @@ def test_case4_balloon_and_both_fixes():
     assert plain.gpu.peak_bytes > 70 * GB
     assert both.gpu.peak_bytes < plain.gpu.peak_bytes / 5
     first_iteration = max(both.gpu.phases[p] for p in ("setup", "forward", "backward", "step"))
-    assert first_iteration < 11 * GiB               # reported "under 10 GB"; see the closing note for the rest
+    assert first_iteration < reported(4, "GPU memory with checkpointing and Liger, 4k context, micro batch 4")  # 10 GB
+    assert both.gpu.peak_bytes > first_iteration     # later iterations, with Adam's states, are above it (notebook 04)
     only_ckpt = run(4, grad_checkpointing=True)
     only_ce = run(4, fused_ce=True)
     assert both.gpu.peak_bytes < min(only_ckpt.gpu.peak_bytes, only_ce.gpu.peak_bytes)
@@ -78,9 +80,13 @@ def test_case3_resume_exceeds_steady_and_ooms():
 
 
 def test_case3_ratio_is_a_step_function_of_sub_groups():
-    # DeepSpeed: sub-group i is on the host when i >= int((1 - ratio) * n). With 8 ranks Qwen2.5-72B has n = 10
-    # sub-groups of 1e9 elements and int((1 - 0.9) * 10) == int(0.9999999999999998) == 0: ratio 0.9 moves nothing.
-    assert int((1 - 0.9) * 10) == 0
+    # DeepSpeed: sub-group i is on the host when i >= int((1 - ratio) * n). With 8 ranks Qwen2.5-72B has n = 9
+    # sub-groups of about 1e9 elements and int((1 - 0.9) * 9) == int(0.8999999999999999) == 0: ratio 0.9 moves nothing.
+    from helpers import models
+    from helpers.estimate import states
+
+    groups = states.zero3_sub_groups(models.spec("qwen2.5-72b"), setup(3))
+    assert len(groups) == 9 and states.first_host_group(len(groups), 0.9) == 0
     default = run(3, offload_ratio=0.9).host.phases["steady"]
     assert default == run(3).host.phases["steady"]
     small = dict(sub_group_size=100_000_000)

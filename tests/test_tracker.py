@@ -89,20 +89,36 @@ def test_fsdp2_shards_are_numel_times_element_size():
     assert r.gpu.breakdown["setup"]["parameters"] < 1024      # only the rotary embedding's buffers stay on the GPU
 
 
-@pytest.mark.parametrize("model,setup", [
-    (TINY, TrainSetup(precision="bf16", adam_impl="foreach", batch=2, seq=64)),
-    (TINY, TrainSetup(precision="bf16-mixed", adam_impl="for-loop", seq=128, grad_checkpointing=True)),
-    (TINY, TrainSetup(strategy="fsdp2", gpus=2, gpus_per_node=2, seq=64)),
-    ("llama-3-8b", TrainSetup(strategy="zero2", seq=128, attention="flash", grad_checkpointing=True)),
-    ("llama-3-8b", TrainSetup(precision="bf16", adam_impl="fused", seq=1024, attention="eager")),
+# The tiny model's peaks are 0.3-3 MiB, so the tolerance is relative only, plus 1 KiB for AdamW's scalar step counters
+# (host tensors of a few bytes the estimate does not count). The tiny checkpointed bf16-mixed run is the one
+# exception, stated rather than hidden: its backward peak is 5.6% under the estimate (1.70 vs 1.79 MiB) because at
+# hidden 64 autocast's recomputed weight casts outweigh the recomputed layer's activations, and the estimate counts
+# the whole layer at once; at full size the same rule lands within 3% (the llama-3-8b rows).
+@pytest.mark.parametrize("model,setup,rel", [
+    (TINY, TrainSetup(precision="bf16", adam_impl="foreach", batch=2, seq=64), 0.03),
+    (TINY, TrainSetup(precision="bf16", adam_impl="for-loop", seq=128), 0.03),
+    (TINY, TrainSetup(precision="bf16-mixed", adam_impl="for-loop", seq=128, grad_checkpointing=True), 0.06),
+    (TINY, TrainSetup(strategy="fsdp2", gpus=2, gpus_per_node=2, seq=64), 0.03),
+    ("llama-3-8b", TrainSetup(strategy="zero2", seq=128, attention="flash", grad_checkpointing=True), 0.03),
+    ("llama-3-8b", TrainSetup(precision="bf16", adam_impl="fused", seq=1024, attention="eager"), 0.03),
 ])
-def test_estimate_agrees_with_dry_run_within_3_percent(model, setup):
+def test_estimate_agrees_with_dry_run(model, setup, rel):
     from helpers import estimate
 
     e, d = estimate.run(model, setup), dryrun.run(model, setup, progress=False)
     for dev in ("gpu", "host"):
         for phase, measured in d.device(dev).phases.items():
-            assert e.device(dev).phases[phase] == pytest.approx(measured, rel=0.03, abs=16 * 2**20), (dev, phase)
+            assert e.device(dev).phases[phase] == pytest.approx(measured, rel=rel, abs=1024), (dev, phase)
+
+
+def test_for_loop_adamw_temporary_matches_the_dry_run():
+    """torch's _single_tensor_adamw holds sqrt(exp_avg_sq) and its quotient of the largest parameter at once."""
+    from helpers import estimate
+
+    s = TrainSetup(precision="bf16", adam_impl="for-loop", seq=64)
+    e, d = estimate.run(TINY, s), dryrun.run(TINY, s, progress=False)
+    assert e.gpu.breakdown["step"]["temporaries"] == 2 * 2 * models.spec(TINY).largest_tensor_params
+    assert e.gpu.breakdown["step"]["temporaries"] == pytest.approx(d.gpu.breakdown["step"]["temporaries"], abs=1024)
 
 
 def test_zero3_dry_run_is_refused_plainly():

@@ -115,12 +115,14 @@ def _optimizer_states(b: Builder, m: ModelSpec, elements: int, state_bytes: int,
 
 
 def _adam_temporary(b: Builder, m: ModelSpec, elements: int, state_bytes: int, device: str) -> None:
-    """torch AdamW's step temporaries: foreach holds one full-size tensor list, for-loop one tensor, fused none."""
+    """torch AdamW's step temporaries: foreach holds one full-size tensor list, for-loop two of the largest tensor, fused none."""
     impl = b.setup.adam
     if impl == "foreach":
         nbytes, why = elements * state_bytes, "_multi_tensor_adamw: _foreach_sqrt(exp_avg_sq) materialises a full copy"
     elif impl == "for-loop":
-        nbytes, why = m.largest_tensor_params * state_bytes, "_single_tensor_adamw: one denominator per parameter"
+        nbytes, why = (2 * m.largest_tensor_params * state_bytes,
+                       "_single_tensor_adamw: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) holds the "
+                       "sqrt and the quotient of the largest parameter at once")
     else:
         return
     add = b.gpu if device == "gpu" else b.host
@@ -276,13 +278,11 @@ def zero3_sub_groups(m: ModelSpec, setup: TrainSetup) -> list[int]:
     return groups
 
 
-def zero3_host_fraction(m: ModelSpec, setup: TrainSetup) -> float:
-    """Fraction of optimizer elements on the host: sub-groups i >= int((1 - ratio) * n) go to the CPU."""
-    if not setup.offload_optimizer:
-        return 0.0
-    groups = zero3_sub_groups(m, setup)
-    first_cpu = int((1 - setup.ratio) * len(groups))
-    return sum(groups[first_cpu:]) / sum(groups)
+def first_host_group(n_groups: int, ratio: float) -> int:
+    """DeepSpeed's partial-offload rule (stage3.py, `_create_fp32_partitions`): of `n_groups` optimizer sub-groups,
+    those with index i < int((1 - ratio) * n_groups) stay on the GPU and the rest go to the host; the first host
+    index is returned (n_groups when nothing is offloaded). The one place this project writes the rule."""
+    return int((1 - ratio) * n_groups)
 
 
 def _zero3(b: Builder, m: ModelSpec) -> None:
@@ -291,7 +291,7 @@ def _zero3(b: Builder, m: ModelSpec) -> None:
     part = math.ceil(P / G)
     dt = "bf16" if compute == 2 else "fp32"
     groups = zero3_sub_groups(m, s)
-    first_cpu = int((1 - s.ratio) * len(groups)) if s.offload_optimizer else len(groups)
+    first_cpu = first_host_group(len(groups), s.ratio) if s.offload_optimizer else len(groups)
     gpu_elems, host_elems = sum(groups[:first_cpu]), sum(groups[first_cpu:])
     opt_pin = s.offload_optimizer and s.pin_memory
     split = f"sub-groups {first_cpu}..{len(groups) - 1} of {len(groups)} on the host" if s.offload_optimizer else ""

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from helpers import estimate, models
+from helpers.estimate import states
 from helpers.errors import InputError
 from helpers.measure import procmem
 from helpers.training import TrainSetup
@@ -60,7 +61,7 @@ def _host_buffers(optimizer, ratio: float) -> dict:
     """Bytes of the optimizer's fp32 buffers by the role DeepSpeed's ratio rule gives each sub-group."""
     groups = list(getattr(optimizer, "fp32_partitioned_groups_flat", []))
     n = len(groups)
-    first_host = int((1 - ratio) * n)
+    first_host = states.first_host_group(n, ratio)
     out = {"gpu": 0, "host": 0}
     for i, g in enumerate(groups):
         role = "gpu" if i < first_host else "host"

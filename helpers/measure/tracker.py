@@ -62,7 +62,6 @@ class Tracker(TorchDispatchMode):
         self.default_device = default_device
         self._records: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.events: list[tuple] = []
-        self.totals = {"gpu": 0, "host": 0}          # live bytes by each tensor's first placement
         self.phases: list[str] = []
         self._phase = "setup"
         self._activity = "setup"
@@ -162,7 +161,6 @@ class Tracker(TorchDispatchMode):
         return rec
 
     def _add(self, rec: Record, nbytes: int) -> None:
-        self.totals[rec.device] += nbytes
         self.events.append((rec, nbytes))
 
     def _resized(self, rec: Record, nbytes: int) -> None:
@@ -171,7 +169,6 @@ class Tracker(TorchDispatchMode):
 
     def _free(self, rec: Record) -> None:
         if rec.nbytes:
-            self.totals[rec.device] -= rec.nbytes
             self.events.append((rec, -rec.nbytes))
             rec.nbytes = 0
 
