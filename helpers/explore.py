@@ -24,10 +24,12 @@ class Explorer:
     """A memory figure of `model` under a set-up, and one control per set-up option."""
 
     def __init__(self, model: str = "llama-3-8b", setup: TrainSetup | None = None, reported: list[dict] | None = None,
-                 source: str | None = None):
+                 source: str | None = None, fixed: TrainSetup | None = None):
         self.model = model
         self.setup = (setup or TrainSetup(gpu_gib=80)).validate()
         self.reported = reported
+        # a reported figure belongs to one set-up ('reported' or 'fixed') or to the machine; it is drawn only there
+        self.anchors = {"reported": (model, self.setup), "fixed": (model, fixed)}
         self.result = estimate.run(model, self.setup)
         s = self.setup
         self.controls = {
@@ -59,7 +61,7 @@ class Explorer:
         self.source = source
         with plt.ioff():                      # shown once, inside the explorer's own widget
             self.curve = plots.MemoryCurve(self.result, source=source)
-        self.curve.update(self.result, reported=reported)
+        self.curve.update(self.result, reported=self.reported_here())
         self.last_update_s = 0.0
         for c in self.controls.values():
             c.observe(self._changed, names="value")
@@ -93,6 +95,7 @@ class Explorer:
         except InputError as exc:
             self.verdict.value = f"<b style='color:#B00020'>not a valid set-up:</b> {exc}"
             self.error = str(exc)
+            self.verdict_text = f"not a valid set-up: {exc}"
             return
         self.error = None
         self.setup, self.model, self.result = setup, model, result
@@ -100,14 +103,24 @@ class Explorer:
             plt.close(self.curve.fig)
             with plt.ioff():
                 self.curve = plots.MemoryCurve(result, source=self.source)
-        self.curve.update(result, reported=self.reported if model == self.controls["model"].value else None)
+        self.curve.update(result, reported=self.reported_here())
         self.curve.fig.canvas.draw_idle()
         self._render_static()
         self._show_verdict()
         self.last_update_s = time.perf_counter() - started
 
+    def reported_here(self) -> list[dict]:
+        """The reported figures that belong to the set-up shown now (a case's figures vanish once it is left)."""
+        out = []
+        for item in self.reported or []:
+            where = item.get("applies_to", "reported")
+            if where == "machine" or self.anchors.get(where) == (self.model, self.setup):
+                out.append(item)
+        return out
+
     def _show_verdict(self) -> None:
         text = report.verdict(self.result)
+        self.verdict_text = text
         color = "#B00020" if text.startswith("OOM") else "#1B5E20"
         self.verdict.value = f"<b style='color:{color}'>{text}</b>"
 
@@ -156,5 +169,6 @@ def explorer(model: str = "llama-3-8b", setup: TrainSetup | None = None, case: i
         from helpers import cases
 
         c = cases.case(case)
-        return Explorer(c["model"], cases.setup(case), reported=c["reported"], source=c["source"])
+        return Explorer(c["model"], cases.setup(case), reported=c["reported"], source=cases.citation(case),
+                        fixed=cases.setup(case, fixed=True))
     return Explorer(model, setup)

@@ -9,8 +9,11 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+import textwrap
+
+from helpers import evidence
 from helpers.results import Result
-from helpers.units import GiB
+from helpers.units import GiB, MiB
 from helpers.vocab import CATEGORIES, PHASE_LABELS
 
 COLORS = {                     # colour-blind-safe (Okabe-Ito, then greys) and the same in every notebook
@@ -19,6 +22,8 @@ COLORS = {                     # colour-blind-safe (Okabe-Ito, then greys) and t
     "checkpoint": "#000000", "pinned_overhead": "#7F3C8D",
 }
 DEVICE_TITLES = {"gpu": "GPU (each)", "host": "host RAM (per node)"}
+LINES = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#000000"]   # sweeps: no red (red means OOM)
+OOM_RED, OTHER_OOM = "#D00000", "#7F3C8D"
 SHORT = {"setup": "setup", "resume": "resume", "forward": "forward", "backward": "backward", "step": "step",
          "steady": "later iters"}
 
@@ -76,26 +81,26 @@ class MemoryCurve:
                     rect.set_visible(h > 0)              # empty categories cost nothing to draw
                     bottoms[i] += h
             top = max(bottoms + [0.1])
+            title = DEVICE_TITLES[dev]
             if d.capacity_bytes:
                 cap = gib(d.capacity_bytes)
                 top = max(top, cap)
-                self.extras.append(ax.axhline(cap, color="#D00000", linestyle="--", linewidth=1.2))
-                self.extras.append(ax.text(len(self.phases) - 0.5, cap, f" capacity {cap:.0f} GiB", color="#D00000",
-                                           va="bottom", ha="right", fontsize=8))
+                title += f"; capacity {cap:,.0f} GiB (red dashes)"
+                self.extras.append(ax.axhline(cap, color=OOM_RED, linestyle="--", linewidth=1.2))
                 first = d.first_over()
-                if first:
+                if first:                   # the marker on the bar, the words in a corner: they never overlap
                     i = self.phases.index(first)
-                    self.extras.append(ax.plot(i, bottoms[i], marker="X", markersize=13, color="#D00000",
+                    self.extras.append(ax.plot(i, bottoms[i], marker="X", markersize=13, color=OOM_RED,
                                                markeredgecolor="white")[0])
-                    self.extras.append(ax.annotate(f"OOM at {PHASE_LABELS[first]}", (i, bottoms[i]),
-                                                   xytext=(0, 9), textcoords="offset points", ha="center",
-                                                   color="#D00000", fontsize=9, fontweight="bold"))
+                    self.extras.append(ax.text(0.01, 0.99, f"X = OOM at {PHASE_LABELS[first]}", transform=ax.transAxes,
+                                               va="top", ha="left", color=OOM_RED, fontsize=9, fontweight="bold"))
+            ax.set_title(title, fontsize=10)
             if overlay is not None:
                 o = overlay.device(dev)
                 ys = [gib(o.phases.get(p, 0)) for p in self.phases]
                 top = max(top, *ys)
                 self.extras.append(ax.plot(range(len(self.phases)), ys, "o-", color="black", linewidth=1.2,
-                                           markersize=5, label=overlay.mode)[0])
+                                           markersize=5, label=evidence.label(overlay))[0])
             for item in reported or []:
                 if item.get("device") != dev or item.get("value") is None or not isinstance(item["value"], (int, float)):
                     continue
@@ -109,12 +114,12 @@ class MemoryCurve:
                 else:
                     self.extras.append(ax.axhline(y, color="black", linestyle=":", linewidth=1))
                     self.extras.append(ax.text(-0.4, y, f"reported {item['value']} {item['unit']}", fontsize=7,
-                                               va="bottom", ha="left"))
+                                               va="bottom", ha="left", backgroundcolor=(1, 1, 1, 0.7)))
             ax.set_ylim(0, top * 1.15)
             if not any(bottoms):
                 self.extras.append(ax.text(0.5, 0.5, "nothing here", transform=ax.transAxes, ha="center",
                                            color="#777777", fontsize=10))
-        mode = result.mode + (f" vs {overlay.mode} (black line)" if overlay is not None else "")
+        mode = evidence.label(result) + (f"; black line: {evidence.label(overlay)}" if overlay is not None else "")
         source = f"\nreported figures (stars, dotted lines): {self.source}" if self.source else ""
         self.fig.suptitle((self.title or f"{result.model}: {result.setup['strategy']} x{result.setup['gpus']}, "
                            f"{result.setup['precision']}, batch {result.setup['batch']} x seq {result.setup['seq']} "
@@ -134,30 +139,50 @@ def memory_curve(result: Result, overlay: Result | None = None, reported: list[d
     return curve
 
 
+def _unit(values_bytes) -> tuple[str, float]:
+    """GiB, or MiB when every value is under 1 GiB (a twin's figures would read 0.0 in GiB)."""
+    return ("GiB", GiB) if max(values_bytes, default=0) >= GiB else ("MiB", MiB)
+
+
+def _title(ax, title: str, subtitle: str, width_in: float) -> None:
+    """A title wrapped to the figure's width, with the evidence line under it."""
+    chars = max(30, int(width_in * 11))
+    ax.set_title("\n".join(textwrap.wrap(title, chars) + textwrap.wrap(subtitle, int(chars * 1.15))), fontsize=9.5)
+
+
 def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "") -> Figure:
-    """Before/after: each result's peak on `device`, stacked by category, with its capacity line."""
-    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(results), 4.2), layout="constrained")
+    """Before/after: each result's peak on `device`, stacked by category, with its capacity line; the axis in GiB, or
+    MiB when every peak is under 1 GiB; the kind of evidence under the title."""
+    if not results:
+        raise ValueError("compare_bars needs at least one result")
+    width = max(6.0, 1.6 + 1.5 * len(results))
+    fig, ax = plt.subplots(figsize=(width, 4.4), layout="constrained")
     labels = list(results)
+    unit, div = _unit([results[k].device(device).peak_bytes for k in labels])
     top = 0.0
     for i, label in enumerate(labels):
         d = results[label].device(device)
         bottom = 0.0
         for cat in CATEGORIES:
-            h = gib(d.categories.get(cat, 0))
+            h = d.categories.get(cat, 0) / div
             ax.bar(i, h, 0.6, bottom=bottom, color=COLORS[cat], edgecolor="white", linewidth=0.4)
             bottom += h
         ax.text(i, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=9)
         top = max(top, bottom)
         if d.capacity_bytes:
-            ax.hlines(gib(d.capacity_bytes), i - 0.4, i + 0.4, color="#D00000", linestyle="--")
-            top = max(top, gib(d.capacity_bytes))
+            ax.hlines(d.capacity_bytes / div, i - 0.4, i + 0.4, color=OOM_RED, linestyle="--")
+            top = max(top, d.capacity_bytes / div)
     ax.set_ylim(0, max(top, 0.1) * 1.12)
     used = [c for c in CATEGORIES if any(r.device(device).categories.get(c) for r in results.values())]
-    ax.legend([plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in used], [c.replace("_", " ") for c in used],
-              fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in used]
+    names = [c.replace("_", " ") for c in used]
+    if any(results[k].device(device).capacity_bytes for k in labels):
+        handles.append(plt.Line2D([], [], color=OOM_RED, linestyle="--"))
+        names.append("capacity")
+    ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_xticks(range(len(labels)), labels, fontsize=9)
-    ax.set_ylabel(f"peak, {DEVICE_TITLES[device]} — GiB (2^30 bytes)")
-    ax.set_title(title, fontsize=11)
+    ax.set_ylabel(f"peak, {DEVICE_TITLES[device]} — {unit} (2^{30 if unit == 'GiB' else 20} bytes)")
+    _title(ax, title, evidence.of_all(results.values()), width)
     ax.grid(axis="y", alpha=0.3)
     return fig
 
@@ -165,10 +190,14 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
 def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", category: str | None = None,
           phase: str | None = None, steps: bool = False) -> Figure:
     """Memory on `device` against one set-up variable: each result's peak, its total at `phase`, or one `category`;
-    `results` is a list, or {label: list} for several lines. The capacity line and the points over it are marked.
+    `results` is a list, or {label: list} for several lines. The capacity line is drawn; a point whose set-up runs
+    out of memory is marked: a red X on this device, a purple triangle when it is the other device that overflows.
     `steps` draws each value as holding until the next point (for quantities that change in whole steps)."""
     series = results if isinstance(results, dict) else {"": results}
-    fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
+    if not series or any(len(rs) != len(xs) for rs in series.values()) or not xs:
+        raise ValueError(f"sweep needs one result per x value and at least one x, got {len(xs)} x values and "
+                         f"{[len(rs) for rs in series.values()]} results")
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
     top = 0.1
 
     def value(r: Result) -> float:
@@ -177,21 +206,25 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
             return gib(d.breakdown[phase or d.peak_phase][category])
         return gib(d.phases[phase] if phase else d.peak_bytes)
 
-    oom_label = "out of memory"
-    for label, rs in series.items():
+    other = "host" if device == "gpu" else "gpu"
+    marks = {device: ("X", OOM_RED, "out of memory here"),
+             other: ("^", OTHER_OOM, f"out of memory on the {'GPU' if other == 'gpu' else 'host'}")}
+    labelled = set()
+    for n, (label, rs) in enumerate(series.items()):
         ys = [value(r) for r in rs]
         top = max(top, *ys)
-        ax.plot(xs, ys, "o-", label=label or None, drawstyle="steps-post" if steps else "default", markersize=4)
-        cap = rs[0].device(device).capacity_bytes if rs and not category else None
-        if cap:
-            over = [(x, y) for x, y in zip(xs, ys) if y > gib(cap)]
-            if over:
-                ax.plot(*zip(*over), "X", color="#D00000", markersize=9, label=oom_label)
-                oom_label = None
+        ax.plot(xs, ys, "o-", label=label or None, drawstyle="steps-post" if steps else "default", markersize=4,
+                color=LINES[n % len(LINES)])
+        for dev, (marker, color, text) in marks.items():
+            pts = [(x, y) for x, y, r in zip(xs, ys, rs) if r.oom["device"] == dev]
+            if pts:
+                ax.plot(*zip(*pts), marker, color=color, markersize=9, linestyle="none",
+                        label=None if dev in labelled else text)
+                labelled.add(dev)
     caps = {r.device(device).capacity_bytes for rs in series.values() for r in rs} - {None}
     if caps and not category:
         cap = gib(max(caps))
-        ax.axhline(cap, color="#D00000", linestyle="--", label=f"capacity {cap:.0f} GiB")
+        ax.axhline(cap, color=OOM_RED, linestyle="--", label=f"capacity {cap:,.0f} GiB")
         top = max(top, cap)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
@@ -200,7 +233,7 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
         if category or phase else "peak"
     ax.set_xlabel(xlabel)
     ax.set_ylabel("GiB (2^30 bytes)")
-    ax.set_title(f"{title}\n{what}, {DEVICE_TITLES[device]}" if title else f"{what}, {DEVICE_TITLES[device]}",
-                 fontsize=10)
+    head = f"{title}: {what}, {DEVICE_TITLES[device]}" if title else f"{what}, {DEVICE_TITLES[device]}"
+    _title(ax, head, evidence.of_all(r for rs in series.values() for r in rs), 6.5)
     ax.grid(alpha=0.3)
     return fig

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from helpers import evidence
 from helpers.results import Result
 from helpers.units import GiB, MiB, to_gib
 from helpers.vocab import PHASE_LABELS
@@ -40,9 +41,10 @@ def table(r: Result) -> str:
              f"{r.setup['precision']}, batch {r.setup['batch']} x seq {r.setup['seq']}   [{r.mode}; "
              f"{unit} = 2^{30 if big else 20} bytes]",
              "", f"{'phase (' + unit + ')':30s}{'GPU (each)':>14s}{'host (node)':>14s}"]
+    lines.insert(1, f"evidence: {evidence.detail(r)}")
     if r.meta.get("device"):
-        lines.insert(1, f"measured on: {r.meta['device']}; {r.meta.get('wall_s', '?')} s; {r.meta.get('date', '')}")
-        lines.insert(2, f"engine: {r.meta.get('engine', '?')}" + (f"; {r.meta['note']}" if r.meta.get("note") else ""))
+        lines.insert(2, f"measured on: {r.meta['device']}; {r.meta.get('wall_s', '?')} s; {r.meta.get('date', '')}")
+        lines.insert(3, f"engine: {r.meta.get('engine', '?')}" + (f"; {r.meta['note']}" if r.meta.get("note") else ""))
     for phase, gpu_bytes in r.gpu.phases.items():
         lines.append(f"{PHASE_LABELS[phase]:30s}{conv(gpu_bytes):14.2f}{conv(r.host.phases[phase]):14.2f}")
     for name in ("gpu", "host"):

@@ -12,7 +12,8 @@ from helpers.units import GiB  # noqa: E402
 
 
 def texts(fig):
-    return [t.get_text() for ax in fig.axes for t in ax.texts] + [fig._suptitle.get_text() if fig._suptitle else ""]
+    return ([t.get_text() for ax in fig.axes for t in ax.texts] + [ax.get_title() for ax in fig.axes]
+            + [fig._suptitle.get_text() if fig._suptitle else ""])
 
 
 def test_memory_curve_draws_the_results_numbers_and_marks_the_oom():
@@ -21,8 +22,9 @@ def test_memory_curve_draws_the_results_numbers_and_marks_the_oom():
     for dev in ("gpu", "host"):
         for phase, height in curve.heights(dev).items():
             assert height == pytest.approx(r.device(dev).phases[phase] / GiB)
-    assert "OOM at optimizer step" in texts(curve.fig)
+    assert any("OOM at optimizer step" in t for t in texts(curve.fig))
     assert any("capacity 80 GiB" in t for t in texts(curve.fig))
+    assert "estimate (arithmetic)" in curve.fig._suptitle.get_text()             # the kind of evidence, in the title
     assert all("GiB" in ax.get_ylabel() for ax in curve.fig.axes)
 
 
@@ -34,7 +36,7 @@ def test_overlay_and_update_in_place():
     curve.update(fixed)
     assert curve.heights("gpu") != before
     assert curve.heights("gpu")["step"] == pytest.approx(fixed.gpu.phases["step"] / GiB)
-    assert "OOM at optimizer step" not in texts(curve.fig)
+    assert not any("OOM at optimizer step" in t for t in texts(curve.fig))
 
 
 def test_compare_bars_and_sweep():
@@ -47,12 +49,14 @@ def test_compare_bars_and_sweep():
     fig = plots.sweep(xs, results, "micro batch")
     line = fig.axes[0].lines[0]
     assert list(line.get_ydata()) == pytest.approx([r.gpu.peak_bytes / GiB for r in results])
-    assert any(l.get_label() == "out of memory" for l in fig.axes[0].lines)
+    assert any(l.get_label() == "out of memory here" for l in fig.axes[0].lines)
+    assert "estimate (arithmetic)" in fig.axes[0].get_title()
 
 
 def test_explorer_controls_change_figure_and_verdict():
     e = explore.explorer(case=1)
     assert e.verdict.value.count("OOM on GPU at the optimizer step")
+    assert e.verdict_text.startswith("OOM on GPU at the optimizer step") and "<" not in e.verdict_text
     before = e.curve.heights("gpu")
     e.set(offload_optimizer=True)
     assert "fits" in e.verdict.value and e.curve.heights("gpu") != before
@@ -63,6 +67,44 @@ def test_explorer_controls_change_figure_and_verdict():
     assert e.curve.heights("gpu") == shown
     e.set(offload_params=True, gpus=2)
     assert "fits" in e.verdict.value and e.setup.strategy == "fsdp2"
+
+
+def test_every_plot_says_what_kind_of_evidence_its_lines_are():
+    from helpers.measure import dryrun
+
+    r = estimate.run("llama-3-8b", cases.setup(1))
+    dry = dryrun.run("llama-3-8b", cases.setup(1), progress=False)               # ZeRO-2: re-enacted in torch
+    curve = plots.memory_curve(r, overlay=dry)
+    labels = [l.get_label() for ax in curve.fig.axes for l in ax.lines]
+    assert "dry run — re-enacted in torch" in labels
+    assert "re-enacted in torch" in curve.fig._suptitle.get_text()
+    fig = plots.compare_bars({"estimate": r, "dry run": dry})
+    assert "estimate (arithmetic); dry run — re-enacted in torch" in fig.axes[0].get_title().replace("\n", " ")
+
+
+def test_compare_bars_uses_mib_for_a_twin_and_sweep_marks_the_other_devices_oom():
+    from helpers.measure import scaled
+
+    twin, s = scaled.scaled_setup("llama-3-8b", cases.setup(1))
+    small = estimate.run(str(twin), s)
+    fig = plots.compare_bars({"twin": small})
+    assert "MiB" in fig.axes[0].get_ylabel() and float(fig.axes[0].texts[0].get_text()) > 1      # not "0.0" GiB
+    ratios = [0.3, 0.6, 1.0]
+    rs = [estimate.run("qwen2.5-72b", cases.setup(3, offload_ratio=x, sub_group_size=100_000_000)) for x in ratios]
+    assert rs[0].oom["device"] == "gpu"
+    fig = plots.sweep(ratios, rs, "ratio", device="host", phase="resume")
+    assert any(l.get_label() == "out of memory on the GPU" for l in fig.axes[0].lines)
+    with pytest.raises(ValueError, match="one result per x"):
+        plots.sweep([], [], "nothing")
+
+
+def test_explorer_shows_a_cases_reported_figures_only_at_their_set_up():
+    e = explore.explorer(case=5)                                 # the reported set-up: batch 1, no offload
+    assert [i["applies_to"] for i in e.reported_here()] == ["reported"]
+    e.set(offload_optimizer=True, offload_params=True, batch=4)   # the fix: now its ~18 GB and ~155 GB belong here
+    assert {i["applies_to"] for i in e.reported_here()} == {"fixed"}
+    e.set(batch=8)                                               # neither the report's set-up nor its fix
+    assert e.reported_here() == []
 
 
 def test_explorer_runs_headless_in_a_notebook_and_renders_static(tmp_path):

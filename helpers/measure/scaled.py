@@ -30,6 +30,7 @@ import psutil
 import torch
 
 from helpers import estimate, models
+from helpers.estimate import states
 from helpers.errors import InputError
 from helpers.measure import engines, procgroup
 from helpers.measure.tracker import Tracker
@@ -92,8 +93,9 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad], "parameters")
         tracker.restart_peak("setup")
         losses, rss, times = train(engine, tracker, s, models.spec(str(twin)).vocab, steps)
-    return _pin_note(_result(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1,
-                             times=times), setup)
+    r = _result(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1, times=times)
+    r.meta.update(getattr(engine, "engine_meta", dict)())
+    return _pin_note(r, setup)
 
 
 def _pin_note(r: Result, asked: TrainSetup) -> Result:
@@ -227,11 +229,20 @@ class DeepSpeedEngine:
             self.engine.step()
         self._label_buffers()
 
+    def engine_meta(self) -> dict:
+        """What DeepSpeed itself decided and exposes: ZeRO-3's sub-group device map and its ratio (on a CPU the map says
+        'cpu' for every group, since the accelerator is the CPU; the GPU/host roles are then placed by `_placement`)."""
+        devices = getattr(self.opt, "subgroup_to_device", None)
+        if devices is None:
+            return {}
+        return {"deepspeed_subgroup_to_device": [devices[i] for i in sorted(devices)],
+                "deepspeed_partial_offload": float(getattr(self.opt, "partial_offload", 1.0))}
+
     def _placement(self) -> dict[int, str]:
         """Device of each ZeRO-3 optimizer sub-group by DeepSpeed's ratio rule."""
         groups = getattr(self.opt, "fp32_partitioned_groups_flat", [])
         n = len(groups)
-        first_host = int((1 - self.s.ratio) * n) if self.s.offload_optimizer else n
+        first_host = states.first_host_group(n, self.s.ratio) if self.s.offload_optimizer else n
         return {id(g): ("gpu" if i < first_host else "host") for i, g in enumerate(groups)}
 
     def _label_buffers(self):

@@ -46,7 +46,7 @@ def adam_rate(kind: str = "deepspeed-cpu-adam", elements: int = 1 << 24, steps: 
     median = statistics.median(times)
     from importlib.metadata import version
 
-    return {"optimizer": kind, "elements": elements, "median_step_s": median, "params_per_s": elements / median,
+    return {"optimizer": kind, "elements": elements, "steps": steps, "median_step_s": median, "params_per_s": elements / median,
             "threads": torch.get_num_threads(), "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
             "versions": {"torch": torch.__version__, "deepspeed": version("deepspeed")},
             "date": datetime.datetime.now().isoformat(timespec="seconds")}

@@ -1,0 +1,72 @@
+"""What kind of evidence a Result is, in words a figure can carry.
+
+Four kinds, from strongest to weakest:
+- measured: the bytes of the engine's own tensors, counted as it made them (a real run, or a dry run of the real
+  engine on fake tensors), each on the device the engine put it;
+- placed by rule: the engine's own tensors, measured, but which of them count as "GPU" and which as "host" is decided
+  by a rule we wrote (a CPU has one RAM; DeepSpeed's own sub-group map says 'cpu' for every group there);
+- re-enacted: an engine that cannot run here (DeepSpeed on fake tensors, DDP's bucket) rebuilt in torch with the
+  engine's buffer sizes, from our reading of its source;
+- estimated: arithmetic over named buffers (`helpers.estimate`).
+
+A check of an estimate against a re-enacted or rule-placed figure is a consistency check (the same rules on both
+sides), not a test against reality; `kind(result)` says which it is so that every plot and table can say so.
+"""
+
+from __future__ import annotations
+
+from helpers.results import Result
+
+KINDS = {
+    "measured": "measured from the engine's own tensors",
+    "placed": "measured tensors, GPU/host placed by rule",
+    "re-enacted": "re-enacted in torch",
+    "estimated": "estimated",
+}
+
+
+def kind(result: Result) -> str:
+    """One of KINDS for `result` (its mode, strategy and offload settings decide)."""
+    s, mode = result.setup, result.mode
+    if mode == "estimate":
+        return "estimated"
+    offloaded = s.get("offload_optimizer") or s.get("offload_params")
+    if mode == "dry-run":
+        return "re-enacted" if s["strategy"] in ("ddp", "zero1", "zero2") else "measured"
+    if mode == "scaled":
+        return "placed" if offloaded else "measured"
+    return "measured"                                        # gpu: the engine's tensors on a real GPU
+
+
+def detail(result: Result) -> str:
+    """A sentence: the kind, and what exactly was rebuilt or placed by rule."""
+    k, s = kind(result), result.setup
+    text = {
+        "estimated": "estimated: arithmetic over named buffers",
+        "measured": "measured from the engine's own tensors",
+        "placed": "the engine's own tensors measured; their GPU/host role placed by our rule (one RAM on a CPU)",
+        "re-enacted": "re-enacted in torch from our reading of the engine's source",
+    }[k]
+    if result.mode == "dry-run":
+        text += " (full size, fake tensors)"
+        if s["strategy"] == "ddp":
+            text += "; DDP itself not run: its gradient bucket is one buffer sized by rule"
+        elif s["strategy"] in ("zero1", "zero2"):
+            text += "; DeepSpeed cannot run on fake tensors"
+    elif result.mode == "scaled":
+        text += " (the tiny twin, trained for real on this CPU)"
+    return text
+
+
+def label(result: Result) -> str:
+    """Short label for a legend: 'dry run — re-enacted in torch'."""
+    if result.mode == "estimate":
+        return "estimate (arithmetic)"
+    mode = {"dry-run": "dry run", "scaled": "scaled run", "gpu": "GPU run"}.get(result.mode, result.mode)
+    return f"{mode} — {KINDS[kind(result)]}"
+
+
+def of_all(results) -> str:
+    """The evidence of several results as one phrase: 'all estimated', or each kind once, in order."""
+    labels = list(dict.fromkeys(label(r) for r in results))
+    return labels[0] if len(labels) == 1 else "; ".join(labels)
