@@ -33,6 +33,46 @@ def setup(number: int | str, fixed: bool = False, **changes) -> TrainSetup:
     return TrainSetup(**fields).validate()
 
 
+def checklist() -> list[dict]:
+    """Symptom -> cause -> notebook -> ways out, one row per case, with the OOM the case's estimate must show and
+    whether the row's fix must fit (read from data/cases.json)."""
+    return json.loads((DATA_DIR / "cases.json").read_text())["checklist"]
+
+
+def citation(number: int | str) -> str:
+    """The case's sources in one line of plain ASCII (figure titles have no CJK font): upstream issue(s), write-up."""
+    src = case(number)["source"]
+    w = src["write_up"]
+    upstream = "; ".join(u["short"] for u in src["upstream"])
+    return f"{upstream}; write-up by {w['author_latin']}, {w['published']}, {w['date']}"
+
+
+def sources_markdown(number: int | str) -> str:
+    """The case's sources as a Markdown list with links: the write-up (title in its language, with a gloss), the
+    upstream threads it summarises, and the docs or code it rests on."""
+    src = case(number)["source"]
+    w = src["write_up"]
+    lines = [f"- Write-up: {w['author']}, [{w['title']}]({w['url']}) (\"{w['title_en']}\"), {w['published']}, "
+             f"{w['date']} (in Chinese)"]
+    lines += [f"- Upstream: [{u['what']}]({u['url']})" for u in src["upstream"]]
+    lines += [f"- Docs and code: [{u['what']}]({u['url']})" for u in src["docs"]]
+    return "\n".join(lines)
+
+
+def reported_lines(number: int | str) -> str:
+    """The case's reported figures as readable lines: what, the figure as written, how it is read and why."""
+    lines = []
+    for r in case(number)["reported"]:
+        where = {"reported": "as reported", "fixed": "with the fix", "machine": "the machine",
+                 "benchmark": "a published benchmark"}.get(r.get("applies_to"), "")
+        if r["value"] is None:
+            lines.append(f"  reported ({where}): {r['what']}")
+            continue
+        value = " -> ".join(map(str, r["value"])) if isinstance(r["value"], list) else str(r["value"])
+        lines.append(f"  reported ({where}): {r['what']}: {value} {r['unit']}, read as {r['read_as']} ({r['why']})")
+    return "\n".join(lines)
+
+
 def reported_bytes(item: dict) -> float:
     """A reported figure in bytes, read in the unit the project reads it as ('read_as')."""
     return item["value"] * UNITS[item["read_as"]]

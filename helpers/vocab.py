@@ -45,3 +45,24 @@ PHASE_LABELS = {
     "step": "optimizer step",
     "steady": "later iterations (fwd+bwd)",
 }
+
+GLOSSARY = {
+    "estimate": "arithmetic over named buffers (helpers.estimate): every figure a sum of buffers, each with its source",
+    "dry run": "the full-size model's real training step executed on fake tensors: shapes and dtypes, no memory",
+    "fake tensors": "PyTorch tensors that carry a shape, a dtype and a device but no data (FakeTensorMode)",
+    "twin": "a tiny model of the same architecture (hidden 128, 2 layers), trained for real on this CPU",
+    "scaled run": "the twin trained for real through the set-up's own engine (torch, DeepSpeed, FSDP2), memory counted",
+    "census": "the tracker's count of every live tensor's bytes, by category and phase",
+    "role": "where a tensor would live on a GPU machine (GPU or host): on a CPU both are one RAM, so a rule assigns it",
+    "evidence kinds": "measured (the engine's own tensors) / placed by rule / re-enacted in torch / estimated",
+    "re-enacted": "an engine that cannot run here rebuilt in torch with its buffer sizes, read from its source",
+    "sub-group": "ZeRO-3 splits each rank's optimizer partition into groups of sub_group_size elements; offload and "
+                 "its ratio move whole groups",
+    "bucket": "a flat buffer gradients are copied into before they are reduced across GPUs (DDP, DeepSpeed)",
+    "pinned memory": "page-locked host RAM: the GPU copies from it directly, it can never be swapped out",
+    "all_live / all_cold": "DeepSpeed's estimators: _all_live counts a model object's parameters, _all_cold takes "
+                           "the counts as numbers",
+    "checkpoint": "a saved training state on disk (weights, optimizer states), loaded when a run resumes",
+    "checkpointing": "gradient (activation) checkpointing: keep each layer's input only, recompute the rest in backward",
+    "GiB / GB": "GiB = 2^30 bytes (nvidia-smi, PyTorch, DeepSpeed print these); GB = 10^9 bytes (disk and RAM specs)",
+}

@@ -28,5 +28,48 @@ def test_items_sum_to_phases():
 def test_every_case_loads_with_reported_figures():
     for n in range(1, 7):
         c = cases.case(n)
-        assert c["source"].startswith("seeds/") and c["reported"]
+        src = c["source"]
+        assert c["reported"] and src["upstream"] and src["write_up"]["url"].startswith("https://")
+        assert all(u["url"].startswith("https://") for u in src["upstream"] + src["docs"])
+        assert cases.citation(n).isascii()                            # figure titles: no CJK glyphs in the font
+        assert src["write_up"]["title"] in cases.sources_markdown(n)
         estimate.run(c["model"], cases.setup(n, fixed=True))
+
+
+def test_nothing_refers_to_files_outside_the_repository():
+    """Readers have only the repository: no path to the project's private workspace or its raw write-ups."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    pattern = re.compile(r"\.\./shared|(^|[^a-z_])seeds/[0-9]{3}_|CASES\.md|FINDINGS\.md")
+    offenders = [f for f in files if f != "tests/test_results.py" and (root / f).is_file()
+                 and pattern.search((root / f).read_text(errors="ignore"))]
+    assert offenders == []
+
+
+def test_dryrun_vs_estimate_file_is_what_the_code_gives_now():
+    """data/results/dryrun_vs_estimate.json (written by `python -m helpers.bench dryrun`, read by notebook 06) must be
+    regenerated when the estimator or the dry run changes: every stored estimate is recomputed here, and the dry runs
+    of the two cheapest set-ups are run again."""
+    from pathlib import Path
+
+    import pytest
+
+    from helpers.measure import dryrun
+    from helpers.training import TrainSetup
+
+    doc = json.loads((Path(__file__).resolve().parent.parent / "data" / "results" / "dryrun_vs_estimate.json").read_text())
+    assert {"date", "versions", "device", "rows"} <= set(doc) and len(doc["rows"]) >= 20
+    for row in doc["rows"]:
+        now = estimate.run(row["model"], TrainSetup(**row["setup"]))
+        for dev in ("gpu", "host"):
+            assert now.to_dict()[dev]["phases"] == row["estimate"][dev]["phases"], (row["model"], row["setup"], dev)
+    cheapest = sorted(doc["rows"], key=lambda r: r["dry_run"]["params"] * r["setup"]["seq"])[:2]
+    for row in cheapest:
+        again = dryrun.run(row["model"], TrainSetup(**row["setup"]), progress=False).to_dict()
+        for dev in ("gpu", "host"):
+            for phase, stored in row["dry_run"][dev]["phases"].items():
+                assert again[dev]["phases"][phase] == pytest.approx(stored, rel=1e-3, abs=1024), (row["model"], dev, phase)

@@ -1,0 +1,37 @@
+"""Figures others published that a CPU cannot measure (GPU capacities as nvidia-smi prints them, copy bandwidths,
+offload and recomputation costs), read from data/published.json with their sources; notebooks quote these."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+from helpers.errors import InputError
+from helpers.models import DATA_DIR
+from helpers.units import MiB
+
+
+@functools.lru_cache(maxsize=1)
+def _all() -> dict:
+    return json.loads((DATA_DIR / "published.json").read_text())
+
+
+def gpu_capacity(gpu: str) -> dict:
+    """One GPU's total memory as nvidia-smi prints it: {'gpu', 'mib', 'bytes', 'source', 'url', 'note'}."""
+    rows = {r["gpu"]: r for r in _all()["gpu_capacity_mib"]}
+    if gpu not in rows:
+        raise InputError(f"no published capacity for {gpu!r}: known GPUs are {', '.join(rows)}")
+    return rows[gpu] | {"bytes": rows[gpu]["mib"] * MiB}
+
+
+def speed(starts_with: str) -> dict:
+    """The published speed figure whose description starts with `starts_with`."""
+    found = [r for r in _all()["speed"] if r["what"].startswith(starts_with)]
+    if len(found) != 1:
+        raise InputError(f"{len(found)} published speed figures start with {starts_with!r}")
+    return found[0]
+
+
+def cite(row: dict) -> str:
+    """'source (url)' of a published row."""
+    return f"{row['source']} ({row['url']})"
