@@ -48,7 +48,7 @@ class MemoryCurve:
             for cat in CATEGORIES:
                 self.bars[dev][cat] = ax.bar(x, [0] * len(self.phases), 0.62, color=COLORS[cat], label=cat,
                                              edgecolor="white", linewidth=0.4)
-            ax.set_xticks(list(x), [SHORT[p] for p in self.phases])
+            ax.set_xticks(list(x), [SHORT[p] for p in self.phases], fontsize=8.5)
             ax.set_ylabel("GiB (2^30 bytes)")
             ax.set_title(DEVICE_TITLES[dev], fontsize=11)
             ax.grid(axis="y", alpha=0.3)
@@ -167,7 +167,8 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
             h = d.categories.get(cat, 0) / div
             ax.bar(i, h, 0.6, bottom=bottom, color=COLORS[cat], edgecolor="white", linewidth=0.4)
             bottom += h
-        ax.text(i, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=9)
+        ax.text(i, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=9, zorder=5,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 1, "alpha": 0.85})   # readable over a capacity line
         top = max(top, bottom)
         if d.capacity_bytes:
             ax.hlines(d.capacity_bytes / div, i - 0.4, i + 0.4, color=OOM_RED, linestyle="--")

@@ -9,3 +9,9 @@ from helpers.measure import fakegpu
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 fakegpu.register_backend()     # before any backward pass in this process (see fakegpu.register_backend)
+
+import warnings  # noqa: E402
+
+# transformers 5 renamed is_gradient_checkpointing (to is_activation_checkpointing); peft 0.21 still reads the old
+# name when it wraps a checkpointed model, which warns on every LoRA run. Nothing for a reader to act on.
+warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
