@@ -210,7 +210,7 @@ def _fake_mesh(world: int):
 class NullTracker:
     """Stands in for the Tracker to time the same step untracked."""
 
-    def label(self, tensors, category): pass
+    def label(self, tensors, category, device=None): pass
     def set_context(self, name): pass
     def restart_peak(self, phase): pass
 
