@@ -22,8 +22,14 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
 
+# Every notebook is executed once, by nbmake, on a copy in $(EXECUTED) (outputs written there, never into notebooks/);
+# `make docs` then converts those copies. data/ is linked beside them, so the notebooks' ../data paths still resolve.
+EXECUTED := build/executed
+
 test: $(STAMP) browser
-	$(PY) -m pytest tests $(if $(wildcard notebooks/*.ipynb),notebooks --nbmake --nbmake-kernel=python3,)
+	rm -rf $(EXECUTED) && mkdir -p $(EXECUTED)/notebooks && ln -s ../../data $(EXECUTED)/data
+	cp notebooks/[0-9][0-9]_*.ipynb $(EXECUTED)/notebooks/
+	$(PY) -m pytest tests $(EXECUTED)/notebooks --nbmake --nbmake-kernel=python3 --overwrite
 
 # The browser test drives Debian's chromium with Playwright (never `playwright install`: no browser download).
 browser:
@@ -33,6 +39,7 @@ browser:
 	  else echo "note: install Debian's chromium (sudo apt-get install chromium) to run the browser test; it skips without it"; fi; }
 
 # Executed notebooks as static HTML (figures as pictures), with an index in notebook order: docs/index.html.
+# Converts the copies `make test` executed when they are newer than the sources; executes the others.
 docs: $(STAMP)
 	$(PY) -m helpers.docs --out docs
 

@@ -1,8 +1,12 @@
-"""Executed docs: every notebook run top to bottom and written as static HTML (figures as pictures, explorers as a
-picture of their first state), plus an index page in notebook order with each notebook's run time on this machine.
+"""Executed docs: every notebook as static HTML (figures as pictures, explorers as a picture of their first state),
+plus an index page in notebook order with each notebook's run time on this machine.
 
 `python -m helpers.docs --out docs` (or `make docs`). Writes OUT/NN_name.html, OUT/index.html and OUT/timings.json
-(machine, library versions, date, seconds per notebook). A notebook that raises stops the build with its error.
+(machine, library versions, date, seconds per notebook). Notebooks are executed once: where `make test` has left
+executed copies (nbmake --overwrite, in build/executed/notebooks/) newer than the sources, those are converted and
+their run time read from the cells' own execution timestamps; otherwise each notebook is executed here, and one
+that raises stops the build with its error. Cells marked collapsed in JupyterLab (metadata jupyter.outputs_hidden)
+keep their output behind a "show" toggle, so the story reads first.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
+EXECUTED = ROOT / "build" / "executed" / "notebooks"
 PRIORITY = ["image/png", "text/html", "text/markdown", "text/plain"]
 
 
@@ -38,7 +43,50 @@ def title(nb) -> str:
     return ""
 
 
-def build(out: Path, timeout: int = 600) -> dict:
+def executed_copy(path: Path, executed: Path = EXECUTED) -> Path | None:
+    """The executed copy of a notebook that `make test` left, if it is newer than the source and complete."""
+    import nbformat
+
+    copy = executed / path.name
+    if not copy.exists() or copy.stat().st_mtime < path.stat().st_mtime:
+        return None
+    nb = nbformat.read(copy, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    return copy if code and all(c.get("execution_count") for c in code) else None
+
+
+def run_seconds(nb) -> float:
+    """Wall time of an executed notebook, from its first cell's start to its last cell's reply (nbclient's stamps)."""
+    from datetime import datetime as dt
+
+    stamps = [c.metadata.get("execution", {}) for c in nb.cells if c.cell_type == "code"]
+    starts = [s["iopub.execute_input"] for s in stamps if "iopub.execute_input" in s]
+    ends = [s["shell.execute_reply"] for s in stamps if "shell.execute_reply" in s]
+    if not starts or not ends:
+        return float("nan")
+    parse = lambda t: dt.fromisoformat(t.replace("Z", "+00:00"))
+    return (parse(max(ends)) - parse(min(starts))).total_seconds()
+
+
+def collapse_hidden_outputs(nb) -> None:
+    """Outputs of cells collapsed in JupyterLab become one HTML block behind a <details> toggle."""
+    import nbformat
+
+    for cell in nb.cells:
+        if cell.cell_type != "code" or not cell.metadata.get("jupyter", {}).get("outputs_hidden"):
+            continue
+        text = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+        rest = [o for o in cell.outputs if not (o.output_type == "stream")]
+        if not text:
+            continue
+        block = (f"<details><summary>show the output ({len(text.splitlines())} lines)</summary>"
+                 f"<pre>{html.escape(text)}</pre></details>")
+        cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": block})] + rest
+
+
+def build(out: Path, timeout: int = 600, executed: Path = EXECUTED) -> dict:
+    import re
+
     import nbformat
     from nbclient import NotebookClient
     from nbconvert import HTMLExporter
@@ -51,18 +99,25 @@ def build(out: Path, timeout: int = 600) -> dict:
               "versions": {k: version(k) for k in ("torch", "transformers", "deepspeed", "jupyterlab", "nbconvert")},
               "date": datetime.datetime.now().isoformat(timespec="seconds"), "notebooks": []}
     for path in notebooks():
-        nb = nbformat.read(path, as_version=4)
-        started = time.perf_counter()
-        NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                       resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
-        seconds = time.perf_counter() - started
+        copy = executed_copy(path, executed)
+        if copy is not None:
+            nb = nbformat.read(copy, as_version=4)
+            seconds, how = run_seconds(nb), f"executed by make test ({copy.relative_to(ROOT) if copy.is_relative_to(ROOT) else copy})"
+        else:
+            nb = nbformat.read(path, as_version=4)
+            started = time.perf_counter()
+            NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                           resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+            seconds, how = time.perf_counter() - started, "executed here"
+        collapse_hidden_outputs(nb)
         exporter.config = _config()
         body, _ = exporter.from_notebook_node(nb)
+        body = re.sub(r'href="(\d\d_\w+)\.ipynb"', r'href="\1.html"', body)    # links between notebooks
         target = out / f"{path.stem}.html"
         target.write_text(body)
         record["notebooks"].append({"file": path.name, "title": title(nb), "html": target.name,
-                                    "seconds": round(seconds, 1)})
-        print(f"{path.name}: {seconds:.0f} s -> {target}", flush=True)
+                                    "seconds": round(seconds, 1), "how": how})
+        print(f"{path.name}: {seconds:.0f} s ({how}) -> {target}", flush=True)
     (out / "timings.json").write_text(json.dumps(record, indent=1))
     (out / "index.html").write_text(_index(record))
     return record
@@ -84,7 +139,7 @@ def _index(record: dict) -> str:
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Why did my run OOM? — executed notebooks</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}td{{padding:.3em .8em}}</style></head><body>
 <h1>Why did my run OOM? — executed notebooks</h1>
-<p>Each notebook executed top to bottom in its default (scaled) mode; figures are pictures of their first state.
+<p>Each notebook executed once, top to bottom, in its default (scaled) mode; figures are pictures of their first state.
 Run time on {html.escape(record['device'])}, {html.escape(record['date'])}; {html.escape(versions)}.</p>
 <table><tr><th>notebook</th><th>title</th><th>run time</th></tr>
 {rows}

@@ -1,8 +1,10 @@
-"""The notebooks as a reader meets them: JupyterLab in headless Chromium, every cell run, an explorer's sliders moved.
+"""What only a browser shows: each notebook's explorer, live in JupyterLab in headless Chromium, answering its sliders.
 
-Starts JupyterLab from this environment on a free loopback port, opens each notebook, runs all cells from the Run
-menu, checks that no cell raised, moves the explorer's sequence and batch sliders with the keyboard, and checks that
-the verdict and the figure changed. Screenshots go to artifacts/browser/. The server is stopped by its process id.
+Every notebook is executed once, by nbmake (`make test`); this test does not run them again. For each notebook it
+writes a short notebook of that notebook's own set-up cell and explorer cell, opens it in JupyterLab (started from
+this environment on a free loopback port), runs all cells from the Run menu, checks that no cell raised, moves the
+explorer's sequence and batch sliders with the keyboard, and checks that the verdict and the figure changed.
+Screenshots go to artifacts/browser/. The server is stopped by its process group.
 Needs Debian's chromium (`make test` installs it when it can); without it the test skips, unless
 OOM_REQUIRE_BROWSER=1 (set by CI), where a missing browser is a failure.
 """
@@ -28,7 +30,7 @@ ARTIFACTS = ROOT / "artifacts" / "browser"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-CELL_TIMEOUT_S = 420
+CELL_TIMEOUT_S = 180
 SETTINGS = {
     "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
@@ -46,6 +48,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def explorer_notebook(source: Path, target: Path) -> None:
+    """`source`'s first code cell (imports, the case's set-up) and its explorer cell, as a notebook of their own."""
+    import nbformat
+
+    nb = nbformat.read(source, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    explorer = [c for c in code if "explore.explorer(" in c.source]
+    assert len(explorer) == 1, f"{source.name}: expected one explorer cell, found {len(explorer)}"
+    cells = [nbformat.v4.new_code_cell(c.source) for c in (code[0], explorer[0])]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata=nb.metadata), target)
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     if CHROMIUM is None:
@@ -54,8 +68,10 @@ def lab(tmp_path_factory):
         pytest.skip("Debian's chromium is not installed (apt-get install chromium); the browser test needs it")
     pytest.importorskip("playwright")
     port, token = _free_port(), secrets.token_hex(16)
-    root = tmp_path_factory.mktemp("lab")               # a copy: JupyterLab saves what it runs, outputs and all
-    shutil.copytree(ROOT / "notebooks", root / "notebooks")
+    root = tmp_path_factory.mktemp("lab")               # JupyterLab saves what it runs: never the sources
+    (root / "notebooks").mkdir()
+    for name in NOTEBOOKS:
+        explorer_notebook(ROOT / "notebooks" / name, root / "notebooks" / name)
     (root / "data" / "results").mkdir(parents=True)
     settings = root / "lab-user-settings"                # every cell rendered, no autosave, no news pop-up
     for plugin, values in SETTINGS.items():
@@ -131,7 +147,7 @@ def _wait_executed(page, timeout_s: float) -> None:
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_notebook_runs_in_jupyterlab_and_its_explorer_responds(lab, browser, notebook):
+def test_explorer_renders_in_jupyterlab_and_responds(lab, browser, notebook):
     url, token = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
@@ -159,7 +175,9 @@ def test_notebook_runs_in_jupyterlab_and_its_explorer_responds(lab, browser, not
         page.wait_for_timeout(2500)
         after_text, after_png = verdict.inner_text(), figure.screenshot()
         explorer.screenshot(path=str(ARTIFACTS / f"{notebook[:-6]}-after.png"))
-        assert after_text != before_text, f"{notebook}: the verdict did not change ({before_text!r})"
+        # sequence and batch cannot move an out-of-memory that happens before the first forward (setup, resume)
+        before_forward = any(f"at the {p}" in before_text for p in ("setup", "resume"))
+        assert after_text != before_text or before_forward, f"{notebook}: the verdict did not change ({before_text!r})"
         assert after_png != before_png, f"{notebook}: the figure did not change"
     finally:
         page.screenshot(path=str(ARTIFACTS / f"{notebook[:-6]}-page.png"), full_page=False)
