@@ -9,6 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from helpers.errors import InputError
 from helpers.results import Result
 from helpers.units import GiB
 from helpers.vocab import CATEGORIES, PHASE_LABELS
@@ -136,6 +137,7 @@ def memory_curve(result: Result, overlay: Result | None = None, reported: list[d
 
 def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "") -> Figure:
     """Before/after: each result's peak on `device`, stacked by category, with its capacity line."""
+    _check_results(results.values() if isinstance(results, dict) else None, "compare_bars needs a {label: Result} dict")
     fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(results), 4.2), layout="constrained")
     labels = list(results)
     top = 0.0
@@ -168,13 +170,27 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
     `results` is a list, or {label: list} for several lines. The capacity line and the points over it are marked.
     `steps` draws each value as holding until the next point (for quantities that change in whole steps)."""
     series = results if isinstance(results, dict) else {"": results}
+    xs = list(xs) if isinstance(xs, (list, tuple, range)) else xs
+    if not isinstance(xs, list) or not series:
+        raise InputError(f"sweep needs xs as a list and results as a list (or {{label: list}}), got "
+                         f"{type(xs).__name__} and {type(results).__name__}")
+    for label, rs in series.items():
+        _check_results(rs if isinstance(rs, (list, tuple)) else None, "sweep needs lists of Results")
+        if len(rs) != len(xs):
+            raise InputError(f"sweep needs one result per x: {len(xs)} xs, got {len(rs)} results"
+                             + (f" for {label!r}" if label else ""))
+    if category is not None and category not in CATEGORIES:
+        raise InputError(f"unknown category {category!r}: allowed are {', '.join(CATEGORIES)}")
+    if phase is not None and any(phase not in r.device(device).phases for rs in series.values() for r in rs):
+        raise InputError(f"phase {phase!r} is not in every result (a result has phases "
+                         f"{', '.join(next(r for rs in series.values() for r in rs if phase not in r.device(device).phases).device(device).phases) or 'none'})")
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
     top = 0.1
 
     def value(r: Result) -> float:
         d = r.device(device)
         if category:
-            return gib(d.breakdown[phase or d.peak_phase][category])
+            return gib(d.breakdown[phase or d.peak_phase][category]) if d.breakdown else 0.0
         return gib(d.phases[phase] if phase else d.peak_bytes)
 
     oom_label = "out of memory"
@@ -204,3 +220,15 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
                  fontsize=10)
     ax.grid(alpha=0.3)
     return fig
+
+
+def _check_results(results, what: str) -> None:
+    """InputError unless `results` is a non-empty collection of Results."""
+    if results is None:
+        raise InputError(f"{what}, got another type")
+    results = list(results)
+    if not results:
+        raise InputError(f"{what} with at least one result, got none")
+    bad = next((r for r in results if not isinstance(r, Result)), None)
+    if bad is not None:
+        raise InputError(f"{what}: each value must be a helpers.results.Result, got {type(bad).__name__}")
