@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,7 +112,9 @@ def load_config(model: str | Path):
     path = config_path(model)
     read_config_dict(path)
     try:
-        return AutoConfig.from_pretrained(str(path))
+        with warnings.catch_warnings():          # transformers' deprecation notes about a config's own fields
+            warnings.simplefilter("ignore")
+            return AutoConfig.from_pretrained(str(path))
     except Exception as exc:     # transformers' own validation (ValueError, TypeError, huggingface_hub's errors)
         first = str(exc).strip().splitlines()
         raise InputError(f"cannot read model config {str(path)!r}: {' '.join(x.strip() for x in first[:2])}") from None
