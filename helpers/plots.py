@@ -170,10 +170,12 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
     `results` is a list, or {label: list} for several lines. The capacity line and the points over it are marked.
     `steps` draws each value as holding until the next point (for quantities that change in whole steps)."""
     series = results if isinstance(results, dict) else {"": results}
-    xs = list(xs) if isinstance(xs, (list, tuple, range)) else xs
-    if not isinstance(xs, list) or not series:
-        raise InputError(f"sweep needs xs as a list and results as a list (or {{label: list}}), got "
-                         f"{type(xs).__name__} and {type(results).__name__}")
+    try:
+        xs = list(xs)
+    except TypeError:
+        raise InputError(f"sweep needs xs as a list of values, got {type(xs).__name__}") from None
+    if not series:
+        raise InputError("sweep needs at least one series of results, got an empty dict")
     for label, rs in series.items():
         _check_results(rs if isinstance(rs, (list, tuple)) else None, "sweep needs lists of Results")
         if len(rs) != len(xs):
@@ -181,9 +183,11 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
                              + (f" for {label!r}" if label else ""))
     if category is not None and category not in CATEGORIES:
         raise InputError(f"unknown category {category!r}: allowed are {', '.join(CATEGORIES)}")
-    if phase is not None and any(phase not in r.device(device).phases for rs in series.values() for r in rs):
-        raise InputError(f"phase {phase!r} is not in every result (a result has phases "
-                         f"{', '.join(next(r for rs in series.values() for r in rs if phase not in r.device(device).phases).device(device).phases) or 'none'})")
+    missing = next((r for rs in series.values() for r in rs if phase is not None and phase not in r.device(device).phases),
+                   None)
+    if missing is not None:
+        raise InputError(f"phase {phase!r} must be in every result, got a result with phases "
+                         f"{', '.join(missing.device(device).phases) or 'none'}")
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
     top = 0.1
 
