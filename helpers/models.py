@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,9 @@ def catalogue() -> list[str]:
 
 def config_path(model: str | Path) -> Path:
     """The config file for a catalogue name or a path to a config.json; InputError if there is none."""
+    if not isinstance(model, (str, Path)):
+        raise InputError(f"model must be a catalogue name ({', '.join(catalogue())}) or the path of a config.json, "
+                         f"got {type(model).__name__} {model!r}")
     if str(model) in catalogue():
         return MODELS_DIR / f"{model}.json"
     path = Path(model)
@@ -254,6 +258,9 @@ def _dims(cfg) -> dict:
     return dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, **dims)
 
 
+_BUILD_LOCK = threading.RLock()
+
+
 @functools.lru_cache(maxsize=32)
 def _spec_from_path(path: str) -> ModelSpec:
     import torch
@@ -300,7 +307,9 @@ def spec(model: str | Path | ModelSpec) -> ModelSpec:
     """The ModelSpec of a catalogue name, config path or scaled twin's config file (built once, then cached)."""
     if isinstance(model, ModelSpec):
         return model
-    return _spec_from_path(str(config_path(model)))
+    path = str(config_path(model))
+    with _BUILD_LOCK:               # one build at a time: threads share the cache (and transformers' lazy imports)
+        return _spec_from_path(path)
 
 
 # The tiny twin of a model: same architecture class and the same proportions where memory depends on them.

@@ -445,3 +445,9 @@ def test_10_keyboard_interrupt_is_one_line_and_130(capsys, monkeypatch):
     monkeypatch.setattr(estimate, "run", interrupted)
     code, out, err = cli(capsys, "estimate", "--model", M)
     assert code == 130 and out == "" and err == "interrupted\n"
+
+
+def test_10_a_model_that_is_not_a_name_or_path_is_named():
+    for bad in (None, 123):
+        with pytest.raises(InputError, match="model must be a catalogue name"):
+            estimate.run(bad)
