@@ -23,7 +23,7 @@ ZERO = ("zero1", "zero2", "zero3")
 MAX_TOKENS = 2**24            # batch x seq per micro batch (16,777,216 tokens; real runs stay well under 2**21)
 MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have a few 10**5 GPUs)
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
-MAX_GIB = 2**20               # a capacity of at most 1 PiB per GPU or per node
+MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
 FLAGS = ("offload_optimizer", "offload_params", "pin_memory", "grad_checkpointing", "fused_ce", "resume")
 
@@ -136,9 +136,9 @@ class TrainSetup:
         for name in ("gpu_gib", "host_gib"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or not 0 < value <= MAX_GIB):
-                raise InputError(f"{name} must be a positive, finite number of GiB (at most {MAX_GIB:,}; None for no "
-                                 f"capacity), got {value!r}")
+                                      or not math.isfinite(value) or not MIN_GIB <= value <= MAX_GIB):
+                raise InputError(f"{name} must be a positive, finite number of GiB, from 1/1024 (1 MiB) to "
+                                 f"{MAX_GIB:,} (None for no capacity), got {value!r}")
         if self.lora_rank is not None and (isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int)
                                            or self.lora_rank < 1):
             raise InputError(f"lora_rank must be a positive integer (or None for full fine-tuning), got {self.lora_rank!r}")

@@ -48,7 +48,7 @@ def one_line_error(code, out, err, *needles):
 
 # 1. capacities must be finite ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("flag", ["--gpu-gib", "--host-gib"])
-@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "-inf", "0"])
+@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "-inf", "0", "1e-300"])
 def test_1_capacity_must_be_finite_and_positive(capsys, flag, value):
     one_line_error(*cli(capsys, "estimate", "--model", M, f"{flag}={value}"), f"{flag[2:].replace('-', '_')} must be "
                    "a positive, finite number of GiB", f"got {float(value)!r}")
