@@ -3,3 +3,7 @@
 
 class InputError(ValueError):
     """A bad model name, set-up option or value; the message says what is allowed."""
+
+
+class MeasurementError(RuntimeError):
+    """A measurement that could not complete (a child process failed or ran out of time); the message says why."""

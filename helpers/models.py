@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,9 @@ def catalogue() -> list[str]:
 
 def config_path(model: str | Path) -> Path:
     """The config file for a catalogue name or a path to a config.json; InputError if there is none."""
+    if not isinstance(model, (str, Path)):
+        raise InputError(f"model must be a catalogue name ({', '.join(catalogue())}) or the path of a config.json, "
+                         f"got {type(model).__name__} {model!r}")
     if str(model) in catalogue():
         return MODELS_DIR / f"{model}.json"
     path = Path(model)
@@ -41,16 +46,92 @@ def config_path(model: str | Path) -> Path:
     )
 
 
+# The dimensions the memory arithmetic multiplies or divides by: each must be a positive integer, at most this (far
+# beyond any released model: the largest have hidden 2**15, 2**18 vocabulary entries, ~130 layers, 384 experts).
+# Required ones must be in the config (under their name or the model class's alias, e.g. T5's d_model); optional
+# ones may be absent or null. Limits keep a meta-device build and a dry run fast and inside 64-bit sizes.
+REQUIRED_DIMS = {"hidden_size": 2**20, "num_attention_heads": 2**10, "num_hidden_layers": 2**10,
+                 "vocab_size": 2**24, "intermediate_size": 2**22}
+OPTIONAL_DIMS = {"num_key_value_heads": 2**10, "head_dim": 2**14, "n_routed_experts": 2**12, "num_local_experts": 2**12,
+                 "num_experts_per_tok": 2**12, "moe_intermediate_size": 2**22, "kv_lora_rank": 2**16,
+                 "q_lora_rank": 2**16, "qk_nope_head_dim": 2**14, "qk_rope_head_dim": 2**14, "v_head_dim": 2**14}
+OPTIONAL_COUNTS = {"n_shared_experts": 2**12, "first_k_dense_replace": 2**10}     # may also be 0
+
+
+def _positive_int(path, key: str, value, most: int, least: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        kind = "a positive integer" if least == 1 else "an integer >= 0"
+        raise InputError(f"model config {str(path)!r}: {key} must be {kind} (at most {most:,}), got {value!r}")
+
+
+def check_config_dict(raw, path="config") -> dict:
+    """The raw config.json object, checked before transformers reads it: an object with a model_type, every dimension
+    the memory arithmetic uses present (required ones), a positive integer in range, and consistent (heads divide
+    the hidden size unless head_dim is given; key/value heads divide the heads; active experts <= experts)."""
+    if not isinstance(raw, dict):
+        raise InputError(f"model config {str(path)!r} must be a JSON object (a Hugging Face config.json), "
+                         f"got {type(raw).__name__} {json.dumps(raw)[:60]}")
+    if not isinstance(raw.get("model_type"), str) or not raw["model_type"]:
+        raise InputError(f"model config {str(path)!r} must name its model_type (e.g. \"llama\"), "
+                         f"got {raw.get('model_type')!r}")
+    for key, most in REQUIRED_DIMS.items():
+        if key in raw:
+            _positive_int(path, key, raw[key], most)
+    for key, most in OPTIONAL_DIMS.items():
+        if raw.get(key) is not None:
+            _positive_int(path, key, raw[key], most)
+    for key, most in OPTIONAL_COUNTS.items():
+        if raw.get(key) is not None:
+            _positive_int(path, key, raw[key], most, least=0)
+    heads, hidden = raw.get("num_attention_heads"), raw.get("hidden_size")
+    if heads and hidden and raw.get("head_dim") is None and hidden % heads:
+        raise InputError(f"model config {str(path)!r}: hidden_size must be a multiple of num_attention_heads "
+                         f"(or head_dim given), got hidden_size {hidden} and num_attention_heads {heads}")
+    kv = raw.get("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise InputError(f"model config {str(path)!r}: num_key_value_heads must divide num_attention_heads "
+                         f"({heads}), got {kv}")
+    experts = raw.get("n_routed_experts") or raw.get("num_local_experts")
+    active = raw.get("num_experts_per_tok")
+    if experts and active and active > experts:
+        raise InputError(f"model config {str(path)!r}: num_experts_per_tok must be at most the number of experts "
+                         f"({experts}), got {active}")
+    return raw
+
+
+def read_config_dict(model: str | Path) -> dict:
+    """The checked JSON object of a catalogue name or config path (see check_config_dict)."""
+    path = config_path(model)
+    try:
+        raw = json.loads(path.read_text())
+    except (ValueError, OSError) as exc:
+        raise InputError(f"cannot read model config {str(path)!r}: {exc}") from None
+    return check_config_dict(raw, path)
+
+
 def load_config(model: str | Path):
-    """The transformers config object for a catalogue name or path."""
+    """The transformers config object for a catalogue name or path (its JSON checked first, see check_config_dict)."""
     from transformers import AutoConfig
 
     path = config_path(model)
+    read_config_dict(path)
     try:
-        json.loads(path.read_text())
-        return AutoConfig.from_pretrained(str(path))
-    except (ValueError, KeyError, OSError) as exc:
-        raise InputError(f"cannot read model config {str(path)!r}: {exc}") from None
+        with warnings.catch_warnings():          # transformers' deprecation notes about a config's own fields
+            warnings.simplefilter("ignore")
+            return AutoConfig.from_pretrained(str(path))
+    except Exception as exc:     # transformers' own validation (ValueError, TypeError, huggingface_hub's errors)
+        first = str(exc).strip().splitlines()
+        raise InputError(f"cannot read model config {str(path)!r}: {' '.join(x.strip() for x in first[:2])}") from None
+
+
+def _check_dims(cfg, raw: dict, path: str) -> None:
+    """Every dimension the arithmetic needs is there (under its name or the config class's alias)."""
+    aliases = getattr(cfg, "attribute_map", {}) or {}
+    for key, most in REQUIRED_DIMS.items():
+        if key not in raw and aliases.get(key) not in raw:
+            raise InputError(f"model config {path!r} has no {key}: a positive integer (at most {most:,}) is required")
+        value = getattr(cfg, key, None)
+        _positive_int(path, key, value, most)
 
 
 @dataclass(frozen=True)
@@ -129,6 +210,18 @@ class ModelSpec:
         return sum(rank * (t.shape[0] + t.shape[1]) for t in self.lora_targets())
 
     @property
+    def max_lora_rank(self) -> int:
+        """The largest useful LoRA rank: the smallest dimension of an adapted weight (a higher rank adds no
+        expressiveness, only parameters)."""
+        return min((min(t.shape) for t in self.lora_targets() if t.shape), default=0)
+
+    def check_lora_rank(self, rank: int | None) -> None:
+        """InputError unless `rank` is None or at most max_lora_rank."""
+        if rank is not None and rank > self.max_lora_rank:
+            raise InputError(f"lora_rank must be at most {self.max_lora_rank} for {self.name} (the smallest dimension "
+                             f"of its adapted linear layers), got {rank}")
+
+    @property
     def lm_head_params(self) -> int:
         """Parameters of the output projection (0 when tied to the embedding)."""
         return sum(t.numel for t in self.tensors if t.name.startswith("lm_head"))
@@ -165,6 +258,9 @@ def _dims(cfg) -> dict:
     return dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, **dims)
 
 
+_BUILD_LOCK = threading.RLock()
+
+
 @functools.lru_cache(maxsize=32)
 def _spec_from_path(path: str) -> ModelSpec:
     import torch
@@ -172,13 +268,20 @@ def _spec_from_path(path: str) -> ModelSpec:
 
     from transformers.utils import logging as hf_logging
 
-    cfg = load_config(path)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
+        cfg = load_config(path)
+        if getattr(cfg, "is_encoder_decoder", False):
+            raise InputError(
+                f"{path!r} ({cfg.model_type}) is not a decoder-only model with `layers.N` blocks; the memory "
+                f"arithmetic covers Llama-style decoders (llama, qwen2, mistral, deepseek_v2, ...)")
+        _check_dims(cfg, read_config_dict(path), path)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(cfg)
-    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+    except (ValueError, KeyError, AttributeError, TypeError, ZeroDivisionError) as exc:
+        if isinstance(exc, InputError):
+            raise
         raise InputError(f"{path!r} is not a causal-LM config transformers can build: {exc}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
@@ -191,6 +294,8 @@ def _spec_from_path(path: str) -> ModelSpec:
             f"covers Llama-style decoders (llama, qwen2, mistral, deepseek_v2, ...)"
         )
     name = Path(path).stem if Path(path).parent in (MODELS_DIR, SCALED_DIR) else path
+    if not any(t.numel for t in tensors):
+        raise InputError(f"{path!r} builds a model with no parameters; check its dimensions")
     return ModelSpec(
         name=name, path=path, model_type=cfg.model_type, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
         layers=cfg.num_hidden_layers, vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
@@ -202,7 +307,9 @@ def spec(model: str | Path | ModelSpec) -> ModelSpec:
     """The ModelSpec of a catalogue name, config path or scaled twin's config file (built once, then cached)."""
     if isinstance(model, ModelSpec):
         return model
-    return _spec_from_path(str(config_path(model)))
+    path = str(config_path(model))
+    with _BUILD_LOCK:               # one build at a time: threads share the cache (and transformers' lazy imports)
+        return _spec_from_path(path)
 
 
 # The tiny twin of a model: same architecture class and the same proportions where memory depends on them.
@@ -220,7 +327,8 @@ def scaled_config(model: str | Path, hidden: int = SCALE_HIDDEN) -> dict:
     a MoE keeps its first dense layers (at most 1), 8 experts with 2 active, expert width in proportion;
     MLA keeps its layout at 1/8 of each width.
     """
-    cfg = json.loads(config_path(model).read_text())
+    spec(model)                               # the config checked, and buildable, once
+    cfg = read_config_dict(model)
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < SCALE_HEADS or hidden % SCALE_HEADS:
         raise InputError(f"a twin's hidden size must be a positive multiple of {SCALE_HEADS}, got {hidden!r}")
     h0, h = cfg["hidden_size"], hidden
@@ -230,7 +338,7 @@ def scaled_config(model: str | Path, hidden: int = SCALE_HIDDEN) -> dict:
     out = dict(cfg)
     out.update(
         hidden_size=h, num_attention_heads=SCALE_HEADS, num_hidden_layers=SCALE_LAYERS,
-        num_key_value_heads=max(1, SCALE_HEADS * kv0 // heads0),
+        num_key_value_heads=max(k for k in (1, 2, 4) if k <= max(1, SCALE_HEADS * kv0 // heads0)),  # divides 4
         intermediate_size=max(8, round(cfg["intermediate_size"] * ratio / 8) * 8),
         vocab_size=max(256, round(cfg["vocab_size"] * ratio / 64) * 64),
         max_position_embeddings=min(cfg.get("max_position_embeddings", 4096), 4096),
@@ -257,8 +365,18 @@ def scaled_path(model: str | Path, hidden: int = SCALE_HIDDEN) -> Path:
     folder = SCALED_DIR
     path = folder / f"{name}-scaled-{hashlib.sha1(text.encode()).hexdigest()[:8]}.json"
     if not path.exists():
+        import os
+        import tempfile
+
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        # a temporary file of its own (two processes may write the same twin at once), renamed into place atomically
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path

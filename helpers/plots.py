@@ -6,12 +6,13 @@ Figures are built once and updated in place (`MemoryCurve.update`) so an explore
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-import textwrap
-
 from helpers import evidence
+from helpers.errors import InputError
 from helpers.results import Result
 from helpers.units import GiB, MiB
 from helpers.vocab import CATEGORIES, PHASE_LABELS
@@ -153,8 +154,7 @@ def _title(ax, title: str, subtitle: str, width_in: float) -> None:
 def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "") -> Figure:
     """Before/after: each result's peak on `device`, stacked by category, with its capacity line; the axis in GiB, or
     MiB when every peak is under 1 GiB; the kind of evidence under the title."""
-    if not results:
-        raise ValueError("compare_bars needs at least one result")
+    _check_results(results.values() if isinstance(results, dict) else None, "compare_bars needs a {label: Result} dict")
     width = max(6.0, 1.6 + 1.5 * len(results))
     fig, ax = plt.subplots(figsize=(width, 4.4), layout="constrained")
     labels = list(results)
@@ -195,16 +195,31 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
     out of memory is marked: a red X on this device, a purple triangle when it is the other device that overflows.
     `steps` draws each value as holding until the next point (for quantities that change in whole steps)."""
     series = results if isinstance(results, dict) else {"": results}
-    if not series or any(len(rs) != len(xs) for rs in series.values()) or not xs:
-        raise ValueError(f"sweep needs one result per x value and at least one x, got {len(xs)} x values and "
-                         f"{[len(rs) for rs in series.values()]} results")
+    try:
+        xs = list(xs)
+    except TypeError:
+        raise InputError(f"sweep needs xs as a list of values, got {type(xs).__name__}") from None
+    if not series:
+        raise InputError("sweep needs at least one series of results, got an empty dict")
+    for label, rs in series.items():
+        _check_results(rs if isinstance(rs, (list, tuple)) else None, "sweep needs lists of Results")
+        if len(rs) != len(xs):
+            raise InputError(f"sweep needs one result per x: {len(xs)} xs, got {len(rs)} results"
+                             + (f" for {label!r}" if label else ""))
+    if category is not None and category not in CATEGORIES:
+        raise InputError(f"unknown category {category!r}: allowed are {', '.join(CATEGORIES)}")
+    missing = next((r for rs in series.values() for r in rs if phase is not None and phase not in r.device(device).phases),
+                   None)
+    if missing is not None:
+        raise InputError(f"phase {phase!r} must be in every result, got a result with phases "
+                         f"{', '.join(missing.device(device).phases) or 'none'}")
     fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
     top = 0.1
 
     def value(r: Result) -> float:
         d = r.device(device)
         if category:
-            return gib(d.breakdown[phase or d.peak_phase][category])
+            return gib(d.breakdown[phase or d.peak_phase][category]) if d.breakdown else 0.0
         return gib(d.phases[phase] if phase else d.peak_bytes)
 
     other = "host" if device == "gpu" else "gpu"
@@ -238,3 +253,15 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
     _title(ax, head, evidence.of_all(r for rs in series.values() for r in rs), 6.5)
     ax.grid(alpha=0.3)
     return fig
+
+
+def _check_results(results, what: str) -> None:
+    """InputError unless `results` is a non-empty collection of Results."""
+    if results is None:
+        raise InputError(f"{what}, got another type")
+    results = list(results)
+    if not results:
+        raise InputError(f"{what} with at least one result, got none")
+    bad = next((r for r in results if not isinstance(r, Result)), None)
+    if bad is not None:
+        raise InputError(f"{what}: each value must be a helpers.results.Result, got {type(bad).__name__}")

@@ -16,16 +16,24 @@ def amount(nbytes: float) -> str:
 def verdict(r: Result) -> str:
     """One line: 'fits: 61.2 of 80 GiB per GPU ...' or 'OOM on GPU at the optimizer step (...)'."""
     oom = r.oom
+    observed = r.meta.get("oom_observed")
+    if observed:
+        asked = observed.get("requested_bytes")
+        held = (observed.get("cuda_stats") or {}).get("allocated")
+        detail = ", ".join(x for x in (f"it asked for {amount(asked)}" if asked else "",
+                                        f"{amount(held)} allocated" if held else "") if x)
+        return (f"OOM observed on the GPU during the {PHASE_LABELS.get(observed.get('phase'), observed.get('phase'))}"
+                + (f" ({detail})" if detail else "") + ": caught, its memory freed")
+    if not r.gpu.breakdown and not r.host.breakdown:
+        return "no phases recorded: nothing to compare with a capacity"
     if oom["device"]:
         d = r.device(oom["device"])
-        if r.meta.get("oom_observed"):
-            return f"OOM observed on the GPU during the {r.meta['oom_observed']['phase']} phase (caught and freed)"
         return (f"OOM on {oom['device'].upper()} at the {PHASE_LABELS[oom['phase']]}: "
                 f"{amount(d.phases[oom['phase']])} needed, {amount(d.capacity_bytes)} available")
     parts = []
     for name, label in (("gpu", "per GPU"), ("host", "host per node")):
         d = r.device(name)
-        if name == "host" and not d.peak_bytes and not d.capacity_bytes:
+        if name == "host" and not d.peak_bytes and not d.capacity_bytes or not d.breakdown:
             continue                          # nothing on the host and no capacity to compare with
         cap = f" of {amount(d.capacity_bytes)}" if d.capacity_bytes else ""
         parts.append(f"{amount(d.peak_bytes)}{cap} {label} (peak at {PHASE_LABELS[d.peak_phase]})")
@@ -46,7 +54,9 @@ def table(r: Result) -> str:
         lines.insert(2, f"measured on: {r.meta['device']}; {r.meta.get('wall_s', '?')} s; {r.meta.get('date', '')}")
         lines.insert(3, f"engine: {r.meta.get('engine', '?')}" + (f"; {r.meta['note']}" if r.meta.get("note") else ""))
     for phase, gpu_bytes in r.gpu.phases.items():
-        lines.append(f"{PHASE_LABELS[phase]:30s}{conv(gpu_bytes):14.2f}{conv(r.host.phases[phase]):14.2f}")
+        lines.append(f"{PHASE_LABELS[phase]:30s}{conv(gpu_bytes):14.2f}{conv(r.host.phases.get(phase, 0)):14.2f}")
+    if not r.gpu.phases:
+        lines.append("(no phases recorded)")
     for name in ("gpu", "host"):
         d = r.device(name)
         cats = {c: v for c, v in d.categories.items() if v}

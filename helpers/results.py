@@ -28,17 +28,20 @@ class DeviceMemory:
         return {p: sum(c.values()) for p, c in self.breakdown.items()}
 
     @property
-    def peak_phase(self) -> str:
+    def peak_phase(self) -> str | None:
+        """The phase of the highest bytes (the earliest of equals); None when no phase was recorded."""
         phases = self.phases
+        if not phases:
+            return None
         return max(phases, key=lambda p: (phases[p], -PHASES.index(p)))
 
     @property
     def peak_bytes(self) -> int:
-        return self.phases[self.peak_phase]
+        return self.phases[self.peak_phase] if self.breakdown else 0
 
     @property
     def categories(self) -> dict[str, int]:
-        return dict(self.breakdown[self.peak_phase])
+        return dict(self.breakdown[self.peak_phase]) if self.breakdown else {}
 
     def first_over(self) -> str | None:
         """The first phase whose bytes exceed the capacity, or None."""
@@ -74,11 +77,17 @@ class Result:
     def per_param(self, device: str = "gpu", phase: str | None = None) -> dict[str, float]:
         """Bytes per parameter of each category on `device` at `phase` (default: the device's peak phase)."""
         d = self.device(device)
+        if not d.breakdown:
+            return {}
         return {c: v / self.params for c, v in d.breakdown[phase or d.peak_phase].items() if v}
 
     @property
     def oom(self) -> dict:
-        """{'device': 'gpu'|'host'|None, 'phase': phase|None}: the first phase in which a device overflows."""
+        """{'device': 'gpu'|'host'|None, 'phase': phase|None}: an out-of-memory a GPU run observed (meta
+        'oom_observed'), else the first phase in which a device's bytes exceed its capacity."""
+        observed = self.meta.get("oom_observed")
+        if observed:
+            return {"device": observed.get("device", "gpu"), "phase": observed.get("phase")}
         for phase in self.gpu.phases:
             for dev in DEVICES:
                 if self.device(dev).first_over() == phase:
@@ -100,7 +109,7 @@ class Result:
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON atomically (temporary file, then rename)."""
-        path = Path(path)
+        path = check_save_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
@@ -121,3 +130,29 @@ class Result:
 def empty_breakdown(phases) -> dict[str, dict[str, int]]:
     return {p: {c: 0 for c in CATEGORIES} for p in phases}
 
+
+
+def check_save_path(path) -> Path:
+    """`path` as a Path if a result can be written there; InputError naming it and why not. Checked before a
+    measurement starts (so a bad --save does not cost the run): a non-empty path, not a folder, whose nearest existing
+    parent is a folder this process can write into (missing folders below it are created by `save`)."""
+    from helpers.errors import InputError
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise InputError(f"save path must be a file path such as data/results/NAME.json, got {path!r}")
+    path = Path(path).expanduser()
+    if path.is_dir() or str(path).endswith(os.sep):
+        raise InputError(f"save path must be a file, not a folder, got {str(path)!r}")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputError(f"save path must be under a folder, got {str(path)!r} ({str(parent)!r} is a file)")
+    try:                                  # the one sure test: make (and remove) a file there
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".oom-casebook-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError(f"save path must be in a folder this process can write to, got {str(path)!r} "
+                         f"(cannot write in {str(parent)!r}: {exc.strerror or exc})") from None
+    return path

@@ -6,6 +6,7 @@ Every option has one owner here; the estimator, the runners and the command line
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from helpers.errors import InputError
@@ -16,6 +17,15 @@ OPTIMIZERS = ("adamw", "adamw-8bit")
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp2")
 ATTENTIONS = ("eager", "sdpa", "flash")
 ZERO = ("zero1", "zero2", "zero3")
+
+# Limits beyond which no real training run goes; past them a figure would be meaningless (or overflow 64-bit sizes
+# in a dry run), so they are refused with the allowed range in the message.
+MAX_TOKENS = 2**24            # batch x seq per micro batch (16,777,216 tokens; real runs stay well under 2**21)
+MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have a few 10**5 GPUs)
+MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
+MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
+MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
+FLAGS = ("offload_optimizer", "offload_params", "pin_memory", "grad_checkpointing", "fused_ce", "resume")
 
 
 @dataclass(frozen=True)
@@ -94,24 +104,41 @@ class TrainSetup:
 
     def replace(self, **changes) -> "TrainSetup":
         """A copy with some fields changed (validated)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise InputError(f"unknown set-up option {unknown[0]!r}: allowed are "
+                             f"{', '.join(f.name for f in dataclasses.fields(self))}")
         return dataclasses.replace(self, **changes).validate()
 
     def validate(self) -> "TrainSetup":
-        """Raise InputError naming the bad value and what is allowed; return self when all is well."""
+        """Raise InputError naming the bad value and what is allowed; return self when all is well.
+
+        Types first (an int where an int is meant, a bool for a switch, a finite number for a capacity), then the
+        ranges in MAX_*, then the combinations."""
         _choice("precision", self.precision, PRECISIONS)
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("attention", self.attention, ATTENTIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.adam_impl is not None:
             _choice("adam_impl", self.adam_impl, ADAM_IMPLS)
-        for name in ("batch", "seq", "gpus", "gpus_per_node", "reduce_bucket_size", "sub_group_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"{name} must be a positive integer, got {value!r}")
+        for name in FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
+            raise InputError(f"overlap_comm must be True, False or None (DeepSpeed's default), got {self.overlap_comm!r}")
+        for name, most in (("batch", MAX_TOKENS), ("seq", MAX_TOKENS), ("gpus", MAX_GPUS),
+                           ("gpus_per_node", MAX_GPUS_PER_NODE), ("reduce_bucket_size", MAX_ELEMENTS),
+                           ("sub_group_size", MAX_ELEMENTS), ("prefetch_bucket_size", MAX_ELEMENTS)):
+            _integer(name, getattr(self, name), most)
+        if self.batch * self.seq > MAX_TOKENS:
+            raise InputError(f"batch x seq must be at most {MAX_TOKENS:,} tokens per micro batch (2^24; no real run "
+                             f"comes near it), got {self.batch} x {self.seq} = {self.batch * self.seq:,}")
         for name in ("gpu_gib", "host_gib"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise InputError(f"{name} must be a positive number of GiB, got {value!r}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or not MIN_GIB <= value <= MAX_GIB):
+                raise InputError(f"{name} must be a positive, finite number of GiB, from 1/1024 (1 MiB) to "
+                                 f"{MAX_GIB:,} (None for no capacity), got {value!r}")
         if self.lora_rank is not None and (isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int)
                                            or self.lora_rank < 1):
             raise InputError(f"lora_rank must be a positive integer (or None for full fine-tuning), got {self.lora_rank!r}")
@@ -161,5 +188,19 @@ class TrainSetup:
 
 
 def _choice(name: str, value, allowed: tuple) -> None:
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise InputError(f"unknown {name} {value!r}: allowed are {', '.join(allowed)}")
+
+
+def _integer(name: str, value, most: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{name} must be a positive integer, got {value!r}")
+    if value > most:
+        raise InputError(f"{name} must be at most {most:,}, got {value:,}")
+
+
+def checked(setup) -> TrainSetup:
+    """`setup` validated; InputError if it is not a TrainSetup at all (the runners' and the estimator's entry)."""
+    if not isinstance(setup, TrainSetup):
+        raise InputError(f"setup must be a helpers.training.TrainSetup, got {type(setup).__name__} {setup!r}")
+    return setup.validate()

@@ -63,7 +63,7 @@ def test_every_flag_is_accepted(capsys):
     (["--model", "llama-3-8b", "--strategy", "zero2", "--adam-impl", "fused"], "uses DeepSpeed's FusedAdam"),
     (["--model", "llama-3-8b", "--strategy", "zero2", "--precision", "bf16"], "use precision 'bf16-mixed'"),
     (["--model", "llama-3-8b", "--gpus", "2"], "strategy 'single' runs on one GPU"),
-    (["--model", "llama-3-8b", "--gpu-gib", "-1"], "gpu_gib must be a positive number of GiB, got -1.0"),
+    (["--model", "llama-3-8b", "--gpu-gib", "-1"], "gpu_gib must be a positive, finite number of GiB, from 1/1024 (1 MiB) to 1,048,576 (None for no capacity), got -1.0"),
 ])
 def test_bad_input_is_named(capsys, args, needle):
     code, out, err = cli(capsys, *args)

@@ -94,7 +94,9 @@ def test_compare_bars_uses_mib_for_a_twin_and_sweep_marks_the_other_devices_oom(
     assert rs[0].oom["device"] == "gpu"
     fig = plots.sweep(ratios, rs, "ratio", device="host", phase="resume")
     assert any(l.get_label() == "out of memory on the GPU" for l in fig.axes[0].lines)
-    with pytest.raises(ValueError, match="one result per x"):
+    from helpers.errors import InputError
+
+    with pytest.raises(InputError, match="at least one result"):
         plots.sweep([], [], "nothing")
 
 

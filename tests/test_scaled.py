@@ -4,7 +4,7 @@ numel * element_size and placed by role, the estimate of the same twin agrees, a
 import pytest
 import torch
 
-from helpers import estimate, models
+from helpers import cases, estimate, models
 from helpers.errors import InputError
 from helpers.measure import gpu, scaled
 from helpers.training import TrainSetup
@@ -121,3 +121,13 @@ def test_gpu_mode_runs_and_catches_oom(tmp_path):
     assert r.mode == "gpu" and r.meta["oom_observed"] is None and (tmp_path / "snap.pickle").exists()
     big = gpu.run(M, TrainSetup(precision="fp32", batch=64, seq=8192))
     assert big.meta["oom_observed"]["phase"] in ("setup", "forward", "backward", "step", "steady")
+
+
+def test_a_deepspeed_zero3_run_leaves_torch_as_it_found_it():
+    """DeepSpeed ZeRO-3 patches torch.nn.functional.linear "until manually reset": a dry run after a scaled ZeRO-3
+    run in the same process must see torch's own linear (it once measured a tiny backward 8% lower)."""
+    import torch.nn.functional as F
+
+    linear = F.linear
+    scaled.run("qwen2.5-72b", cases.setup(3, resume=False, gpus=1, offload_ratio=0.9), steps=1, progress=False)
+    assert F.linear is linear

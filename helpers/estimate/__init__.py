@@ -14,7 +14,7 @@ from helpers import models
 from helpers.estimate import activations, host, states
 from helpers.estimate.items import PHASE_MOMENTS, Item
 from helpers.results import DeviceMemory, Result, empty_breakdown
-from helpers.training import TrainSetup
+from helpers.training import TrainSetup, checked
 from helpers.units import from_gib
 from helpers.vocab import PHASES
 
@@ -22,7 +22,8 @@ from helpers.vocab import PHASES
 def items(model, setup: TrainSetup) -> list[Item]:
     """Every buffer of the set-up, with the moments it is alive."""
     m = models.spec(model)
-    setup.validate()
+    checked(setup)
+    m.check_lora_rank(setup.lora_rank)
     b = states.Builder(setup)
     states.add_model_states(b, m)
     activations.add_activations(b, m)
@@ -53,7 +54,9 @@ def _device_memory(its: list[Item], device: str, phases, capacity_gib) -> Device
 
 def run(model, setup: TrainSetup | None = None, **options) -> Result:
     """Estimate memory for `model` (catalogue name, config path or ModelSpec) under `setup` (or TrainSetup(**options))."""
-    setup = (setup or TrainSetup()).replace(**options) if options else (setup or TrainSetup()).validate()
+    setup = checked(TrainSetup() if setup is None else setup)
+    if options:
+        setup = setup.replace(**options)
     m = models.spec(model)
     its = items(m, setup)
     phases = phases_of(setup)

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -23,7 +22,7 @@ import psutil
 import torch
 
 from helpers.errors import InputError
-from helpers.measure import procmem
+from helpers.measure import children, procmem
 from helpers.units import to_gib
 
 IMPLS = ("plain", "chunked")
@@ -101,10 +100,8 @@ def real(tokens: int, hidden: int, vocab: int, dtype: str = "fp32", impl: str = 
                          f"{to_gib(available):.1f} GiB is available: use fewer tokens or a smaller vocabulary")
     cmd = [sys.executable, "-m", "helpers.measure.cross_entropy", "--tokens", str(tokens), "--hidden", str(hidden),
            "--vocab", str(vocab), "--dtype", dtype, "--impl", impl]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    if proc.returncode != 0:
-        raise RuntimeError(f"the measurement failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+    proc = children.run(cmd, {**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600,
+                        what=f"the {impl} cross-entropy measurement")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

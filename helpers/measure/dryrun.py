@@ -20,9 +20,10 @@ from helpers.errors import InputError
 from helpers.measure import engines, fakegpu
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
-from helpers.training import TrainSetup
+from helpers.training import TrainSetup, checked
 from helpers.units import from_gib
 
+MAX_FSDP2_RANKS = 128      # an fsdp2 dry run's time grows with the world size (see run)
 ATTENTION = {"eager": "eager", "sdpa": "fake_gpu_attention", "flash": "fake_gpu_attention"}
 
 
@@ -244,17 +245,23 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True) -> 
     from torch._subclasses.fake_tensor import FakeTensorMode
     from tqdm.auto import tqdm
 
-    setup = setup.validate()
+    setup = checked(setup)
     engines.refuse_unsupported(setup, "dry")
     if setup.optimizer == "adamw-8bit":
         raise InputError("optimizer 'adamw-8bit' has no dry run: bitsandbytes' kernels cannot run on fake tensors; "
                          "its states are in `estimate` and measured for real in a scaled run")
     m = models.spec(model)
+    m.check_lora_rank(setup.lora_rank)
     if setup.strategy not in STEPS:
         raise InputError(
             f"no dry run for strategy {setup.strategy!r}: DeepSpeed cannot run on fake tensors, and ZeRO-3's "
             f"gathering has no faithful torch re-enactment here; dry runs exist for {', '.join(STEPS)} "
             f"(fsdp2 shards as ZeRO-3 does; a scaled real run uses DeepSpeed itself)")
+    if setup.strategy == "fsdp2" and setup.gpus > MAX_FSDP2_RANKS:
+        raise InputError(
+            f"gpus must be at most {MAX_FSDP2_RANKS} in an fsdp2 dry run, got {setup.gpus}: rank 0's all-gathers "
+            f"touch every rank's shard, so the fake step's time grows with the world size (~40 s at 256, minutes "
+            f"beyond); `estimate` takes any world size")
     started = time.perf_counter()
     dev = fakegpu.device()
     bar = tqdm(total=6, desc=f"dry run {m.name}", disable=not progress, leave=False)

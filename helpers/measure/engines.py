@@ -74,6 +74,23 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
     return net.train()
 
 
+@contextlib.contextmanager
+def torch_globals_restored():
+    """Put back what an engine patches in torch for good: DeepSpeed ZeRO-3 replaces torch.nn.functional.linear with its
+    memory-efficient wrapper and says it "will persist unless manually reset" (partition_parameters.py). Left in
+    place, every later step in the process — a dry run in the same notebook — saves different tensors for backward."""
+    import torch.nn.functional as F
+
+    saved = {"linear": F.linear, "manual_seed": torch.manual_seed, "apply": torch.nn.Module.apply,
+             "smart_apply": getattr(torch.nn.Module, "smart_apply", None)}
+    try:
+        yield
+    finally:
+        F.linear, torch.manual_seed, torch.nn.Module.apply = saved["linear"], saved["manual_seed"], saved["apply"]
+        if saved["smart_apply"] is not None:
+            torch.nn.Module.smart_apply = saved["smart_apply"]
+
+
 def add_lora(net, setup: TrainSetup):
     """peft LoRA adapters of the set-up's rank on every linear layer but the output head ("all-linear"); adapters
     are fp32 under torch's bf16-mixed (peft's autocast_adapter_dtype), in the base's dtype otherwise."""

@@ -9,7 +9,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from helpers.measure import engines, scaled
+from helpers.measure import children, engines, scaled
 from helpers.measure.tracker import Tracker
 from helpers.training import TrainSetup
 from helpers import models
@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=scaled.STEPS)
     p.add_argument("--out", required=True)
     a = p.parse_args()
+    children.watch_owner()                  # exit with the process that started torchrun, however it ends
     s = TrainSetup(**json.loads(a.setup))
     dist.init_process_group("gloo")
     started = time.perf_counter()

@@ -16,6 +16,7 @@ import datetime
 import gc
 import os
 import platform
+import re
 import time
 
 import torch
@@ -23,10 +24,10 @@ import torch
 from helpers import models
 from helpers.errors import InputError
 from helpers.measure import engines, procgroup
-from helpers.measure.scaled import DeepSpeedEngine, TorchEngine, _versions
+from helpers.measure.scaled import DeepSpeedEngine, TorchEngine, _versions, check_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
-from helpers.training import TrainSetup
+from helpers.training import TrainSetup, checked
 
 
 def require_cuda(setup: TrainSetup) -> None:
@@ -43,82 +44,130 @@ def require_cuda(setup: TrainSetup) -> None:
                          f"`{launcher} helpers measure --mode gpu --gpus N ...`")
 
 
-def _build_on_cuda(config_path: str, setup: TrainSetup):
-    """The full-size model, initialised (random weights) directly on this GPU."""
+def _build(config_path: str, setup: TrainSetup, device: torch.device):
+    """The full-size model, initialised (random weights) directly on `device` (this GPU)."""
     dtype = torch.bfloat16 if setup.precision == "bf16" else torch.float32
-    with torch.device("cuda", torch.cuda.current_device()):
+    with device:
         return engines.build_model(config_path, setup, dtype, "eager" if setup.attention == "eager" else "sdpa")
 
 
 def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -> Result:
     """Run `steps` training steps of the full-size model on this GPU; a Result with mode 'gpu'."""
-    setup = setup.validate()
+    setup = checked(setup)
+    check_steps(steps)
     engines.refuse_unsupported(setup, "gpu")
     require_cuda(setup)
     m = models.spec(model)
+    m.check_lora_rank(setup.lora_rank)
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if setup.strategy != "single":
         procgroup.ensure("nccl", setup.gpus)
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
-    torch.cuda.reset_peak_memory_stats()
+    try:
+        return measure(m, setup, torch.device("cuda", torch.cuda.current_device()), steps, snapshot)
+    finally:
+        if snapshot:
+            torch.cuda.memory._dump_snapshot(snapshot)
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def measure(m: models.ModelSpec, setup: TrainSetup, device: torch.device, steps: int = 2,
+            snapshot: str | None = None) -> Result:
+    """The phases of `steps` steps on `device`, an out-of-memory caught in any of them. `run` calls it on CUDA; on
+    another device (the tests' CPU) the control flow is the same and the torch.cuda statistics are left out.
+
+    An OOM (torch.OutOfMemoryError, what the CUDA allocator raises) ends the run: the phase it happened in, the bytes
+    it asked for (read from the allocator's message), torch.cuda's statistics at that moment and the message are in
+    meta['oom_observed']; the model, engine and batch are dropped and the cache emptied, so the process goes on; the
+    verdict says OOM (Result.oom reads it)."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     started, stats, oom, step_s = time.perf_counter(), {}, None, []
     tracker = Tracker()
-    engine = None
+    engine = net = ids = loss = None
+    phase = "setup"
     try:
         with tracker:
-            net = _build_on_cuda(m.path, setup)
+            net = _build(m.path, setup, device)
             if setup.strategy == "fsdp2":
                 from helpers.measure.fsdp_worker import FSDP2Engine
-                engine = FSDP2Engine(net, setup, tracker, device_type="cuda")
+                engine = FSDP2Engine(net, setup, tracker, device_type=device.type)
             elif setup.strategy.startswith("zero"):
                 engine = DeepSpeedEngine(net, setup, tracker)
             else:
                 engine = TorchEngine(net, setup, tracker)
             tracker.restart_peak("setup")
-            stats["setup"] = _cuda_stats()
-            ids = torch.randint(0, m.vocab, (setup.batch, setup.seq), device="cuda")
+            stats["setup"] = _cuda_stats(cuda)
+            ids = torch.randint(0, m.vocab, (setup.batch, setup.seq), device=device)
             engines.watch_logits(engine.module, tracker)
             for i in range(steps):
-                for phase, call in (("forward", lambda: engine.forward(ids)), ("backward", None), ("step", None)):
-                    name = phase if (i == 0 or phase == "step") else "steady"
-                    torch.cuda.reset_peak_memory_stats()
-                    torch.cuda.synchronize()
+                for activity in ("forward", "backward", "step"):
+                    phase = activity if (i == 0 or activity == "step") else "steady"
+                    if cuda:
+                        torch.cuda.reset_peak_memory_stats()
+                        torch.cuda.synchronize()
                     phase_started = time.perf_counter()
-                    with tracker.phase(name, activity=phase):
-                        if phase == "forward":
-                            loss = call()
-                        elif phase == "backward":
+                    with tracker.phase(phase, activity=activity):
+                        if activity == "forward":
+                            loss = engine.forward(ids)
+                        elif activity == "backward":
                             engine.backward(loss)
-                            del loss
+                            loss = None
                         else:
                             engine.step()
-                    if phase == "step":
-                        torch.cuda.synchronize()
+                    if activity == "step":
+                        if cuda:
+                            torch.cuda.synchronize()
                         step_s.append(round(time.perf_counter() - phase_started, 4))
-                    stats[name] = _cuda_stats(stats.get(name))
+                    stats[phase] = _cuda_stats(cuda, stats.get(phase))
     except torch.OutOfMemoryError as exc:
-        oom = {"phase": tracker._phase, "message": str(exc).splitlines()[0]}
-        engine = net = None
+        message = str(exc).strip()
+        oom = {"device": "gpu", "phase": phase, "message": message.splitlines()[0] if message else "",
+               "requested_bytes": requested_bytes(message), "cuda_stats": _cuda_now(cuda)}
+    describe = getattr(engine, "describe", setup.strategy)
+    if oom is not None:                       # after the except block: its traceback no longer holds the tensors
+        engine = net = ids = loss = None
         gc.collect()
-        torch.cuda.empty_cache()
-    finally:
-        if snapshot:
-            torch.cuda.memory._dump_snapshot(snapshot)
-            torch.cuda.memory._record_memory_history(enabled=None)
-    capacity = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        if cuda:
+            torch.cuda.empty_cache()
+            oom["cuda_stats_after_freeing"] = _cuda_now(cuda)
+    capacity = torch.cuda.get_device_properties(device).total_memory if cuda else None
     return Result(
         model=m.name, params=m.params, mode="gpu", setup=dataclasses.asdict(setup),
         gpu=DeviceMemory(tracker.breakdown("gpu"), capacity),
         host=DeviceMemory(tracker.breakdown("host", setup.ranks_per_node)),
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
-              "device": torch.cuda.get_device_name(), "engine": getattr(engine, "describe", setup.strategy),
+              "device": torch.cuda.get_device_name(device) if cuda else str(device), "engine": describe,
               "cuda_stats": stats, "oom_observed": oom, "step_s": step_s, "snapshot": snapshot,
               "wall_s": round(time.perf_counter() - started, 2), "machine": platform.machine()},
     )
 
 
-def _cuda_stats(previous: dict | None = None) -> dict:
-    """torch.cuda's peak allocated and reserved bytes since the last reset (the larger of this and `previous`)."""
+_UNITS = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
+
+
+def requested_bytes(message: str) -> int | None:
+    """The allocation an OOM asked for, from the CUDA allocator's 'Tried to allocate 2.00 GiB' (None if absent)."""
+    found = re.search(r"Tried to allocate ([0-9.]+) ?(bytes|B|KiB|MiB|GiB|TiB|PiB)\b", message)
+    return int(round(float(found.group(1)) * _UNITS[found.group(2)])) if found else None
+
+
+def _cuda_now(cuda: bool) -> dict:
+    """torch.cuda's statistics at this moment (empty without CUDA)."""
+    if not cuda:
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+            "max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
+            "free": free, "total": total}
+
+
+def _cuda_stats(cuda: bool, previous: dict | None = None) -> dict:
+    """torch.cuda's peak allocated and reserved bytes since the last reset (the larger of this and `previous`);
+    empty without CUDA."""
+    if not cuda:
+        return {}
     now = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved()}
     return {k: max(v, (previous or {}).get(k, 0)) for k, v in now.items()}

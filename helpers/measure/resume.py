@@ -22,7 +22,6 @@ import gc
 import importlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,8 +33,8 @@ import torch
 from helpers import estimate, models
 from helpers.estimate import states
 from helpers.errors import InputError
-from helpers.measure import procmem
-from helpers.training import TrainSetup
+from helpers.measure import children, procmem
+from helpers.training import TrainSetup, checked
 from helpers.units import to_gib
 
 VARIANTS = ("default", "mmap", "no_optimizer")
@@ -119,7 +118,7 @@ def run(model, setup: TrainSetup, variants=VARIANTS, hidden: int = HIDDEN) -> di
     per variant in a fresh process. Returns the measurements and the estimate of the same twin."""
     from helpers.measure import scaled
 
-    setup = setup.validate()
+    setup = checked(setup)
     if not (setup.strategy.startswith("zero") and setup.offload_optimizer) or setup.gpus != 1:
         raise InputError(f"a resume measurement runs DeepSpeed ZeRO with offload_optimizer on one rank; got "
                          f"strategy {setup.strategy!r}, offload_optimizer={setup.offload_optimizer}, gpus={setup.gpus} "
@@ -149,10 +148,7 @@ def run(model, setup: TrainSetup, variants=VARIANTS, hidden: int = HIDDEN) -> di
 
 
 def _child(cmd, env) -> dict:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
-        raise RuntimeError(f"the resume measurement failed (exit {proc.returncode}):\n{tail}")
+    proc = children.run(cmd, env, timeout=600, what="the resume measurement")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -164,6 +160,7 @@ if __name__ == "__main__":
     p.add_argument("action", choices=["save", "load"])
     p.add_argument("--variant", default="default", choices=VARIANTS)
     args = p.parse_args()
+    children.watch_owner()
     with contextlib.redirect_stdout(sys.stderr):           # DeepSpeed prints; only the JSON goes to stdout
         result = (_save if args.action == "save" else _load)(args)
     print(json.dumps(result))

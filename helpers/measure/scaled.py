@@ -19,7 +19,6 @@ import importlib
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,18 +29,26 @@ import psutil
 import torch
 
 from helpers import estimate, models
+from helpers.errors import InputError, MeasurementError
 from helpers.estimate import states
-from helpers.errors import InputError
-from helpers.measure import engines, procgroup
+from helpers.measure import children, engines, procgroup
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
-from helpers.training import TrainSetup
+from helpers.training import TrainSetup, checked
 from helpers.units import GiB, to_gib
 
 MAX_FRACTION = 0.8          # a scaled run may use at most this share of the RAM available when it starts
 MAX_PROCESSES = 4           # FSDP2 starts one process per rank
 PROCESS_OVERHEAD = int(0.7 * GiB)   # interpreter, torch and transformers in each process (measured RSS, rounded up)
 STEPS = 3
+TORCHRUN_TIMEOUT_S = 600   # an FSDP2 twin run takes well under a minute
+MAX_STEPS = 1000            # a memory measurement needs a few steps; more only takes longer
+
+
+def check_steps(steps) -> None:
+    """InputError unless `steps` is an integer in [1, MAX_STEPS] (forward, backward and step each need one)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise InputError(f"steps must be an integer in [1, {MAX_STEPS}], got {steps!r}")
 
 
 def scaled_setup(model, setup: TrainSetup, hidden: int = models.SCALE_HIDDEN) -> tuple[Path, TrainSetup]:
@@ -72,9 +79,10 @@ def guard(twin: Path, setup: TrainSetup) -> None:
 
 def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> Result:
     """Train the twin of `model` for `steps` real steps under `setup`'s engine; a Result with mode 'scaled'."""
-    setup = setup.validate()
+    setup = checked(setup)
+    check_steps(steps)
     engines.refuse_unsupported(setup, "scaled")
-    models.spec(model)
+    models.spec(model).check_lora_rank(setup.lora_rank)
     twin, s = scaled_setup(model, setup)
     if s.strategy == "fsdp2" and s.gpus > MAX_PROCESSES:
         raise InputError(f"a scaled FSDP2 run starts one process per GPU; at most {MAX_PROCESSES} here, got gpus={s.gpus}")
@@ -88,7 +96,7 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
     torch.manual_seed(0)
     net = _build(twin, s)
     tracker = Tracker(default_device="gpu")
-    with tracker:
+    with engines.torch_globals_restored(), tracker:
         engine = (DeepSpeedEngine if s.strategy.startswith("zero") else TorchEngine)(net, s, tracker)
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad], "parameters")
         tracker.restart_peak("setup")
@@ -333,8 +341,7 @@ def _run_torchrun(twin: Path, s: TrainSetup, steps: int) -> Result:
                f"--master_port={procgroup.free_port()}", "-m", "helpers.measure.fsdp_worker", "--twin", str(twin),
                "--setup", json.dumps(dataclasses.asdict(s)), "--steps", str(steps), "--out", str(out)]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-        if proc.returncode != 0 or not out.exists():
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise RuntimeError(f"the FSDP2 run under torchrun failed (exit {proc.returncode}):\n{tail}")
+        children.run(cmd, env, timeout=TORCHRUN_TIMEOUT_S, what="the FSDP2 run under torchrun")
+        if not out.exists():
+            raise MeasurementError("the FSDP2 run under torchrun exited without writing its result")
         return Result.from_dict(json.loads(out.read_text()))
