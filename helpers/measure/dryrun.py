@@ -17,7 +17,7 @@ import torch
 
 from helpers import models
 from helpers.errors import InputError
-from helpers.measure import engines, fakegpu
+from helpers.measure import engines, fakegpu, provenance
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked
@@ -25,19 +25,6 @@ from helpers.units import from_gib
 
 MAX_FSDP2_RANKS = 128      # an fsdp2 dry run's time grows with the world size (see run)
 ATTENTION = {"eager": "eager", "sdpa": "fake_gpu_attention", "flash": "fake_gpu_attention"}
-
-
-def _versions() -> dict:
-    import transformers
-
-    out = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
-    try:
-        from importlib.metadata import version
-
-        out["deepspeed"] = version("deepspeed")
-    except Exception:           # pragma: no cover - deepspeed is a dependency, but a dry run does not need it
-        pass
-    return out
 
 
 def build_model(m: models.ModelSpec, setup: TrainSetup, device):
@@ -300,7 +287,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True) -> 
     return Result(
         model=m.name, params=m.params, mode="dry-run", setup=dataclasses.asdict(setup),
         gpu=DeviceMemory(tracker.breakdown("gpu"), gpu_cap), host=DeviceMemory(tracker.breakdown("host", scale), host_cap),
-        meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
+        meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": provenance.versions(),
               "device": "fake tensors (no memory allocated); GPU = fake PrivateUse1 device 'gpu'",
               "engine": ENGINES[setup.strategy], "wall_s": round(time.perf_counter() - started, 2),
               "step_s": round(step_s, 2), "machine": platform.machine(),

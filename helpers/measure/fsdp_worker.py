@@ -54,7 +54,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     started = time.perf_counter()
     torch.manual_seed(0)
-    net = scaled._build(a.twin, s)
+    net = scaled.build_twin(a.twin, s)
     tracker = Tracker(default_device="gpu")
     with tracker:
         engine = FSDP2Engine(net, s, tracker)
@@ -62,7 +62,7 @@ def main() -> None:
         tracker.restart_peak("setup")
         losses, rss, times = scaled.train(engine, tracker, s, models.spec(a.twin).vocab, a.steps)
     if dist.get_rank() == 0:
-        r = scaled._result(a.twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe,
+        r = scaled.result_from_census(a.twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe,
                            ranks=s.ranks_per_node, times=times)
         r.save(a.out)
     dist.destroy_process_group()

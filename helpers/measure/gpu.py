@@ -24,7 +24,8 @@ import torch
 from helpers import models
 from helpers.errors import InputError
 from helpers.measure import engines, procgroup
-from helpers.measure.scaled import DeepSpeedEngine, TorchEngine, _versions, check_steps
+from helpers.measure import provenance
+from helpers.measure.scaled import DeepSpeedEngine, TorchEngine, check_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked
@@ -138,7 +139,7 @@ def measure(m: models.ModelSpec, setup: TrainSetup, device: torch.device, steps:
         model=m.name, params=m.params, mode="gpu", setup=dataclasses.asdict(setup),
         gpu=DeviceMemory(tracker.breakdown("gpu"), capacity),
         host=DeviceMemory(tracker.breakdown("host", setup.ranks_per_node)),
-        meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
+        meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": provenance.versions(),
               "device": torch.cuda.get_device_name(device) if cuda else str(device), "engine": describe,
               "cuda_stats": stats, "oom_observed": oom, "step_s": step_s, "snapshot": snapshot,
               "wall_s": round(time.perf_counter() - started, 2), "machine": platform.machine()},

@@ -33,7 +33,7 @@ import torch
 from helpers import estimate, models
 from helpers.estimate import states
 from helpers.errors import InputError
-from helpers.measure import children, procmem
+from helpers.measure import children, procmem, provenance
 from helpers.training import TrainSetup, checked
 from helpers.units import to_gib
 
@@ -137,7 +137,7 @@ def run(model, setup: TrainSetup, variants=VARIANTS, hidden: int = HIDDEN) -> di
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     out = {"model": model, "twin": str(twin), "params": models.spec(str(twin)).params, "setup": dataclasses.asdict(s),
            "estimate": est.to_dict(), "loads": {}, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-           "versions": scaled._versions()}
+           "versions": provenance.versions()}
     with tempfile.TemporaryDirectory(prefix="oom-resume-") as tmp:
         base = [sys.executable, "-m", "helpers.measure.resume", "--twin", str(twin), "--setup",
                 json.dumps(dataclasses.asdict(s)), "--dir", tmp]

@@ -31,7 +31,7 @@ import torch
 from helpers import estimate, models
 from helpers.errors import InputError, MeasurementError
 from helpers.estimate import states
-from helpers.measure import children, engines, procgroup
+from helpers.measure import children, engines, procgroup, provenance
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked
@@ -94,14 +94,14 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
         return _pin_note(_run_torchrun(twin, s, steps), setup)
     started = time.perf_counter()
     torch.manual_seed(0)
-    net = _build(twin, s)
+    net = build_twin(twin, s)
     tracker = Tracker(default_device="gpu")
     with engines.torch_globals_restored(), tracker:
         engine = (DeepSpeedEngine if s.strategy.startswith("zero") else TorchEngine)(net, s, tracker)
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad], "parameters")
         tracker.restart_peak("setup")
         losses, rss, times = train(engine, tracker, s, models.spec(str(twin)).vocab, steps)
-    r = _result(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1, times=times)
+    r = result_from_census(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1, times=times)
     r.meta.update(getattr(engine, "engine_meta", dict)())
     return _pin_note(r, setup)
 
@@ -113,7 +113,8 @@ def _pin_note(r: Result, asked: TrainSetup) -> Result:
     return r
 
 
-def _build(twin: Path, s: TrainSetup):
+def build_twin(twin: Path, s: TrainSetup):
+    """The twin's model, in the set-up's weight dtype and attention kernel (random weights)."""
     dtype = torch.bfloat16 if s.precision == "bf16" else torch.float32
     return engines.build_model(str(twin), s, dtype, "eager" if s.attention == "eager" else "sdpa")
 
@@ -314,18 +315,13 @@ def deepspeed_config(s: TrainSetup) -> dict:
             "steps_per_print": 10**9, "wall_clock_breakdown": False}
 
 
-def _versions() -> dict:
-    from importlib.metadata import version
-
-    return {k: version(k) for k in ("torch", "transformers", "deepspeed")} | {"python": platform.python_version()}
-
-
-def _result(twin, s, tracker, losses, rss, wall, engine, ranks, times=None) -> Result:
+def result_from_census(twin, s, tracker, losses, rss, wall, engine, ranks, times=None) -> Result:
+    """A scaled run's Result from the tracker's census (host per node of `ranks`), losses, RSS and timings."""
     m = models.spec(str(twin))
     return Result(
         model=m.name, params=m.params, mode="scaled", setup=dataclasses.asdict(s),
         gpu=DeviceMemory(tracker.breakdown("gpu")), host=DeviceMemory(tracker.breakdown("host", ranks)),
-        meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": _versions(),
+        meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": provenance.versions(),
               "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores): placement by role, GPU and host are one RAM",
               "engine": engine, "losses": losses, "rss_bytes": rss, "wall_s": round(wall, 2),
               "step_s": [round(x, 5) for x in (times or {}).get("step", [])],
