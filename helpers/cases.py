@@ -64,7 +64,7 @@ def reported_lines(number: int | str) -> str:
     lines = []
     for r in case(number)["reported"]:
         where = {"reported": "as reported", "fixed": "with the fix", "machine": "the machine",
-                 "benchmark": "a published benchmark"}.get(r.get("applies_to"), "")
+                 "benchmark": "a published benchmark", "other set-up": "another set-up"}.get(r.get("applies_to"), "")
         if r["value"] is None:
             lines.append(f"  reported ({where}): {r['what']}")
             continue

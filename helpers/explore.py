@@ -6,6 +6,7 @@ Controls change a TrainSetup; an invalid combination shows its error as the verd
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import ipywidgets as w
@@ -60,25 +61,25 @@ class Explorer:
         self.verdict = w.HTML()
         self.source = source
         with plt.ioff():                      # shown once, inside the explorer's own widget
-            self.curve = plots.MemoryCurve(self.result, source=source)
-        self.curve.update(self.result, reported=self.reported_here())
+            self.curve = plots.MemoryCurve(self.result, source=source, reported=self.reported_here())
         self.last_update_s = 0.0
         for c in self.controls.values():
             c.observe(self._changed, names="value")
         self._show_verdict()
 
     def setup_from_controls(self) -> TrainSetup:
+        """The set-up the controls show; options without a control (gpus_per_node, resume, DeepSpeed's bucket and
+        sub-group sizes, overlap_comm) keep the values the explorer started with."""
         c = {k: v.value for k, v in self.controls.items()}
-        return TrainSetup(
+        return dataclasses.replace(
+            self.setup,
             batch=c["batch"], seq=c["seq"], strategy=c["strategy"], gpus=c["gpus"], precision=c["precision"],
             adam_impl=None if c["adam_impl"] == "default" else c["adam_impl"], optimizer=c["optimizer"],
             lora_rank=c["lora_rank"] or None,
             offload_optimizer=c["offload_optimizer"], offload_params=c["offload_params"],
             offload_ratio=c["offload_ratio"] if c["use_ratio"] else None, pin_memory=c["pin_memory"],
             grad_checkpointing=c["grad_checkpointing"], fused_ce=c["fused_ce"], attention=c["attention"],
-            gpu_gib=c["gpu_gib"] or None, host_gib=c["host_gib"] or None, gpus_per_node=self.setup.gpus_per_node,
-            resume=self.setup.resume, reduce_bucket_size=self.setup.reduce_bucket_size,
-            sub_group_size=self.setup.sub_group_size, prefetch_bucket_size=self.setup.prefetch_bucket_size,
+            gpu_gib=c["gpu_gib"] or None, host_gib=c["host_gib"] or None,
         ).validate()
 
     def set(self, **values) -> None:

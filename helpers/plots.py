@@ -23,8 +23,9 @@ COLORS = {                     # colour-blind-safe (Okabe-Ito, then greys) and t
     "checkpoint": "#000000", "pinned_overhead": "#7F3C8D",
 }
 DEVICE_TITLES = {"gpu": "GPU (each)", "host": "host RAM (per node)"}
+DOTTED = [":", "-.", (0, (5, 2, 1, 2)), (0, (1, 3))]                       # reported figures, one style each
 LINES = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#000000"]   # sweeps: no red (red means OOM)
-OOM_RED, OTHER_OOM = "#D00000", "#7F3C8D"
+OOM_RED = "#D00000"
 SHORT = {"setup": "setup", "resume": "resume", "forward": "forward", "backward": "backward", "step": "step",
          "steady": "later iters"}
 
@@ -37,7 +38,7 @@ class MemoryCurve:
     """Memory per phase, stacked by category, one panel per device; capacity line, OOM marker, overlays."""
 
     def __init__(self, result: Result, title: str | None = None, figsize=(11, 4.2), dpi: int = 100,
-                 source: str | None = None):
+                 source: str | None = None, overlay: Result | None = None, reported: list[dict] | None = None):
         self.fig: Figure = plt.figure(figsize=figsize, dpi=dpi, layout="constrained")
         self.axes = dict(zip(("gpu", "host"), self.fig.subplots(1, 2)))
         self.phases = list(result.gpu.phases)
@@ -57,7 +58,7 @@ class MemoryCurve:
         self.fig.legend(handles, [c.replace("_", " ") for c in CATEGORIES], loc="outside right center", fontsize=8,
                         frameon=False)
         self.title, self.source = title, source
-        self.update(result)
+        self.update(result, overlay, reported)       # laid out with its first markers and legends in place
         # Lay out once, then keep the layout: redraws stay fast. Not canvas.draw(): an ipympl canvas drawn before its
         # view exists stays 0 x 0 pixels in JupyterLab (seen by the browser test).
         self.fig.draw_without_rendering()
@@ -71,6 +72,7 @@ class MemoryCurve:
             artist.remove()
         self.extras = []
         self.result = result
+        dotted, stars = [], False
         for dev, ax in self.axes.items():
             d = result.device(dev)
             bottoms = [0.0] * len(self.phases)
@@ -112,19 +114,29 @@ class MemoryCurve:
                     i = self.phases.index(item["phase"])
                     self.extras.append(ax.plot(i + 0.22, y, marker="*", markersize=14, color="#FFD400",
                                                markeredgecolor="black")[0])
-                else:
-                    self.extras.append(ax.axhline(y, color="black", linestyle=":", linewidth=1))
-                    self.extras.append(ax.text(-0.4, y, f"reported {item['value']} {item['unit']}", fontsize=7,
-                                               va="bottom", ha="left", backgroundcolor=(1, 1, 1, 0.7)))
+                    stars = True
+                else:                       # named in a legend of their own, never written over the bars
+                    style = DOTTED[len(dotted) % len(DOTTED)]
+                    line = ax.axhline(y, color="black", linestyle=style, linewidth=1.1)
+                    self.extras.append(line)
+                    read = "" if item.get("read_as") == item.get("unit") else f", read as {item['read_as']}"
+                    dotted.append((line, f"{DEVICE_TITLES[dev].split(' ')[0]}: reported {item['value']} "
+                                         f"{item['unit']}{read} ({gib(reported_bytes(item)):,.1f} GiB)"))
             ax.set_ylim(0, top * 1.15)
             if not any(bottoms):
                 self.extras.append(ax.text(0.5, 0.5, "nothing here", transform=ax.transAxes, ha="center",
                                            color="#777777", fontsize=10))
+        if dotted:
+            self.extras.append(self.fig.legend([l for l, _ in dotted], [t for _, t in dotted],
+                                               loc="outside lower center", ncols=min(3, len(dotted)), fontsize=7.5,
+                                               frameon=False))
         mode = evidence.label(result) + (f"; black line: {evidence.label(overlay)}" if overlay is not None else "")
-        source = f"\nreported figures (stars, dotted lines): {self.source}" if self.source else ""
-        self.fig.suptitle((self.title or f"{result.model}: {result.setup['strategy']} x{result.setup['gpus']}, "
-                           f"{result.setup['precision']}, batch {result.setup['batch']} x seq {result.setup['seq']} "
-                           f"[{mode}]") + source, fontsize=10)
+        marks = " and ".join(m for m, on in (("stars", stars), ("dotted lines", dotted)) if on)
+        source = f"\nreported figures ({marks}): {self.source}" if self.source and marks else ""
+        s = result.setup
+        adam = f", AdamW {s.get('adam_impl') or 'foreach'}" if s.get("strategy") in ("single", "ddp", "fsdp2") else ""
+        self.fig.suptitle((self.title or f"{result.model}: {s['strategy']} x{s['gpus']}, {s['precision']}{adam}, "
+                           f"batch {s['batch']} x seq {s['seq']} [{mode}]") + source, fontsize=10)
 
     def heights(self, device: str) -> dict[str, float]:
         """The drawn total per phase on `device`, in GiB (what a reader sees)."""
@@ -135,9 +147,7 @@ def memory_curve(result: Result, overlay: Result | None = None, reported: list[d
                  title: str | None = None, source: str | None = None) -> MemoryCurve:
     """A MemoryCurve of `result`, with a measurement overlaid and the case's reported figures marked
     (stars at a phase, dotted lines otherwise), their `source` written under the figure."""
-    curve = MemoryCurve(result, title, source=source)
-    curve.update(result, overlay, reported)
-    return curve
+    return MemoryCurve(result, title, source=source, overlay=overlay, reported=reported)
 
 
 def _unit(values_bytes) -> tuple[str, float]:
@@ -181,9 +191,15 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
         handles.append(plt.Line2D([], [], color=OOM_RED, linestyle="--"))
         names.append("capacity")
     ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    ax.set_xticks(range(len(labels)), labels, fontsize=9)
+    kinds = [evidence.label(results[k]) for k in labels]
+    if len(set(kinds)) > 1:                 # each bar says what it is
+        ticks = [f"{k}\n[{evidence.KINDS[evidence.kind(results[k])]}]" for k in labels]
+        subtitle = ""
+    else:
+        ticks, subtitle = labels, kinds[0]
+    ax.set_xticks(range(len(labels)), ticks, fontsize=9 if subtitle else 8)
     ax.set_ylabel(f"peak, {DEVICE_TITLES[device]} — {unit} (2^{30 if unit == 'GiB' else 20} bytes)")
-    _title(ax, title, evidence.of_all(results.values()), width)
+    _title(ax, title, subtitle, width)
     ax.grid(axis="y", alpha=0.3)
     return fig
 
@@ -192,7 +208,7 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
           phase: str | None = None, steps: bool = False) -> Figure:
     """Memory on `device` against one set-up variable: each result's peak, its total at `phase`, or one `category`;
     `results` is a list, or {label: list} for several lines. The capacity line is drawn; a point whose set-up runs
-    out of memory is marked: a red X on this device, a purple triangle when it is the other device that overflows.
+    out of memory is marked, with a red edge: an X when the GPU overflows, a triangle when the host does.
     `steps` draws each value as holding until the next point (for quantities that change in whole steps)."""
     series = results if isinstance(results, dict) else {"": results}
     try:
@@ -222,21 +238,24 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
             return gib(d.breakdown[phase or d.peak_phase][category]) if d.breakdown else 0.0
         return gib(d.phases[phase] if phase else d.peak_bytes)
 
-    other = "host" if device == "gpu" else "gpu"
-    marks = {device: ("X", OOM_RED, "out of memory here"),
-             other: ("^", OTHER_OOM, f"out of memory on the {'GPU' if other == 'gpu' else 'host'}")}
-    labelled = set()
+    marks = {"gpu": "X", "host": "^"}          # the same shape for the same device in every figure
+    used = set()
     for n, (label, rs) in enumerate(series.items()):
         ys = [value(r) for r in rs]
         top = max(top, *ys)
+        color = LINES[n % len(LINES)]
         ax.plot(xs, ys, "o-", label=label or None, drawstyle="steps-post" if steps else "default", markersize=4,
-                color=LINES[n % len(LINES)])
-        for dev, (marker, color, text) in marks.items():
+                color=color)
+        for dev, marker in marks.items():      # filled with its line's colour, so each mark belongs to a line
             pts = [(x, y) for x, y, r in zip(xs, ys, rs) if r.oom["device"] == dev]
             if pts:
-                ax.plot(*zip(*pts), marker, color=color, markersize=9, linestyle="none",
-                        label=None if dev in labelled else text)
-                labelled.add(dev)
+                ax.plot(*zip(*pts), marker, color=color, markeredgecolor=OOM_RED, markeredgewidth=1.6,
+                        markersize=10, linestyle="none", zorder=4)
+                used.add(dev)
+    for dev in ("gpu", "host"):
+        if dev in used:
+            ax.plot([], [], marks[dev], color="white", markeredgecolor=OOM_RED, markeredgewidth=1.6, markersize=9,
+                    linestyle="none", label=f"set-up runs out of memory on the {'GPU' if dev == 'gpu' else 'host'}")
     caps = {r.device(device).capacity_bytes for rs in series.values() for r in rs} - {None}
     if caps and not category:
         cap = gib(max(caps))

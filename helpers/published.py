@@ -33,5 +33,5 @@ def speed(starts_with: str) -> dict:
 
 
 def cite(row: dict) -> str:
-    """'source (url)' of a published row."""
-    return f"{row['source']} ({row['url']})"
+    """'source (url)' of a published row, and its note when it has one."""
+    return f"{row['source']} ({row['url']})" + (f"; {row['note']}" if row.get("note") else "")

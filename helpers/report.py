@@ -28,8 +28,10 @@ def verdict(r: Result) -> str:
         return "no phases recorded: nothing to compare with a capacity"
     if oom["device"]:
         d = r.device(oom["device"])
+        later = (f" (its peak comes later: {amount(d.peak_bytes)} at the {PHASE_LABELS[d.peak_phase]})"
+                 if d.peak_phase != oom["phase"] and d.peak_bytes > d.phases[oom["phase"]] else "")
         return (f"OOM on {oom['device'].upper()} at the {PHASE_LABELS[oom['phase']]}: "
-                f"{amount(d.phases[oom['phase']])} needed, {amount(d.capacity_bytes)} available")
+                f"{amount(d.phases[oom['phase']])} needed there, {amount(d.capacity_bytes)} available{later}")
     parts = []
     for name, label in (("gpu", "per GPU"), ("host", "host per node")):
         d = r.device(name)

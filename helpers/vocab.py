@@ -50,7 +50,8 @@ GLOSSARY = {
     "estimate": "arithmetic over named buffers (helpers.estimate): every figure a sum of buffers, each with its source",
     "dry run": "the full-size model's real training step executed on fake tensors: shapes and dtypes, no memory",
     "fake tensors": "PyTorch tensors that carry a shape, a dtype and a device but no data (FakeTensorMode)",
-    "twin": "a tiny model of the same architecture (hidden 128, 2 layers), trained for real on this CPU",
+    "twin": "a tiny model of the same architecture (hidden 128, 2 layers, unless a notebook says otherwise), trained "
+            "for real on this CPU",
     "scaled run": "the twin trained for real through the set-up's own engine (torch, DeepSpeed, FSDP2), memory counted",
     "census": "the tracker's count of every live tensor's bytes, by category and phase",
     "role": "where a tensor would live on a GPU machine (GPU or host): on a CPU both are one RAM, so a rule assigns it",
@@ -64,5 +65,12 @@ GLOSSARY = {
                            "the counts as numbers",
     "checkpoint": "a saved training state on disk (weights, optimizer states), loaded when a run resumes",
     "checkpointing": "gradient (activation) checkpointing: keep each layer's input only, recompute the rest in backward",
+    "ZeRO-1/2/3": "DeepSpeed's sharding over data-parallel GPUs: 1 shards the optimizer states, 2 also the gradients, "
+                  "3 also the weights (gathered layer by layer when used)",
+    "FSDP2": "PyTorch's fully_shard: weights, gradients and optimizer states sharded over the GPUs, like ZeRO-3",
+    "offload": "keeping optimizer states (and possibly weights) in host RAM, with the optimizer step run on the CPU",
+    "LoRA": "training small low-rank adapters beside frozen weights: only the adapters get gradients and states",
+    "8-bit AdamW": "bitsandbytes' AdamW with its two states stored in 8 bits (about 2 B/param instead of 8)",
+    "MoE": "mixture of experts: many MLPs per layer, a few used per token; all of them are weights to store",
     "GiB / GB": "GiB = 2^30 bytes (nvidia-smi, PyTorch, DeepSpeed print these); GB = 10^9 bytes (disk and RAM specs)",
 }
