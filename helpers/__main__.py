@@ -148,9 +148,13 @@ def _run(a: argparse.Namespace) -> int:
         return 1
     if int(os.environ.get("RANK", "0")) != 0:          # under a launcher, rank 0 reports
         return 0
-    from helpers import report
+    from helpers import evidence, report
 
-    print(json.dumps(result.to_dict(), indent=1) if a.json else report.table(result), flush=True)
+    if a.json:
+        doc = result.to_dict() | {"evidence": {"kind": evidence.kind(result), "detail": evidence.detail(result)}}
+        print(json.dumps(doc, indent=1), flush=True)
+    else:
+        print(report.table(result), flush=True)
     if a.items and not a.json:
         print("\n" + report.items_table(result))
     if save is not None:

@@ -25,6 +25,7 @@ def test_json_object_has_the_promised_keys(capsys):
         assert d[dev]["peak_bytes"] == max(d[dev]["phases"].values())
         assert sum(d[dev]["categories"].values()) == d[dev]["peak_bytes"]
     assert d["oom"] == {"device": "gpu", "phase": "step"}
+    assert d["evidence"]["kind"] == "estimated"
 
 
 def test_every_flag_is_accepted(capsys):
@@ -96,7 +97,7 @@ def test_measure_dry_run_prints_the_same_object_and_saves_it(capsys, tmp_path):
     code = main(["measure", "--mode", "dry-run", "--model", tiny, "--seq", "64", "--json", "--no-progress",
                  "--save", str(out_file)])
     d = json.loads(capsys.readouterr().out)
-    assert code == 0 and d["mode"] == "dry-run"
+    assert code == 0 and d["mode"] == "dry-run" and d["evidence"]["kind"] == "measured"
     for dev in ("gpu", "host"):
         assert {"peak_bytes", "peak_phase", "phases", "categories"} <= set(d[dev])
     assert json.loads(out_file.read_text())["gpu"]["peak_bytes"] == d["gpu"]["peak_bytes"]
