@@ -193,7 +193,9 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
     ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     kinds = [evidence.label(results[k]) for k in labels]
     if len(set(kinds)) > 1:                 # each bar says what it is
-        ticks = [f"{k}\n[{evidence.KINDS[evidence.kind(results[k])]}]" for k in labels]
+        per_bar = max(14, int(width * 11 / len(labels)))          # characters a tick label may take per line
+        ticks = [k + "\n" + "\n".join(textwrap.wrap(f"[{evidence.KINDS[evidence.kind(results[k])]}]", per_bar))
+                 for k in labels]
         subtitle = ""
     else:
         ticks, subtitle = labels, kinds[0]
