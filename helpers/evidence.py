@@ -30,11 +30,10 @@ def kind(result: Result) -> str:
     s, mode = result.setup, result.mode
     if mode == "estimate":
         return "estimated"
-    offloaded = s.get("offload_optimizer") or s.get("offload_params")
     if mode == "dry-run":
         return "re-enacted" if s["strategy"] in ("ddp", "zero1", "zero2") else "measured"
     if mode == "scaled":
-        return "placed" if offloaded else "measured"
+        return "placed" if s.get("offload_optimizer") or s.get("offload_params") else "measured"
     return "measured"                                        # gpu: the engine's tensors on a real GPU
 
 
@@ -67,6 +66,6 @@ def label(result: Result) -> str:
 
 
 def of_all(results) -> str:
-    """The evidence of several results as one phrase: 'all estimated', or each kind once, in order."""
+    """The evidence of several results as one phrase: their label when they share one, else each label once, in order."""
     labels = list(dict.fromkeys(label(r) for r in results))
     return labels[0] if len(labels) == 1 else "; ".join(labels)
