@@ -125,19 +125,14 @@ def bench_dryrun(save: bool = True) -> None:
 
 def _save(rows, meta) -> str:
     import json
-    import os
-    import tempfile
+
+    from helpers.files import write_text_atomically
 
     out = models.DATA_DIR / "results" / "dryrun_vs_estimate.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"about": "python -m helpers.bench dryrun: estimate and dry run of each set-up (GiB = 2^30 bytes)",
            "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": meta["versions"],
            "device": meta["device"], "machine": meta["machine"], "rows": rows}
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(doc, fh, indent=1)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out)
+    write_text_atomically(out, json.dumps(doc, indent=1))
     return str(out.relative_to(models.DATA_DIR.parent))
 
 

@@ -14,8 +14,12 @@ UNITS = {"GB": GB, "GiB": GiB, "TB": 1000 * GB}
 
 
 @functools.lru_cache(maxsize=1)
+def _document() -> dict:
+    return json.loads((DATA_DIR / "cases.json").read_text())
+
+
 def _all() -> dict:
-    return json.loads((DATA_DIR / "cases.json").read_text())["cases"]
+    return _document()["cases"]
 
 
 def case(number: int | str) -> dict:
@@ -36,7 +40,7 @@ def setup(number: int | str, fixed: bool = False, **changes) -> TrainSetup:
 def checklist() -> list[dict]:
     """Symptom -> cause -> notebook -> ways out, one row per case, with the OOM the case's estimate must show and
     whether the row's fix must fit (read from data/cases.json)."""
-    return json.loads((DATA_DIR / "cases.json").read_text())["checklist"]
+    return _document()["checklist"]
 
 
 def citation(number: int | str) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.errors import InputError
+from helpers.files import write_text_atomically
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 MODELS_DIR = DATA_DIR / "models"
@@ -364,19 +365,6 @@ def scaled_path(model: str | Path, hidden: int = SCALE_HIDDEN) -> Path:
     name = config_path(model).stem
     folder = SCALED_DIR
     path = folder / f"{name}-scaled-{hashlib.sha1(text.encode()).hexdigest()[:8]}.json"
-    if not path.exists():
-        import os
-        import tempfile
-
-        folder.mkdir(parents=True, exist_ok=True)
-        # a temporary file of its own (two processes may write the same twin at once), renamed into place atomically
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    if not path.exists():              # two processes may write the same twin at once: each through its own file
+        write_text_atomically(path, text)
     return path

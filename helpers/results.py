@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from helpers.files import write_text_atomically
 from helpers.vocab import CATEGORIES, DEVICES, PHASES
 
 
@@ -109,18 +110,7 @@ class Result:
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON atomically (temporary file, then rename)."""
-        path = check_save_path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f, indent=1)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_text_atomically(check_save_path(path), json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "Result":
@@ -129,7 +119,6 @@ class Result:
 
 def empty_breakdown(phases) -> dict[str, dict[str, int]]:
     return {p: {c: 0 for c in CATEGORIES} for p in phases}
-
 
 
 def check_save_path(path) -> Path:
