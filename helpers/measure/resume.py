@@ -43,7 +43,7 @@ HIDDEN = 768
 
 def _engine(twin: str, s: TrainSetup):
     """DeepSpeed in this process (one rank, gloo) on the twin, with the set-up's ZeRO configuration."""
-    from helpers.measure import engines, procgroup
+    from helpers.measure import deepspeed_ops, engines, procgroup
     from helpers.measure.scaled import deepspeed_config
 
     procgroup.ensure("gloo", 1)
@@ -52,7 +52,10 @@ def _engine(twin: str, s: TrainSetup):
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     torch.manual_seed(0)
     net = engines.build_model(twin, s, torch.float32, "sdpa")
-    engine, optimizer, _, _ = deepspeed.initialize(model=net, config=deepspeed_config(s))
+    config = deepspeed_config(s)
+    if not config["optimizer"]["params"].get("torch_adam"):
+        deepspeed_ops.ensure(deepspeed_ops.op_for(s.offload_optimizer))
+    engine, optimizer, _, _ = deepspeed.initialize(model=net, config=config)
     return engine, optimizer
 
 

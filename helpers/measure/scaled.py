@@ -31,7 +31,7 @@ import torch
 from helpers import estimate, models
 from helpers.errors import InputError, MeasurementError
 from helpers.estimate import states
-from helpers.measure import children, engines, procgroup, provenance
+from helpers.measure import children, deepspeed_ops, engines, procgroup, provenance
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked
@@ -205,11 +205,13 @@ class DeepSpeedEngine:
         comm.build_shm_op = lambda: None          # the shared-memory op only speeds up multi-process CPU runs
         self.s, self.tracker, self.module = s, tracker, net
         config = deepspeed_config(s)
+        if not config["optimizer"]["params"].get("torch_adam"):
+            deepspeed_ops.ensure(deepspeed_ops.op_for(s.offload_optimizer))    # a build says so before it starts
         engine, optimizer, _, _ = deepspeed.initialize(model=net, config=config)
         self.engine, self.opt = engine, optimizer
         self.host = "host" if s.offload_optimizer else "gpu"
-        self.describe = (f"DeepSpeed {deepspeed.__version__} ZeRO-{s.strategy[-1]} in one process (gloo)"
-                         + (", DeepSpeedCPUAdam" if s.offload_optimizer else ", FusedAdam"))
+        self.describe = (f"DeepSpeed {deepspeed.__version__} ZeRO-{s.strategy[-1]} in one process (gloo), "
+                         + adam_name(config))
         self._label_buffers()
         if hasattr(optimizer, "setup_buckets"):             # the ipg buckets, made by the first gradient hook
             setup_buckets = optimizer.setup_buckets
@@ -309,10 +311,22 @@ def deepspeed_config(s: TrainSetup) -> dict:
                                      **({"ratio": s.offload_ratio} if s.offload_ratio is not None else {})}
     if s.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": s.pin_memory}
+    adam = {"lr": 1e-3}
+    if deepspeed_ops.torch_path(s.offload_optimizer, s.offload_ratio if s.offload_optimizer else None):
+        adam.update(torch_adam=True, fused=True)     # torch's fused AdamW: in place, like DeepSpeed's own kernels
     return {"train_micro_batch_size_per_gpu": s.batch, "gradient_accumulation_steps": 1,
             "bf16": {"enabled": s.precision == "bf16-mixed"}, "zero_optimization": zero,
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "optimizer": {"type": "AdamW", "params": adam},
             "steps_per_print": 10**9, "wall_clock_breakdown": False}
+
+
+def adam_name(config: dict) -> str:
+    """Which Adam a DeepSpeed configuration runs, as a result's engine line says it."""
+    offload = "offload_optimizer" in config["zero_optimization"]
+    if config["optimizer"]["params"].get("torch_adam"):
+        return (f"torch AdamW (fused) through DeepSpeed's torch_adam in place of "
+                f"{'DeepSpeedCPUAdam' if offload else 'FusedAdam'} (no C++ build)")
+    return "DeepSpeedCPUAdam" if offload else "FusedAdam"
 
 
 def result_from_census(twin, s, tracker, losses, rss, wall, engine, ranks, times=None) -> Result:

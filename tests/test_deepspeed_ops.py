@@ -1,0 +1,58 @@
+"""DeepSpeed without its C++ ops: the torch_adam path trains the twin with the same buffers, and says so; a build
+announces itself, with its expected time, before it starts; a partial offload, which needs the C++ op, is refused."""
+
+import pytest
+
+from helpers.errors import InputError
+from helpers.measure import deepspeed_ops, scaled
+from helpers.training import TrainSetup
+
+from test_scaled import M, falls, twin_params, within_10_percent_of_estimate
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_torch_adam_path_needs_no_build_and_keeps_the_buffers(monkeypatch, offload):
+    monkeypatch.setenv("OOM_DEEPSPEED_OPS", "torch")
+    monkeypatch.setattr(deepspeed_ops, "ensure", lambda op: pytest.fail(f"asked for the C++ op {op}"))
+    setup = TrainSetup(strategy="zero2", batch=2, seq=64, offload_optimizer=offload)
+    r = scaled.run(M, setup)
+    P = twin_params()
+    assert falls(r.meta["losses"])
+    assert "torch_adam" in r.meta["engine"] and ("DeepSpeedCPUAdam" if offload else "FusedAdam") in r.meta["engine"]
+    states = (r.host if offload else r.gpu).breakdown["step"]
+    assert states["master_weights"] == 4 * P and states["optimizer_states"] == 8 * P
+    within_10_percent_of_estimate(r, M, setup)
+
+
+def test_no_compiler_takes_the_torch_path_and_ratio_is_refused(monkeypatch):
+    monkeypatch.delenv("OOM_DEEPSPEED_OPS", raising=False)
+    monkeypatch.setattr(deepspeed_ops, "compiler", lambda: None)
+    monkeypatch.setattr(deepspeed_ops, "build_dir", lambda op: deepspeed_ops.Path("/nonexistent") / op)
+    assert deepspeed_ops.status("cpu_adam") == "no compiler"
+    assert deepspeed_ops.torch_path(offload=True)
+    with pytest.raises(InputError, match=r"\(offload_ratio 0.9\) runs only with DeepSpeedCPUAdam.*no C\+\+ compiler"):
+        deepspeed_ops.torch_path(offload=True, ratio=0.9)
+    lines = deepspeed_ops.prepare(["cpu_adam"])
+    assert "torch_adam" in lines[0] and "no C++ compiler" in lines[0]
+
+
+def test_bad_policy_is_one_line(monkeypatch):
+    monkeypatch.setenv("OOM_DEEPSPEED_OPS", "maybe")
+    with pytest.raises(InputError, match="OOM_DEEPSPEED_OPS must be one of auto, build, torch, got 'maybe'"):
+        deepspeed_ops.policy()
+
+
+def test_a_missing_op_is_announced_with_its_time_before_the_build(monkeypatch, tmp_path, capsys):
+    """The notice comes first; the build itself (minutes) is replaced by a process that ends at once."""
+    monkeypatch.delenv("OOM_DEEPSPEED_OPS", raising=False)
+    monkeypatch.setattr(deepspeed_ops, "build_dir", lambda op: tmp_path / op)
+    monkeypatch.setattr(deepspeed_ops, "compiler", lambda: "/usr/bin/c++")
+    (tmp_path / "timings.json").write_text('{"builds": {"cpu_adam": {"seconds": 183.0}}}')
+    monkeypatch.setattr(deepspeed_ops, "TIMINGS", tmp_path / "timings.json")
+    started = []
+    monkeypatch.setattr(deepspeed_ops, "_command", lambda ops: started.append(ops) or ["true"])
+    monkeypatch.setattr(deepspeed_ops, "_background", {})
+    lines = deepspeed_ops.prepare(["cpu_adam"])
+    assert lines[0].startswith("Building DeepSpeed's cpu_adam (DeepSpeedCPUAdam, C++) once: about 3 min")
+    assert "183 s" in lines[0] and started == [["cpu_adam"]]
+    assert capsys.readouterr().out.splitlines()[0] == lines[0]
