@@ -1,25 +1,34 @@
 # Two entry points (see README): `make lab` sets up and opens JupyterLab; `make test` sets up and runs every test.
-# The environment lives in .venv/; set-up is redone only when pyproject.toml changes.
-PYTHON ?= python3.11
+# The environment lives in .venv/; set-up is redone only when pyproject.toml or constraints.txt changes.
+# Python 3.11, 3.12 or 3.13: the first found of python3.11, python3.12, python3.13, python3 (or PYTHON=/path/to/python).
+PYTHON ?= $(firstword $(foreach p,python3.11 python3.12 python3.13 python3,$(shell command -v $(p) 2>/dev/null)))
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The exact, tested set (pyproject.toml has the ranges); `make setup CONSTRAINTS=` installs the newest in range.
+CONSTRAINTS ?= constraints.txt
 
-.PHONY: setup lab test docs browser clean
+.PHONY: setup lab test docs browser deepspeed-ops clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 2; }
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@test -n "$(PYTHON)" || { echo "error: no python3 found; install Python 3.11, 3.12 or 3.13, or run make PYTHON=/path/to/python3"; exit 2; }
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 13) else print(f"error: $(PYTHON) is Python {v[0]}.{v[1]}; Python 3.11, 3.12 or 3.13 is needed: make PYTHON=/path/to/python3.13") or 2)'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# The CPU wheel of torch first: an unpinned torch would pull a multi-GB CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e .
+	# The CPU wheel of torch first where the platform has one (an unpinned torch would pull a multi-GB CUDA build).
+	$(PY) -m pip install --quiet torch==2.13.0 $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+	$(PY) -m pip install --quiet -e '.[lab,test]' $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (oom casebook)" >/dev/null
 	touch $(STAMP)
 
-lab: $(STAMP)
+# DeepSpeed's C++ Adam ops, built ahead (minutes, once; skipped with a note where no compiler exists: the notebooks
+# then take DeepSpeed's torch_adam path). Each build's time goes to data/results/deepspeed_op_builds.json.
+deepspeed-ops: $(STAMP)
+	-$(PY) -m helpers.measure.deepspeed_ops build
+
+lab: $(STAMP) deepspeed-ops
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
 
 # Every notebook is executed once, by nbmake, on a copy in $(EXECUTED) (outputs written there, never into notebooks/);
