@@ -7,6 +7,7 @@ Controls change a TrainSetup; an invalid combination shows its error as the verd
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 
 import ipywidgets as w
@@ -36,20 +37,20 @@ class Explorer:
         self.controls = {
             "model": w.Dropdown(options=models.catalogue(), value=model if model in models.catalogue() else None,
                                 description="model"),
-            "batch": w.IntSlider(s.batch, 1, 64, description="micro batch"),
-            "seq": w.SelectionSlider(options=sorted(set(SEQS + [s.seq])), value=s.seq, description="seq"),
+            "batch": w.IntSlider(s.batch, 1, 64, description="micro batch", continuous_update=False),
+            "seq": w.SelectionSlider(options=sorted(set(SEQS + [s.seq])), value=s.seq, description="seq", continuous_update=False),
             "strategy": w.Dropdown(options=STRATEGIES, value=s.strategy, description="strategy"),
-            "gpus": w.SelectionSlider(options=sorted(set(GPUS + [s.gpus])), value=s.gpus, description="GPUs"),
+            "gpus": w.SelectionSlider(options=sorted(set(GPUS + [s.gpus])), value=s.gpus, description="GPUs", continuous_update=False),
             "precision": w.Dropdown(options=PRECISIONS, value=s.precision, description="precision"),
             "adam_impl": w.Dropdown(options=("default",) + ADAM_IMPLS, value=s.adam_impl or "default",
                                     description="AdamW"),
             "optimizer": w.Dropdown(options=OPTIMIZERS, value=s.optimizer, description="optimizer"),
             "lora_rank": w.SelectionSlider(options=LORA_RANKS, value=s.lora_rank or 0, description="LoRA rank",
-                                           tooltip="0: full fine-tuning"),
+                                           tooltip="0: full fine-tuning", continuous_update=False),
             "offload_optimizer": w.Checkbox(s.offload_optimizer, description="offload optimizer"),
             "offload_params": w.Checkbox(s.offload_params, description="offload params"),
             "offload_ratio": w.FloatSlider(1.0 if s.offload_ratio is None else s.offload_ratio, min=0, max=1,
-                                           step=0.05, description="ratio"),
+                                           step=0.05, description="ratio", continuous_update=False),
             "use_ratio": w.Checkbox(s.offload_ratio is not None, description="partial offload (ratio)"),
             "pin_memory": w.Checkbox(s.pin_memory, description="pin memory"),
             "grad_checkpointing": w.Checkbox(s.grad_checkpointing, description="checkpointing"),
@@ -59,6 +60,12 @@ class Explorer:
             "host_gib": w.FloatText(s.host_gib or 0.0, description="host GiB", tooltip="0: no capacity"),
         }
         self.verdict = w.HTML()
+        self.reset_button = w.Button(description="reset to the case" if reported else "reset", icon="undo",
+                                     tooltip="every control back to where this explorer started",
+                                     layout=w.Layout(width="150px"))
+        self.reset_button.on_click(lambda _: self.reset())
+        self.start = ({k: c.value for k, c in self.controls.items()}, self.setup, self.model)
+        self._holding = False
         self.source = source
         with plt.ioff():                      # shown once, inside the explorer's own widget
             self.curve = plots.MemoryCurve(self.result, source=source, reported=self.reported_here())
@@ -87,7 +94,21 @@ class Explorer:
         for k, v in values.items():
             self.controls[k].value = v
 
+    def reset(self) -> None:
+        """Every control back to where the explorer started (one redraw)."""
+        values, setup, model = self.start
+        self._holding = True
+        try:
+            for k, v in values.items():
+                self.controls[k].value = v
+        finally:
+            self._holding = False
+        self._changed()
+        assert (self.setup, self.model) == (setup, model), "reset did not restore the starting set-up"
+
     def _changed(self, change=None) -> None:
+        if self._holding:
+            return
         started = time.perf_counter()
         try:
             setup = self.setup_from_controls()
@@ -126,20 +147,36 @@ class Explorer:
         self.verdict.value = f"<b style='color:{color}'>{text}</b>"
 
     def widget(self) -> w.Widget:
-        """The controls, the verdict and the figure (live with ipympl, a picture otherwise)."""
+        """The main controls in a compact grid, the rest in a collapsed section, the verdict, and the figure (live with
+        ipympl, a picture redrawn into an output otherwise); about 860 px wide."""
         c = self.controls
-        rows = [w.HBox([c["model"], c["strategy"], c["gpus"]]), w.HBox([c["batch"], c["seq"], c["precision"]]),
-                w.HBox([c["adam_impl"], c["attention"], c["grad_checkpointing"], c["fused_ce"]]),
-                w.HBox([c["optimizer"], c["lora_rank"]]),
-                w.HBox([c["offload_optimizer"], c["offload_params"], c["pin_memory"]]),
-                w.HBox([c["use_ratio"], c["offload_ratio"], c["gpu_gib"], c["host_gib"]]), self.verdict]
+        narrow = w.Layout(width="280px")
+        for k in ("model", "strategy", "gpus", "batch", "seq", "precision", "adam_impl", "attention", "optimizer",
+                  "lora_rank", "offload_ratio", "gpu_gib", "host_gib"):
+            c[k].layout = narrow
+            c[k].style = {"description_width": "80px"}
+        for k in ("grad_checkpointing", "fused_ce", "offload_optimizer", "offload_params", "pin_memory", "use_ratio"):
+            c[k].layout = w.Layout(width="280px")
+            c[k].indent = False
+        grid = lambda keys: w.GridBox([c[k] for k in keys], layout=w.Layout(
+            grid_template_columns="repeat(3, 285px)", grid_gap="2px 4px"))
+        main = grid(["model", "strategy", "gpus", "batch", "seq", "precision", "offload_optimizer", "offload_params",
+                     "grad_checkpointing"])
+        rest = grid(["adam_impl", "optimizer", "lora_rank", "attention", "fused_ce", "pin_memory",
+                     "use_ratio", "offload_ratio", "gpu_gib", "host_gib"])
+        if "google.colab" in sys.modules:    # Colab's widget manager does not open an Accordion (colabtools #3571)
+            more = w.VBox([w.HTML("<b>more options</b>"), rest])
+        else:
+            more = w.Accordion([rest], selected_index=None,
+                               titles=("more options: AdamW, 8-bit, LoRA, attention, fused CE, pinning, ratio, capacities",))
+        head = [main, more, w.HBox([self.reset_button, self.verdict])]
         canvas = self.curve.fig.canvas
         if isinstance(canvas, w.DOMWidget):
-            return w.VBox(rows + [canvas])
+            return w.VBox(head + [canvas])
         out = w.Output()                     # without ipympl: a picture, redrawn into the same output
         self._output = out
         self._render_static()
-        return w.VBox(rows + [out])
+        return w.VBox(head + [out])
 
     def _render_static(self) -> None:
         out = getattr(self, "_output", None)

@@ -34,16 +34,41 @@ def gib(nbytes: float) -> float:
     return nbytes / GiB
 
 
-class MemoryCurve:
-    """Memory per phase, stacked by category, one panel per device; capacity line, OOM marker, overlays."""
+WIDTH_IN = 8.8                 # at dpi 100, 880 px: inside a 1366-px laptop's notebook with JupyterLab's sidebar open
 
-    def __init__(self, result: Result, title: str | None = None, figsize=(11, 4.2), dpi: int = 100,
+
+def fit_canvas(fig: Figure) -> Figure:
+    """A live (ipympl) canvas with its toolbar above the figure, not over the axes, and no title bar; nothing to do
+    for a picture (inline backend)."""
+    canvas = fig.canvas
+    if hasattr(canvas, "toolbar_position"):
+        canvas.toolbar_position = "top"
+        canvas.toolbar_visible = True
+        canvas.header_visible = False
+        canvas.footer_visible = False
+        canvas.resizable = False
+    return fig
+
+
+class MemoryCurve:
+    """Memory per phase, stacked by category, one panel per device (the host panel only when something is on the
+    host); capacity line, OOM marker, overlays; one legend under the plot naming only what is drawn.
+
+    `update` lays the figure out again (constrained layout at each draw): new tick labels or a panel dropped never
+    overprint. A series of one's own is added by appending its artists to `self.extras` and its (handle, label) to
+    the `legend` list that `_decorate` returns, inside `update`.
+    """
+
+    def __init__(self, result: Result, title: str | None = None, figsize=(WIDTH_IN, 4.6), dpi: int = 100,
                  source: str | None = None, overlay: Result | None = None, reported: list[dict] | None = None):
         self.fig: Figure = plt.figure(figsize=figsize, dpi=dpi, layout="constrained")
-        self.axes = dict(zip(("gpu", "host"), self.fig.subplots(1, 2)))
+        fit_canvas(self.fig)
+        self.grid = self.fig.add_gridspec(1, 2)
+        self.axes = {"gpu": self.fig.add_subplot(self.grid[0, 0]), "host": self.fig.add_subplot(self.grid[0, 1])}
         self.phases = list(result.gpu.phases)
         self.bars: dict[str, dict[str, list]] = {}
         self.extras: list = []
+        self.legend = None
         x = range(len(self.phases))
         for dev, ax in self.axes.items():
             self.bars[dev] = {}
@@ -52,27 +77,44 @@ class MemoryCurve:
                                              edgecolor="white", linewidth=0.4)
             ax.set_xticks(list(x), [SHORT[p] for p in self.phases], fontsize=8.5)
             ax.set_ylabel("GiB (2^30 bytes)")
-            ax.set_title(DEVICE_TITLES[dev], fontsize=11)
             ax.grid(axis="y", alpha=0.3)
-        handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in CATEGORIES]
-        self.fig.legend(handles, [c.replace("_", " ") for c in CATEGORIES], loc="outside right center", fontsize=8,
-                        frameon=False)
         self.title, self.source = title, source
-        self.update(result, overlay, reported)       # laid out with its first markers and legends in place
-        # Lay out once, then keep the layout: redraws stay fast. Not canvas.draw(): an ipympl canvas drawn before its
-        # view exists stays 0 x 0 pixels in JupyterLab (seen by the browser test).
-        self.fig.draw_without_rendering()
-        self.fig.set_layout_engine("none")
+        self.update(result, overlay, reported)
+
+    def panels(self, result: Result) -> list[str]:
+        """The devices drawn: the GPU always, the host when anything of the result is there."""
+        return ["gpu"] + (["host"] if any(result.host.phases.values()) else [])
 
     def update(self, result: Result, overlay: Result | None = None, reported: list[dict] | None = None) -> None:
-        """Redraw for another result of the same phases (heights only, then the markers)."""
+        """Redraw for another result of the same phases (heights, panels, markers, legend, layout)."""
         if list(result.gpu.phases) != self.phases:
             raise ValueError(f"phases changed from {self.phases} to {list(result.gpu.phases)}: make a new MemoryCurve")
         for artist in self.extras:
             artist.remove()
         self.extras = []
         self.result = result
-        dotted, stars = [], False
+        shown = self.panels(result) + (["host"] if overlay is not None and any(overlay.host.phases.values()) else [])
+        self.axes["host"].set_visible("host" in shown)
+        self.axes["gpu"].set_subplotspec(self.grid[0, 0] if "host" in shown else self.grid[0, :])
+        legend = self._decorate(result, overlay, reported)
+        if self.legend is not None:
+            self.legend.remove()
+        self.legend = self.fig.legend([h for h, _ in legend], [t for _, t in legend], loc="outside lower center",
+                                      ncols=min(5, len(legend)), fontsize=7.5, frameon=False)
+        mode = evidence.label(result) + (f"; black line: {evidence.label(overlay)}" if overlay is not None else "")
+        marks = " and ".join(m for m, on in (("stars", self._stars), ("dotted lines", self._dotted)) if on)
+        source = f"\nreported figures ({marks}): {self.source}" if self.source and marks else ""
+        s = result.setup
+        adam = f", AdamW {s.get('adam_impl') or 'foreach'}" if s.get("strategy") in ("single", "ddp", "fsdp2") else ""
+        head = self.title or (f"{result.model}: {s['strategy']} x{s['gpus']}, {s['precision']}{adam}, "
+                              f"batch {s['batch']} x seq {s['seq']} [{mode}]")
+        self.fig.suptitle("\n".join(textwrap.wrap(head, 120)) + source, fontsize=9.5)
+
+    def _decorate(self, result: Result, overlay: Result | None, reported: list[dict] | None) -> list[tuple]:
+        """Bar heights, capacity lines, OOM marks, overlay and reported figures; the legend's (handle, label) pairs."""
+        used: set[str] = set()
+        legend: list[tuple] = []
+        dotted, stars, capacity = [], False, False
         for dev, ax in self.axes.items():
             d = result.device(dev)
             bottoms = [0.0] * len(self.phases)
@@ -83,12 +125,15 @@ class MemoryCurve:
                     rect.set_height(h)
                     rect.set_visible(h > 0)              # empty categories cost nothing to draw
                     bottoms[i] += h
+                    if h > 0 and ax.get_visible():
+                        used.add(cat)
             top = max(bottoms + [0.1])
             title = DEVICE_TITLES[dev]
             if d.capacity_bytes:
                 cap = gib(d.capacity_bytes)
                 top = max(top, cap)
-                title += f"; capacity {cap:,.0f} GiB (red dashes)"
+                capacity = True
+                title += f"; capacity {cap:,.0f} GiB"
                 self.extras.append(ax.axhline(cap, color=OOM_RED, linestyle="--", linewidth=1.2))
                 first = d.first_over()
                 if first:                   # the marker on the bar, the words in a corner: they never overlap
@@ -102,8 +147,11 @@ class MemoryCurve:
                 o = overlay.device(dev)
                 ys = [gib(o.phases.get(p, 0)) for p in self.phases]
                 top = max(top, *ys)
-                self.extras.append(ax.plot(range(len(self.phases)), ys, "o-", color="black", linewidth=1.2,
-                                           markersize=5, label=evidence.label(overlay))[0])
+                line = ax.plot(range(len(self.phases)), ys, "o-", color="black", linewidth=1.2, markersize=5,
+                               label=evidence.label(overlay))[0]
+                self.extras.append(line)
+                if dev == "gpu":
+                    legend.append((line, evidence.label(overlay)))
             for item in reported or []:
                 if item.get("device") != dev or item.get("value") is None or not isinstance(item["value"], (int, float)):
                     continue
@@ -115,7 +163,7 @@ class MemoryCurve:
                     self.extras.append(ax.plot(i + 0.22, y, marker="*", markersize=14, color="#FFD400",
                                                markeredgecolor="black")[0])
                     stars = True
-                else:                       # named in a legend of their own, never written over the bars
+                else:                       # named in the legend, never written over the bars
                     style = DOTTED[len(dotted) % len(DOTTED)]
                     line = ax.axhline(y, color="black", linestyle=style, linewidth=1.1)
                     self.extras.append(line)
@@ -126,17 +174,18 @@ class MemoryCurve:
             if not any(bottoms):
                 self.extras.append(ax.text(0.5, 0.5, "nothing here", transform=ax.transAxes, ha="center",
                                            color="#777777", fontsize=10))
-        if dotted:
-            self.extras.append(self.fig.legend([l for l, _ in dotted], [t for _, t in dotted],
-                                               loc="outside lower center", ncols=min(3, len(dotted)), fontsize=7.5,
-                                               frameon=False))
-        mode = evidence.label(result) + (f"; black line: {evidence.label(overlay)}" if overlay is not None else "")
-        marks = " and ".join(m for m, on in (("stars", stars), ("dotted lines", dotted)) if on)
-        source = f"\nreported figures ({marks}): {self.source}" if self.source and marks else ""
-        s = result.setup
-        adam = f", AdamW {s.get('adam_impl') or 'foreach'}" if s.get("strategy") in ("single", "ddp", "fsdp2") else ""
-        self.fig.suptitle((self.title or f"{result.model}: {s['strategy']} x{s['gpus']}, {s['precision']}{adam}, "
-                           f"batch {s['batch']} x seq {s['seq']} [{mode}]") + source, fontsize=10)
+        self._stars, self._dotted = stars, bool(dotted)
+        entries = [(plt.Rectangle((0, 0), 1, 1, color=COLORS[c]), c.replace("_", " ")) for c in CATEGORIES if c in used]
+        if capacity:
+            entries.append((plt.Line2D([], [], color=OOM_RED, linestyle="--"), "capacity"))
+        if stars:
+            entries.append((plt.Line2D([], [], marker="*", markersize=10, color="#FFD400", markeredgecolor="black",
+                                       linestyle="none"), "reported"))
+        return entries + legend + dotted
+
+    def legend_labels(self) -> list[str]:
+        """What the legend names now."""
+        return [t.get_text() for t in self.legend.get_texts()] if self.legend is not None else []
 
     def heights(self, device: str) -> dict[str, float]:
         """The drawn total per phase on `device`, in GiB (what a reader sees)."""
@@ -165,8 +214,9 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
     """Before/after: each result's peak on `device`, stacked by category, with its capacity line; the axis in GiB, or
     MiB when every peak is under 1 GiB; the kind of evidence under the title."""
     _check_results(results.values() if isinstance(results, dict) else None, "compare_bars needs a {label: Result} dict")
-    width = max(6.0, 1.6 + 1.5 * len(results))
-    fig, ax = plt.subplots(figsize=(width, 4.4), layout="constrained")
+    width = min(WIDTH_IN, max(6.0, 1.6 + 1.5 * len(results)))
+    fig, ax = plt.subplots(figsize=(width, 4.6), layout="constrained")
+    fit_canvas(fig)
     labels = list(results)
     unit, div = _unit([results[k].device(device).peak_bytes for k in labels])
     top = 0.0
@@ -190,7 +240,7 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
     if any(results[k].device(device).capacity_bytes for k in labels):
         handles.append(plt.Line2D([], [], color=OOM_RED, linestyle="--"))
         names.append("capacity")
-    ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    fig.legend(handles, names, fontsize=7, loc="outside lower center", ncols=min(5, len(names)), frameon=False)
     kinds = [evidence.label(results[k]) for k in labels]
     if len(set(kinds)) > 1:                 # each bar says what it is
         per_bar = max(14, int(width * 11 / len(labels)))          # characters a tick label may take per line
@@ -232,6 +282,7 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
         raise InputError(f"phase {phase!r} must be in every result, got a result with phases "
                          f"{', '.join(missing.device(device).phases) or 'none'}")
     fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
+    fit_canvas(fig)
     top = 0.1
 
     def value(r: Result) -> float:

@@ -100,7 +100,7 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
         engine = (DeepSpeedEngine if s.strategy.startswith("zero") else TorchEngine)(net, s, tracker)
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad], "parameters")
         tracker.restart_peak("setup")
-        losses, rss, times = train(engine, tracker, s, models.spec(str(twin)).vocab, steps)
+        losses, rss, times = train(engine, tracker, s, models.spec(str(twin)).vocab, steps, progress)
     r = result_from_census(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1, times=times)
     r.meta.update(getattr(engine, "engine_meta", dict)())
     return _pin_note(r, setup)
@@ -119,9 +119,13 @@ def build_twin(twin: Path, s: TrainSetup):
     return engines.build_model(str(twin), s, dtype, "eager" if s.attention == "eager" else "sdpa")
 
 
-def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int) -> tuple[list[float], dict, dict]:
+def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int,
+          progress: bool = False) -> tuple[list[float], dict, dict]:
     """Forward, backward and step `steps` times on one fixed batch (so the loss must fall); RSS at each phase's end;
-    the wall time of each forward, backward and optimizer step (seconds, tracker included)."""
+    the wall time of each forward, backward and optimizer step (seconds, tracker included); a progress bar
+    (notebook-aware, gone when done) with `progress`."""
+    from tqdm.auto import tqdm
+
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (s.batch, s.seq), generator=gen)
     losses, rss, times = [], {}, {"forward": [], "backward": [], "step": []}
@@ -131,7 +135,7 @@ def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int) -> tu
         rss[phase] = max(rss.get(phase, 0), proc.memory_info().rss)
 
     engines.watch_logits(engine.module, tracker)
-    for i in range(steps):
+    for i in tqdm(range(steps), desc=f"twin, {s.strategy}: training steps", leave=False, disable=not progress):
         forward, backward = ("forward", "backward") if i == 0 else ("steady", "steady")
         started = time.perf_counter()
         with tracker.phase(forward, activity="forward"):
