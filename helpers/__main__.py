@@ -33,8 +33,10 @@ class Parser(argparse.ArgumentParser):
         exclusive = re.match(r"argument (\S+): not allowed with argument (\S+)", message)
         if found:                                  # our own type checks: "--batch must be an integer, got '1e12'"
             message = f"{found.group(1)} {found.group(2)}"
-        elif choice:
-            message = f"{choice.group(1)} must be one of {choice.group(3)}, got {choice.group(2)}"
+        elif choice:                               # choices written as Python 3.11 writes them (3.13 drops the quotes)
+            action = next((a for a in self._actions if choice.group(1) in a.option_strings), None)
+            allowed = ", ".join(map(repr, action.choices)) if action is not None and action.choices else choice.group(3)
+            message = f"{choice.group(1)} must be one of {allowed}, got {choice.group(2)}"
         elif exclusive:
             message = f"{exclusive.group(2)} and {exclusive.group(1)} exclude each other: give one of them, got both"
         elif message.startswith("the following arguments are required"):

@@ -18,8 +18,14 @@ CHOICES = ("auto", "widget", "inline")
 
 
 def live_figures_work() -> bool:
-    """ipympl is installed and this is not Colab."""
-    return importlib.util.find_spec("ipympl") is not None and "google.colab" not in sys.modules
+    """ipympl imports and this is not Colab."""
+    if "google.colab" in sys.modules:
+        return False
+    try:
+        import ipympl  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def setup() -> str:
@@ -30,7 +36,7 @@ def setup() -> str:
         raise InputError(f"OOM_FIGURES must be one of {', '.join(CHOICES)}, got {choice!r}")
     if choice == "auto":
         choice = "widget" if live_figures_work() else "inline"
-    if choice == "widget" and importlib.util.find_spec("ipympl") is None:
+    if choice == "widget" and importlib.util.find_spec("ipympl") is None:   # pragma: no cover - a reader's choice
         raise InputError("OOM_FIGURES=widget needs ipympl (pip install ipympl), which is not installed")
     try:
         from IPython import get_ipython

@@ -38,11 +38,11 @@ WIDTH_IN = 8.8                 # at dpi 100, 880 px: inside a 1366-px laptop's n
 
 
 def fit_canvas(fig: Figure) -> Figure:
-    """A live (ipympl) canvas with its toolbar above the figure, not over the axes, and no title bar; nothing to do
+    """A live (ipympl) canvas with its toolbar beside the figure, not over the axes, and no title bar; nothing to do
     for a picture (inline backend)."""
     canvas = fig.canvas
     if hasattr(canvas, "toolbar_position"):
-        canvas.toolbar_position = "top"
+        canvas.toolbar_position = "right"
         canvas.toolbar_visible = True
         canvas.header_visible = False
         canvas.footer_visible = False

@@ -34,6 +34,13 @@ def adam_rate(kind: str = "deepspeed-cpu-adam", elements: int = 1 << 24, steps: 
     if kind == "deepspeed-cpu-adam":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
+        from helpers.measure import deepspeed_ops
+
+        if deepspeed_ops.torch_path(offload=True):
+            raise InputError("deepspeed-cpu-adam needs DeepSpeed's cpu_adam, a C++ op, which is not built here and will "
+                             "not be (no compiler, or OOM_DEEPSPEED_OPS=torch): measure 'torch-adamw-fused' instead")
+        deepspeed_ops.ensure("cpu_adam")
+
         opt = DeepSpeedCPUAdam([param], lr=1e-3, adamw_mode=True)
     else:
         opt = torch.optim.AdamW([param], lr=1e-3, fused=kind.endswith("fused"), foreach=kind.endswith("foreach"))
