@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 # DeepSpeed's C++ Adam ops, built ahead (minutes, once; skipped with a note where no compiler exists: the notebooks
 # then take DeepSpeed's torch_adam path). Each build's time goes to data/results/deepspeed_op_builds.json.
 deepspeed-ops: $(STAMP)
-	-$(PY) -m helpers.measure.deepspeed_ops build
+	-$(PY) -m helpers.deepspeed_ops build
 
 lab: $(STAMP) deepspeed-ops
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/

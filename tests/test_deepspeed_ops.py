@@ -4,7 +4,8 @@ announces itself, with its expected time, before it starts; a partial offload, w
 import pytest
 
 from helpers.errors import InputError
-from helpers.measure import deepspeed_ops, scaled
+from helpers import deepspeed_ops
+from helpers.measure import scaled
 from helpers.training import TrainSetup
 
 from test_scaled import M, falls, twin_params, within_10_percent_of_estimate
@@ -56,3 +57,16 @@ def test_a_missing_op_is_announced_with_its_time_before_the_build(monkeypatch, t
     assert lines[0].startswith("Building DeepSpeed's cpu_adam (DeepSpeedCPUAdam, C++) once: about 3 min")
     assert "183 s" in lines[0] and started == [["cpu_adam"]]
     assert capsys.readouterr().out.splitlines()[0] == lines[0]
+
+
+@pytest.mark.skipif(not deepspeed_ops.sys.platform.startswith("linux"), reason="the torch-free rule is Linux's")
+@pytest.mark.parametrize("extensions_dir", [None, "/tmp/some-extensions"])
+def test_build_dir_without_torch_is_torchs_own(monkeypatch, extensions_dir):
+    from torch.utils.cpp_extension import _get_build_directory
+
+    if extensions_dir is None:
+        monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", extensions_dir)
+    for op in deepspeed_ops.OPS:
+        assert deepspeed_ops._linux_build_dir(op) == deepspeed_ops.Path(_get_build_directory(op, verbose=False))

@@ -6,7 +6,8 @@ import torch
 
 from helpers import cases, estimate, models
 from helpers.errors import InputError
-from helpers.measure import deepspeed_ops, gpu, scaled
+from helpers import deepspeed_ops
+from helpers.measure import gpu, scaled
 from helpers.training import TrainSetup
 
 M = "llama-3-8b"

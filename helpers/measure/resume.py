@@ -43,7 +43,8 @@ HIDDEN = 768
 
 def _engine(twin: str, s: TrainSetup):
     """DeepSpeed in this process (one rank, gloo) on the twin, with the set-up's ZeRO configuration."""
-    from helpers.measure import deepspeed_ops, engines, procgroup
+    from helpers import deepspeed_ops
+    from helpers.measure import engines, procgroup
     from helpers.measure.scaled import deepspeed_config
 
     procgroup.ensure("gloo", 1)

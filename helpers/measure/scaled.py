@@ -28,10 +28,10 @@ from pathlib import Path
 import psutil
 import torch
 
-from helpers import estimate, models
+from helpers import deepspeed_ops, estimate, models
 from helpers.errors import InputError, MeasurementError
 from helpers.estimate import states
-from helpers.measure import children, deepspeed_ops, engines, procgroup, provenance
+from helpers.measure import children, engines, procgroup, provenance
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked

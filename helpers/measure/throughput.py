@@ -34,7 +34,7 @@ def adam_rate(kind: str = "deepspeed-cpu-adam", elements: int = 1 << 24, steps: 
     if kind == "deepspeed-cpu-adam":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        from helpers.measure import deepspeed_ops
+        from helpers import deepspeed_ops
 
         if deepspeed_ops.torch_path(offload=True):
             raise InputError("deepspeed-cpu-adam needs DeepSpeed's cpu_adam, a C++ op, which is not built here and will "

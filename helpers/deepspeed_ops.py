@@ -12,7 +12,7 @@ offload (`ratio`) refuses it ("Hybrid Optimizer Only Supports DeepSpeedCPUAdam")
 
 OOM_DEEPSPEED_OPS chooses: `auto` (default: a built op is used; a missing one is built where a compiler exists, the
 torch path taken otherwise), `build` (always the C++ op), `torch` (never build: the torch path).
-`python -m helpers.measure.deepspeed_ops build` builds both ops ahead (`make lab` does) and records each build's time
+`python -m helpers.deepspeed_ops build` builds both ops ahead (`make lab` does) and records each build's time
 in data/results/deepspeed_op_builds.json, which the notice quotes.
 """
 
@@ -31,11 +31,10 @@ from pathlib import Path
 
 from helpers import files
 from helpers.errors import InputError
-from helpers.measure import provenance
 
 OPS = {"cpu_adam": ("CPUAdamBuilder", "DeepSpeedCPUAdam"), "fused_adam": ("FusedAdamBuilder", "FusedAdam")}
 POLICIES = ("auto", "build", "torch")
-TIMINGS = Path(__file__).resolve().parents[2] / "data" / "results" / "deepspeed_op_builds.json"
+TIMINGS = Path(__file__).resolve().parents[1] / "data" / "results" / "deepspeed_op_builds.json"
 _background: dict[str, subprocess.Popen] = {}
 
 
@@ -53,10 +52,43 @@ def op_for(offload: bool) -> str:
 
 
 def build_dir(op: str) -> Path:
-    """Where torch keeps (or would keep) the built op."""
-    from torch.utils.cpp_extension import _get_build_directory
+    """Where torch keeps (or would keep) the built op: torch's own `_get_build_directory` once torch is imported; before
+    that, on Linux, the same rule read without importing torch (a notebook's first line comes out in seconds):
+    TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions/py<major><minor><abiflags>_<cpu|cuXYZ|rocmXYZ>
+    (torch 2.13, torch/utils/cpp_extension.py; tests/test_deepspeed_ops.py checks the two agree)."""
+    if "torch" in sys.modules or not sys.platform.startswith("linux"):
+        from torch.utils.cpp_extension import _get_build_directory
 
-    return Path(_get_build_directory(op, verbose=False))
+        return Path(_get_build_directory(op, verbose=False))
+    return _linux_build_dir(op)
+
+
+def _linux_build_dir(op: str) -> Path:
+    """torch's build-directory rule on Linux, without importing torch."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        version = _torch_version_fields()
+        accel = (f"rocm{version['hip'].replace('.', '')}" if version.get("hip")
+                 else f"cu{version['cuda'].replace('.', '')}" if version.get("cuda") else "cpu")
+        py = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(os.path.realpath(os.path.join(cache, "torch_extensions")), f"{py}_{accel}")
+    return Path(root) / op
+
+
+def _torch_version_fields() -> dict:
+    """`cuda` and `hip` from torch/version.py, read as text (torch not imported)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    out = {}
+    if spec and spec.origin:
+        for node in ast.parse((Path(spec.origin).parent / "version.py").read_text()).body:
+            target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+            if getattr(target, "id", None) in ("cuda", "hip") and node.value is not None:
+                out[target.id] = ast.literal_eval(node.value)
+    return out
 
 
 def compiler() -> str | None:
@@ -125,7 +157,7 @@ def notice(op: str) -> str:
 
 
 def _command(ops: list[str]) -> list[str]:
-    return [sys.executable, "-m", "helpers.measure.deepspeed_ops", "build", *ops]
+    return [sys.executable, "-m", "helpers.deepspeed_ops", "build", *ops]
 
 
 def prepare(ops=tuple(OPS)) -> list[str]:
@@ -194,6 +226,8 @@ def build(ops: list[str]) -> dict:
     """Build `ops` now, in this process, each timed; the times recorded in data/results/deepspeed_op_builds.json."""
     from deepspeed.ops import op_builder
 
+    from helpers.measure import provenance
+
     record = {"builds": {}}
     try:
         record = json.loads(TIMINGS.read_text())
@@ -220,7 +254,7 @@ def build(ops: list[str]) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m helpers.measure.deepspeed_ops",
+    p = argparse.ArgumentParser(prog="python -m helpers.deepspeed_ops",
                                 description="Build DeepSpeed's C++ Adam ops ahead, or show their status.")
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the ops (default: both) and record the time each took")
