@@ -193,8 +193,8 @@ def _result(a: argparse.Namespace, save: Path | None):
         from helpers.measure.allocator import Config
         Config.parse(a.alloc_conf)
         if a.mode == "scaled":
-            raise InputError(f"--alloc-conf applies to --mode dry-run (modelled) and gpu (set for CUDA), "
-                             f"got it with --mode scaled (a CPU run has no CUDA allocator)")
+            raise InputError("--alloc-conf applies to --mode dry-run (modelled) and gpu (set for CUDA), "
+                             "got it with --mode scaled (a CPU run has no CUDA allocator)")
         if a.mode == "gpu":
             os.environ["PYTORCH_CUDA_ALLOC_CONF"] = a.alloc_conf        # read when CUDA's allocator starts
     if a.mode == "dry-run":
