@@ -87,3 +87,15 @@ def test_bad_allocator_settings(capsys, mode, conf, needle):
     code = main(["measure", "--mode", mode, "--model", "llama-3-8b", "--alloc-conf", conf])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_gpu_mode_summarises_the_allocator_snapshot():
+    from helpers.measure.gpu import segments_summary
+
+    snap = [{"total_size": 20 * MiB, "allocated_size": 4 * MiB, "segment_type": "large",
+             "blocks": [{"size": 4 * MiB, "state": "active_allocated"}, {"size": 16 * MiB, "state": "inactive"}]},
+            {"total_size": 2 * MiB, "allocated_size": 512, "segment_type": "small",
+             "blocks": [{"size": 512, "state": "active_allocated"}, {"size": 2 * MiB - 512, "state": "inactive"}]}]
+    s = segments_summary(snap)
+    assert s["segments"] == 2 and s["reserved"] == 22 * MiB and s["allocated"] == 4 * MiB + 512
+    assert s["largest_free_block"] == 16 * MiB and s["by_pool"] == {"large": 20 * MiB, "small": 2 * MiB}

@@ -16,8 +16,9 @@ from helpers.results import Result
 
 def attach(result: Result, events: list[tuple], gpu: str | None = None, alloc_conf: str | None = None) -> Result:
     """Set result.gpu.reserved (the model's per-phase reserved bytes, with room to grow) and .overhead (CUDA context,
-    NCCL buffers), and meta['allocator']: the replay's figures, its sources and, with a capacity, the verdict of a
-    second replay capped at the capacity less the overhead (the allocator frees its cache before it gives up)."""
+    NCCL buffers), and meta['allocator']: the replay's figures, its sources, the reserve under
+    expandable_segments:True beside the default's ('reserved_expandable') and, with a capacity, the verdict of a
+    replay capped at the capacity less the overhead (the allocator frees its cache before it gives up)."""
     config = allocator.Config.parse(alloc_conf)
     s = result.setup
     parts = gpus.overhead(s["strategy"], s["gpus"], gpu)
@@ -27,6 +28,8 @@ def attach(result: Result, events: list[tuple], gpu: str | None = None, alloc_co
             "events": free.events, "replay_s": round(time.perf_counter() - started, 3),
             "cuda_context": gpus.cuda_context(gpu), "nccl_buffers": gpus.nccl_buffers(s["strategy"], s["gpus"]),
             "verdict": None}
+    if not config.expandable_segments:       # the one setting that changes it most, beside (bytes per phase)
+        info["reserved_expandable"] = allocator.replay(events, allocator.Config(expandable_segments=True)).reserved()
     result.gpu.reserved, result.gpu.overhead = free.reserved(), parts
     cap = result.gpu.capacity_bytes
     if cap:
@@ -47,3 +50,33 @@ def _verdict(events, config, cap: int, parts: dict[str, int], totals: dict[str, 
     part = gpus.pushed_over(o["allocated"] + o["requested_bytes"], o["reserved"] + o["segment_bytes"], parts, cap)
     return {"fits": False, "phase": o["phase"], "part": part or "fragmentation", "requested_bytes": o["requested_bytes"],
             "allocated_bytes": o["allocated"], "reserved_bytes": o["reserved"], "released_cache": True}
+
+
+def recheck(model: str, setup, gpu: str | None = None, alloc_conf: str | None = None) -> dict:
+    """A set-up's GPU verdict on allocated bytes and on the device total (bytes): from a dry run with the allocator
+    model where the strategy has a dry run, else from the estimate plus the context and NCCL (reserved not modelled:
+    said in 'basis'). 'flipped' is True where the two verdicts differ."""
+    from helpers import estimate
+    from helpers.measure import dryrun
+
+    has_dry = setup.strategy in dryrun.STEPS and setup.optimizer == "adamw"
+    r = dryrun.run(model, setup, progress=False, gpu=gpu, alloc_conf=alloc_conf) if has_dry else \
+        estimate.run(model, setup)
+    parts = gpus.overhead(setup.strategy, setup.gpus, gpu)
+    allocated, cap = r.gpu.peak_bytes, r.gpu.capacity_bytes
+    if has_dry:
+        reserved_peak = max(r.gpu.reserved.values())
+        v = r.meta["allocator"]["verdict"] or {"fits": True, "part": None}
+        fits_device, part = v["fits"], v["part"]
+        basis = "dry run + allocator model (reserved modelled) + context + NCCL"
+    else:
+        reserved_peak = None
+        part = gpus.pushed_over(allocated, allocated, parts, cap) if cap else None
+        fits_device = part is None
+        basis = (f"estimate + context + NCCL: no dry run of {setup.strategy}, so the allocator's reserve is not "
+                 f"modelled (a lower bound)")
+    fits_allocated = cap is None or r.oom["device"] != "gpu"
+    return {"model": model, "allocated": allocated, "reserved": reserved_peak, "overhead": parts,
+            "device_total": (reserved_peak if reserved_peak is not None else allocated) + sum(parts.values()),
+            "capacity": cap, "fits_allocated": fits_allocated, "fits_device": fits_device, "part": part,
+            "flipped": fits_allocated != fits_device, "basis": basis, "result": r}
