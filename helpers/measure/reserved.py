@@ -33,21 +33,22 @@ def attach(result: Result, events: list[tuple], gpu: str | None = None, alloc_co
     result.gpu.reserved, result.gpu.overhead = free.reserved(), parts
     cap = result.gpu.capacity_bytes
     if cap:
-        info["verdict"] = _verdict(events, config, cap, parts, result.gpu.device_total)
+        info["verdict"] = _verdict(events, config, cap, parts, result.gpu.device_total, result.gpu.peak_bytes)
     result.meta["allocator"] = info
     return result
 
 
-def _verdict(events, config, cap: int, parts: dict[str, int], totals: dict[str, int]) -> dict:
+def _verdict(events, config, cap: int, parts: dict[str, int], totals: dict[str, int], tensors: int) -> dict:
     """{'fits', 'phase', 'part', 'requested_bytes', 'released_cache'}: replayed with CUDA's memory capped at the capacity
-    less the context and NCCL; `part` names what took it over (gpus.pushed_over)."""
+    less the context and NCCL; `part` names what took it over (gpus.pushed_over on the step's peaks: the tensors'
+    bytes, then the context and NCCL, then the allocator's fragmentation)."""
     if max(totals.values(), default=0) <= cap:
         return {"fits": True, "phase": None, "part": None, "released_cache": False}
     capped = allocator.replay(events, config, cap - sum(parts.values()))
     if capped.oom is None:
         return {"fits": True, "phase": None, "part": None, "released_cache": True}
     o = capped.oom
-    part = gpus.pushed_over(o["allocated"] + o["requested_bytes"], o["reserved"] + o["segment_bytes"], parts, cap)
+    part = gpus.pushed_over(tensors, max(totals.values()) - sum(parts.values()), parts, cap)
     return {"fits": False, "phase": o["phase"], "part": part or "fragmentation", "requested_bytes": o["requested_bytes"],
             "allocated_bytes": o["allocated"], "reserved_bytes": o["reserved"], "released_cache": True}
 
