@@ -84,8 +84,11 @@ def table(r: Result) -> str:
 def reserved_note(r: Result) -> str:
     """What the reserved and +context columns are, and where their figures come from."""
     a, o = r.meta.get("allocator") or {}, r.gpu.overhead or {}
-    how = ("read from torch.cuda (max_memory_reserved)" if r.mode == "gpu" else
-           f"modelled: PyTorch's caching-allocator rules ({a.get('config', 'default')}) replayed on the step's "
+    if r.mode == "gpu":
+        return (f"GPU reserved: measured (torch.cuda.max_memory_reserved per phase). +context: reserved + "
+                f"{o.get('outside_allocator', 0) / MiB:.0f} MiB that torch.cuda.mem_get_info showed in use outside the "
+                f"allocator after setup (CUDA context, NCCL, other processes): what nvidia-smi shows")
+    how = (f"modelled: PyTorch's caching-allocator rules ({a.get('config', 'default')}) replayed on the step's "
            f"allocations")
     ctx, nccl = a.get("cuda_context") or {}, a.get("nccl_buffers") or {}
     return (f"GPU reserved: {how}. +context: reserved + CUDA context {o.get('cuda_context', 0) / MiB:.0f} MiB "

@@ -99,3 +99,18 @@ def test_gpu_mode_summarises_the_allocator_snapshot():
     s = segments_summary(snap)
     assert s["segments"] == 2 and s["reserved"] == 22 * MiB and s["allocated"] == 4 * MiB + 512
     assert s["largest_free_block"] == 16 * MiB and s["by_pool"] == {"large": 20 * MiB, "small": 2 * MiB}
+
+
+def test_gpu_mode_table_reads_reserved_as_measured():
+    from helpers import report
+    from helpers.results import DeviceMemory, Result, empty_breakdown
+
+    b = empty_breakdown(["setup", "forward"])
+    b["forward"]["activations"] = 3 * GiB
+    gpu = DeviceMemory(b, 80 * GiB, reserved={"setup": 0, "forward": 4 * GiB},
+                       overhead={"outside_allocator": 500 * MiB})
+    r = Result("m", 1, "gpu", TrainSetup().__dict__, gpu, DeviceMemory(empty_breakdown(["setup", "forward"])))
+    text = report.table(r)
+    assert "measured (torch.cuda.max_memory_reserved" in text and "500 MiB" in text
+    assert r.gpu.device_total == {"setup": 500 * MiB, "forward": 4 * GiB + 500 * MiB}
+    assert Result.from_dict(r.to_dict()).gpu.device_total == r.gpu.device_total
