@@ -6,6 +6,7 @@ import pytest
 
 from helpers.errors import InputError
 from helpers.measure import allocator as A
+from helpers.measure import reserved as R
 
 MiB = 2**20
 
@@ -135,14 +136,14 @@ def _tracker(events):
 def test_replay_reports_each_phase_and_resizes_allocate_before_freeing():
     buf = SimpleNamespace(device="gpu")
     host = SimpleNamespace(device="host")
-    ev = A.events_from(_tracker([("phase", "setup"), (buf, 4 * MiB), (host, 100 * MiB), ("phase", "forward"),
+    ev = R.events_from(_tracker([("phase", "setup"), (buf, 4 * MiB), (host, 100 * MiB), ("phase", "forward"),
                                  (buf, 26 * MiB), (buf, -30 * MiB), ("phase", "_between")]))
     assert ev[1] == ("resize", id(buf), 4 * MiB) and len(ev) == 6           # the host tensor is not the GPU's
-    r = A.replay(ev)
+    r = R.replay(ev)
     assert r.phases["setup"]["reserved"] == 20 * MiB
     f = r.phases["forward"]                     # 30 MiB allocated while the 4 MiB block still lives
     assert f["allocated"] == 34 * MiB and f["reserved"] == 50 * MiB and f["fragmentation"] == 16 * MiB
-    capped = A.replay(ev, limit_bytes=40 * MiB)
+    capped = R.replay(ev, limit_bytes=40 * MiB)
     assert capped.oom["phase"] == "forward" and capped.oom["requested_bytes"] == 30 * MiB
 
 

@@ -3,8 +3,8 @@
 Tensor bytes (what the tracker counts) are not what a GPU holds. The caching allocator asks CUDA for whole segments,
 cuts blocks out of them and keeps freed blocks cached for reuse; `torch.cuda.memory_reserved()` is the segments, and
 a run dies when one more segment cannot be had. This module replays the exact sequence of allocations and frees
-of a step (the tracker's event log: `events_from`) through the allocator's rules and reports, per phase, allocated
-and reserved bytes, the largest free cached block, and fragmentation (reserved - allocated).
+of a step through the allocator's rules (`helpers.measure.reserved` replays the tracker's event log through it and
+reports, per phase, allocated and reserved bytes, the largest free cached block, and fragmentation).
 
 Which rules, and how we know them: read from PyTorch's `c10/cuda/CUDACachingAllocator.cpp` (the copy read is
 pytorch/pytorch at commit 001074d2, a 2.x main-branch snapshot; the installed torch 2.13.0 is a CPU wheel without the
@@ -39,7 +39,7 @@ CUDA hands out (segments are laid out in creation order, which only matters for 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from helpers.errors import InputError
 
@@ -378,98 +378,3 @@ class CachingAllocator:
         pool.unmapped.append(block)
         self._try_merge(block, block.prev, pool)
         self._try_merge(block, block.next, pool)
-
-
-@dataclass
-class Replay:
-    """Per phase, at its highest moments (bytes): allocated (block sizes, as torch.cuda.memory_allocated counts them),
-    requested (the tensors' own bytes), reserved (segments), fragmentation (reserved - allocated) and the largest
-    free cached block at the allocated peak; `oom` if the limit was hit (the phase, the bytes asked for)."""
-
-    config: str
-    limit_bytes: int | None
-    phases: dict[str, dict[str, int]] = field(default_factory=dict)
-    oom: dict | None = None
-    segments: int = 0
-    events: int = 0
-
-    def reserved(self) -> dict[str, int]:
-        return {p: v["reserved"] for p, v in self.phases.items()}
-
-    def to_dict(self) -> dict:
-        return {"config": self.config, "limit_bytes": self.limit_bytes, "phases": self.phases, "oom": self.oom,
-                "segments": self.segments, "events": self.events, "rules": SOURCE}
-
-
-def events_from(tracker, device: str = "gpu") -> list[tuple]:
-    """The tracker's event log as allocator events: ('phase', name), ('restart', name), ('resize', key, new_bytes).
-
-    A storage first seen is a 'resize' from 0; a free is a resize to 0; a storage resized in place (FSDP2's all-gather
-    buffers) is a new block allocated before the old one is freed, as `resize_` does."""
-    out, size = [], {}
-    for ev in tracker.events:
-        if ev[0] in ("phase", "restart"):
-            out.append(ev)
-            continue
-        rec, delta = ev
-        if rec.device != device:
-            continue
-        key = id(rec)
-        new = size.get(key, 0) + delta
-        size[key] = new
-        out.append(("resize", key, new))
-    return out
-
-
-def replay(events: list[tuple], config: Config = Config(), limit_bytes: int | None = None) -> Replay:
-    """Run allocator events through a CachingAllocator; the per-phase figures (bytes), and where it ran out."""
-    alloc = CachingAllocator(config, limit_bytes)
-    result = Replay(str(config), limit_bytes, events=len(events))
-    live: dict[int, tuple[Block, int]] = {}
-    phase, peak_alloc, stats = "setup", -1, None
-    phases = result.phases
-
-    def open_phase(name: str) -> dict:
-        nonlocal peak_alloc
-        peak_alloc = alloc.allocated
-        phases[name] = {"allocated": alloc.allocated, "requested": alloc.requested, "reserved": alloc.reserved,
-                        "largest_free": alloc.largest_free(), "fragmentation": alloc.reserved - alloc.allocated}
-        return phases[name]
-
-    stats = open_phase("setup")
-    for ev in events:
-        kind = ev[0]
-        if kind == "resize":
-            _, key, new = ev
-            old = live.pop(key, None)
-            if new > 0:
-                try:
-                    live[key] = (alloc.malloc(new), new)
-                except OutOfMemory as exc:
-                    result.oom = {"phase": phase, "requested_bytes": exc.requested, "segment_bytes": exc.segment,
-                                  "allocated": alloc.allocated, "reserved": alloc.reserved}
-                    break
-                alloc.requested += new
-                if stats is not None:               # the peak is while the old block still lives
-                    if alloc.reserved > stats["reserved"]:
-                        stats["reserved"] = alloc.reserved
-                    if alloc.allocated > peak_alloc:
-                        peak_alloc = alloc.allocated
-                        stats.update(allocated=alloc.allocated, requested=alloc.requested,
-                                     largest_free=alloc.largest_free())
-                    stats["fragmentation"] = stats["reserved"] - stats["allocated"]
-            if old is not None:
-                alloc.free(old[0])
-                alloc.requested -= old[1]
-        elif kind == "phase":
-            phase = ev[1]
-            stats = None if phase == "_between" else (phases.get(phase) or open_phase(phase))
-            if stats is not None:
-                peak_alloc = stats["allocated"]
-        elif kind == "restart":
-            phase = ev[1]
-            stats = open_phase(phase)
-        elif kind == "empty_cache":
-            alloc.empty_cache()
-    result.segments = alloc.segments
-    return result

@@ -300,7 +300,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
               "note": ("host bytes are pageable: fake tensors cannot be pinned"
                        if setup.offload_optimizer or setup.offload_params else "")},
     )
-    return reserved.attach(result, allocator.events_from(tracker), gpu, alloc_conf)
+    return reserved.attach(result, reserved.events_from(tracker), gpu, alloc_conf)
 
 
 STEPS = {"single": SingleStep, "ddp": SingleStep, "zero1": ZeroEquivalentStep, "zero2": ZeroEquivalentStep,

@@ -27,7 +27,7 @@ import torch
 from helpers import models
 from helpers.errors import InputError
 from helpers.measure import engines, procgroup
-from helpers.measure import allocator, provenance
+from helpers.measure import provenance, reserved
 from helpers.measure.scaled import DeepSpeedEngine, TorchEngine, check_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
@@ -139,12 +139,12 @@ def measure(m: models.ModelSpec, setup: TrainSetup, device: torch.device, steps:
             oom["cuda_stats_after_freeing"] = _cuda_now(cuda)
     capacity = torch.cuda.get_device_properties(device).total_memory if cuda else None
     breakdown = tracker.breakdown("gpu")
-    reserved = {p: stats[p]["max_reserved"] for p in breakdown if "max_reserved" in stats.get(p, {})} or None
+    held = {p: stats[p]["max_reserved"] for p in breakdown if "max_reserved" in stats.get(p, {})} or None
     outside = stats.get("setup", {}).get("outside_allocator")
-    model = allocator.replay(allocator.events_from(tracker))       # the allocator model on this very run, to compare
+    model = reserved.replay(reserved.events_from(tracker))       # the allocator model on this very run, to compare
     return Result(
         model=m.name, params=m.params, mode="gpu", setup=dataclasses.asdict(setup),
-        gpu=DeviceMemory(breakdown, capacity, reserved, None if outside is None else {"outside_allocator": outside}),
+        gpu=DeviceMemory(breakdown, capacity, held, None if outside is None else {"outside_allocator": outside}),
         host=DeviceMemory(tracker.breakdown("host", setup.ranks_per_node)),
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": provenance.versions(),
               "device": torch.cuda.get_device_name(device) if cuda else str(device), "engine": describe,
