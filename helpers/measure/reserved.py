@@ -150,16 +150,19 @@ def _verdict(events, config, cap: int, parts: dict[str, int], totals: dict[str, 
             "allocated_bytes": o["allocated"], "reserved_bytes": o["reserved"], "released_cache": True}
 
 
-def recheck(model: str, setup, gpu: str | None = None, alloc_conf: str | None = None) -> dict:
+def recheck(model: str, setup, gpu: str | None = None, alloc_conf: str | None = None,
+            result: Result | None = None) -> dict:
     """A set-up's GPU verdict on allocated bytes and on the device total (bytes): from a dry run with the allocator
-    model where the strategy has a dry run, else from the estimate plus the context and NCCL (reserved not modelled:
-    said in 'basis'). 'flipped' is True where the two verdicts differ."""
+    model where the strategy has a dry run (`result`, if that dry run was already made), else from the estimate plus
+    the context and NCCL (reserved not modelled: said in 'basis'). 'flipped' is True where the two verdicts differ."""
     from helpers import estimate
     from helpers.measure import dryrun
 
     has_dry = setup.strategy in dryrun.STEPS and setup.optimizer == "adamw"
-    r = dryrun.run(model, setup, progress=False, gpu=gpu, alloc_conf=alloc_conf) if has_dry else \
-        estimate.run(model, setup)
+    r = result if result is not None else dryrun.run(model, setup, progress=False, gpu=gpu, alloc_conf=alloc_conf) \
+        if has_dry else estimate.run(model, setup)
+    if has_dry and r.gpu.reserved is None:
+        raise ValueError("recheck needs a dry run's Result (with its reserved view) for this set-up")
     parts = gpus.overhead(setup.strategy, setup.gpus, gpu)
     allocated, cap = r.gpu.peak_bytes, r.gpu.capacity_bytes
     if has_dry:
