@@ -20,6 +20,7 @@ PRESETS = {                     # --gpu NAME -> the name nvidia-smi prints (its 
     "l4": "NVIDIA L4",
     "t4": "Tesla T4",
     "rtx-4090": "NVIDIA GeForce RTX 4090",
+    "rtx-3090": "NVIDIA GeForce RTX 3090",
 }
 NCCL_CHANNELS_ASSUMED = 16      # channels NCCL opens: topology-dependent, no documented default (assumed)
 NCCL_PEERS_RING = 2             # a ring's two neighbours per channel (assumed: the ring algorithm, Simple protocol)

@@ -67,6 +67,7 @@ def test_nccl_buffers_only_where_a_strategy_communicates():
     n = gpus.nccl_buffers("zero2", 8)
     assert n["bytes"] == 4 * MiB * gpus.NCCL_CHANNELS_ASSUMED * gpus.NCCL_PEERS_RING and "assumed" in n["detail"]
     assert gpus.cuda_context("h100-80gb")["url"].startswith("https://github.com/pytorch/pytorch/issues/")
+    assert gpus.cuda_context("rtx-3090")["mib"] == 256            # the one GPU with its own measured context
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -121,7 +121,8 @@ def attach(result: Result, events: list[tuple], gpu: str | None = None, alloc_co
     parts = gpus.overhead(s["strategy"], s["gpus"], gpu)
     started = time.perf_counter()
     free = replay(events, config)
-    info = {"config": str(config), "rules": allocator.SOURCE, "phases": free.phases, "segments": free.segments,
+    info = {"kind": "modelled: PyTorch's caching-allocator rules replayed on this run's allocations",
+            "config": str(config), "rules": allocator.SOURCE, "phases": free.phases, "segments": free.segments,
             "events": free.events, "replay_s": round(time.perf_counter() - started, 3),
             "cuda_context": gpus.cuda_context(gpu), "nccl_buffers": gpus.nccl_buffers(s["strategy"], s["gpus"]),
             "verdict": None}
