@@ -243,13 +243,14 @@ def bench_allocator() -> None:
           f"wall {q.meta['wall_s']:.1f} s); reserved {to_gib(max(q.gpu.reserved.values())):.2f} GiB for "
           f"{to_gib(q.gpu.peak_bytes):.2f} GiB allocated")
     print("3. Each case's GPU verdict re-checked on the device total (reserved + CUDA context + NCCL), GiB")
-    print(f"   {'case':10s}{'allocated':>10s}{'reserved':>10s}{'+context':>10s}{'capacity':>10s}  verdict (allocated -> "
-          f"device total)")
+    print(f"   {'case':10s}{'allocated':>10s}{'reserved':>10s}{'frag':>7s}{'+context':>10s}{'capacity':>10s}  verdict "
+          f"(allocated -> device total)")
     for n in range(1, 7):
         c = cases.case(n)
         for fixed in (False, True):
             x = reserved.recheck(c["model"], cases.setup(n, fixed=fixed))
-            res = f"{to_gib(x['reserved']):10.2f}" if x["reserved"] is not None else f"{'-':>10s}"
+            res = (f"{to_gib(x['reserved']):10.2f}{to_gib(x['reserved'] - x['allocated']):7.2f}"
+                   if x["reserved"] is not None else f"{'-':>10s}{'-':>7s}")
             word = {True: "fits", False: "OOM"}
             print(f"   {n} {'fixed' if fixed else 'as run':8s}{to_gib(x['allocated']):10.2f}{res}"
                   f"{to_gib(x['device_total']):10.2f}{to_gib(x['capacity'] or 0):10.1f}  {word[x['fits_allocated']]} -> "
