@@ -147,6 +147,13 @@ def test_replay_reports_each_phase_and_resizes_allocate_before_freeing():
     assert capped.oom["phase"] == "forward" and capped.oom["requested_bytes"] == 30 * MiB
 
 
+def test_replay_empties_the_cache_where_asked():
+    ev = [("phase", "setup"), ("resize", 1, 30 * MiB), ("resize", 1, 0), ("phase", "step"), ("resize", 2, 4 * MiB)]
+    kept, emptied = R.replay(ev), R.replay(ev[:3] + [("empty_cache",)] + ev[3:])
+    assert kept.phases["step"]["reserved"] == 30 * MiB           # the 4 MiB block is cut from the cached 30 MiB
+    assert emptied.phases["step"]["reserved"] == 20 * MiB        # the cache was freed: a new 20 MiB segment
+
+
 def test_settings_are_checked():
     assert str(A.Config.parse("expandable_segments:True,max_split_size_mb:128")) == \
         "expandable_segments:True,max_split_size_mb:128"

@@ -58,7 +58,8 @@ def events_from(tracker, device: str = "gpu") -> list[tuple]:
 
 
 def replay(events: list[tuple], config: allocator.Config = allocator.Config(), limit_bytes: int | None = None) -> Replay:
-    """Run allocator events through a CachingAllocator; the per-phase figures (bytes), and where it ran out."""
+    """Run allocator events (`events_from`'s, plus ('empty_cache',) for torch.cuda.empty_cache()) through a
+    CachingAllocator; the per-phase figures (bytes), and where it ran out."""
     alloc = allocator.CachingAllocator(config, limit_bytes)
     result = Replay(str(config), limit_bytes, events=len(events))
     live: dict[int, tuple[allocator.Block, int]] = {}
