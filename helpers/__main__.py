@@ -86,7 +86,10 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-checkpointing", action="store_true")
     p.add_argument("--fused-ce", action="store_true", help="fused/chunked linear cross-entropy")
     p.add_argument("--attention", default="sdpa", metavar="{" + ",".join(ATTENTIONS) + "}")
-    p.add_argument("--gpu-gib", type=number, default=None, metavar="X", help="GPU capacity in GiB")
+    cap = p.add_mutually_exclusive_group()
+    cap.add_argument("--gpu-gib", type=number, default=None, metavar="X", help="GPU capacity in GiB")
+    cap.add_argument("--gpu", default=None, metavar="NAME",
+                     help="a GPU preset: its capacity as nvidia-smi prints it and its CUDA context (see helpers.gpus)")
     p.add_argument("--host-gib", type=number, default=None, metavar="Y", help="host RAM per node in GiB")
     p.add_argument("--resume", action="store_true", help="add the resume-from-checkpoint phase")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -99,8 +102,16 @@ def setup_from_args(a: argparse.Namespace) -> TrainSetup:
         lora_rank=a.lora_rank, strategy=a.strategy, gpus=a.gpus,
         gpus_per_node=a.gpus_per_node, offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
         offload_ratio=a.offload_ratio, pin_memory=a.pin_memory, grad_checkpointing=a.grad_checkpointing,
-        fused_ce=a.fused_ce, attention=a.attention, gpu_gib=a.gpu_gib, host_gib=a.host_gib, resume=a.resume,
+        fused_ce=a.fused_ce, attention=a.attention, gpu_gib=_gpu_gib(a), host_gib=a.host_gib, resume=a.resume,
     ).validate()
+
+
+def _gpu_gib(a: argparse.Namespace) -> float | None:
+    """--gpu-gib, or the capacity of the --gpu preset (MiB as nvidia-smi prints it, in GiB)."""
+    if a.gpu is None:
+        return a.gpu_gib
+    from helpers import gpus
+    return gpus.preset(a.gpu)["gib"]
 
 
 def main(argv=None) -> int:
@@ -117,6 +128,9 @@ def main(argv=None) -> int:
     measure.add_argument("--save", metavar="PATH", default=None,
                          help="also write the result as JSON (atomically), e.g. data/results/NAME.json")
     measure.add_argument("--no-progress", action="store_true", help="no progress bar")
+    measure.add_argument("--alloc-conf", default=None, metavar="SETTINGS",
+                         help="dry-run: the caching allocator's settings as PYTORCH_CUDA_ALLOC_CONF takes them, e.g. "
+                              "expandable_segments:True (default: PyTorch's defaults)")
     sub.add_parser("models", help="list the model catalogue")
     try:
         try:
@@ -177,9 +191,17 @@ def _result(a: argparse.Namespace, save: Path | None):
     from helpers.measure.scaled import check_steps
 
     check_steps(a.steps)
+    if a.alloc_conf is not None:
+        from helpers.measure.allocator import Config
+        Config.parse(a.alloc_conf)
+        if a.mode == "scaled":
+            raise InputError("--alloc-conf applies to --mode dry-run (modelled) and gpu (set for CUDA), "
+                             "got it with --mode scaled (a CPU run has no CUDA allocator)")
+        if a.mode == "gpu":
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = a.alloc_conf        # read when CUDA's allocator starts
     if a.mode == "dry-run":
         from helpers.measure import dryrun
-        return dryrun.run(a.model, setup, progress=not a.no_progress)
+        return dryrun.run(a.model, setup, progress=not a.no_progress, gpu=a.gpu, alloc_conf=a.alloc_conf)
     if a.mode == "scaled":
         from helpers.measure import scaled
         return scaled.run(a.model, setup, steps=a.steps)

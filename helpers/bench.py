@@ -1,6 +1,8 @@
 """Benchmarks that print figures: `python -m helpers.bench estimate` (speed of one estimate, target < 10 ms) and
 `python -m helpers.bench dryrun` (the dry run against torch's MemTracker and its own untracked step, Qwen2.5-72B's
-time, FSDP2's GPU/host split, and the estimate against the dry run on a grid of set-ups, saved to data/results/)."""
+time, FSDP2's GPU/host split, and the estimate against the dry run on a grid of set-ups, saved to data/results/)
+and `python -m helpers.bench allocator` (the allocator model: allocated, modelled reserved and fragmentation for the
+cases and the grid, expandable segments beside, the replay's speed, PEFT's published reserved figure)."""
 
 from __future__ import annotations
 
@@ -222,12 +224,57 @@ def bench_explorer() -> None:
           f"{statistics.median(times):.1f} ms, max {max(times):.1f} ms (target: median under 100 ms)")
 
 
+def bench_allocator() -> None:
+    """Allocated, modelled reserved (default and expandable segments) and fragmentation per set-up, GiB."""
+    from helpers import cases, published
+    from helpers.measure import dryrun, reserved
+
+    print("1. The caching-allocator model against a published reserved figure")
+    row = published.reserved("llama-3.2-3b")
+    s = T(**row["setup"])
+    d = dryrun.run("llama-3.2-3b", s, progress=False)
+    got, want = max(d.gpu.reserved.values()), row["accelerator_memory_max"]
+    print(f"   Llama-3.2-3B, {_label('llama-3.2-3b', s)}: allocated {to_gib(d.gpu.peak_bytes):.2f} GiB, modelled "
+          f"reserved {to_gib(got):.2f} GiB, PEFT reports {to_gib(want):.2f} GiB reserved ({got / want - 1:+.1%})")
+    print("2. Replay speed: Qwen2.5-72B, bf16, foreach AdamW, batch 1, seq 128")
+    q = dryrun.run("qwen2.5-72b", T(precision="bf16", seq=128), progress=False)
+    a = q.meta["allocator"]
+    print(f"   {a['events']} events replayed in {a['replay_s']:.2f} s (the dry run's steps: {q.meta['step_s']:.1f} s; "
+          f"wall {q.meta['wall_s']:.1f} s); reserved {to_gib(max(q.gpu.reserved.values())):.2f} GiB for "
+          f"{to_gib(q.gpu.peak_bytes):.2f} GiB allocated")
+    print("3. Each case's GPU verdict re-checked on the device total (reserved + CUDA context + NCCL), GiB")
+    print(f"   {'case':10s}{'allocated':>10s}{'reserved':>10s}{'frag':>7s}{'+context':>10s}{'capacity':>10s}  verdict "
+          f"(allocated -> device total)")
+    for n in range(1, 7):
+        c = cases.case(n)
+        for fixed in (False, True):
+            x = reserved.recheck(c["model"], cases.setup(n, fixed=fixed))
+            res = (f"{to_gib(x['reserved']):10.2f}{to_gib(x['reserved'] - x['allocated']):7.2f}"
+                   if x["reserved"] is not None else f"{'-':>10s}{'-':>7s}")
+            word = {True: "fits", False: "OOM"}
+            print(f"   {n} {'fixed' if fixed else 'as run':8s}{to_gib(x['allocated']):10.2f}{res}"
+                  f"{to_gib(x['device_total']):10.2f}{to_gib(x['capacity'] or 0):10.1f}  {word[x['fits_allocated']]} -> "
+                  f"{word[x['fits_device']]}{' (FLIPS: ' + x['part'] + ')' if x['flipped'] else ''}"
+                  f"{'' if x['reserved'] is not None else ' [estimate: no dry run]'}")
+    print("4. The grid: allocated (tensors), modelled reserved, fragmentation (reserved - allocated) at the peaks, and "
+          "the reserve under expandable_segments:True, GiB")
+    print(f"   {'set-up':72s}{'alloc':>8s}{'reserved':>9s}{'frag':>7s}{'expand.':>9s}{'replay s':>9s}")
+    for name, setup in GRID:
+        d = dryrun.run(name, setup, progress=False)
+        r, e = max(d.gpu.reserved.values()), max(d.meta["allocator"]["reserved_expandable"].values())
+        print(f"   {_label(name, setup):72s}{to_gib(d.gpu.peak_bytes):8.2f}{to_gib(r):9.2f}"
+              f"{to_gib(r - d.gpu.peak_bytes):7.2f}"
+              f"{to_gib(e):9.2f}{d.meta['allocator']['replay_s']:9.3f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m helpers.bench")
-    p.add_argument("which", choices=["estimate", "explorer", "dryrun", "scaled"], nargs="?", default="estimate")
+    p.add_argument("which", choices=["estimate", "explorer", "dryrun", "scaled", "allocator"], nargs="?",
+                   default="estimate")
     p.add_argument("--no-save", action="store_true", help="dryrun: do not write data/results/")
     a = p.parse_args()
-    {"estimate": bench_estimate, "scaled": bench_scaled, "explorer": bench_explorer}.get(a.which, lambda: bench_dryrun(save=not a.no_save))()
+    {"estimate": bench_estimate, "scaled": bench_scaled, "explorer": bench_explorer,
+     "allocator": bench_allocator}.get(a.which, lambda: bench_dryrun(save=not a.no_save))()
 
 
 if __name__ == "__main__":

@@ -128,6 +128,11 @@ class MemoryCurve:
                     if h > 0 and ax.get_visible():
                         used.add(cat)
             top = max(bottoms + [0.1])
+            if dev == "gpu" and d.reserved:
+                outline, height = reserved_outline(ax, d, self.phases, modelled=result.mode != "gpu")
+                self.extras += outline
+                legend += [(a, a.get_label()) for a in outline]          # named in the one legend below
+                top = max(top, height)
             title = DEVICE_TITLES[dev]
             if d.capacity_bytes:
                 cap = gib(d.capacity_bytes)
@@ -190,6 +195,20 @@ class MemoryCurve:
     def heights(self, device: str) -> dict[str, float]:
         """The drawn total per phase on `device`, in GiB (what a reader sees)."""
         return {p: sum(self.bars[device][c][i].get_height() for c in CATEGORIES) for i, p in enumerate(self.phases)}
+
+
+def reserved_outline(ax, d, phases: list[str], modelled: bool = True) -> tuple[list, float]:
+    """Outlines over a GPU's stacked allocated bars: what the caching allocator reserves (solid; `modelled` by the
+    allocator model, else read from torch.cuda) and the device total with the CUDA context and NCCL (dashed), per
+    phase; the artists (each labelled for a legend) and the tallest outline in GiB."""
+    x = range(len(phases))
+    reserved = [gib(d.reserved.get(p, 0)) for p in phases]
+    total = [gib((d.device_total or {}).get(p, 0)) for p in phases]
+    res = ax.bar(x, reserved, 0.74, fill=False, edgecolor="black", linewidth=1.1,
+                 label=f"reserved (caching allocator{', modelled' if modelled else ''})")
+    tot = ax.bar(x, total, 0.86, fill=False, edgecolor="#555555", linewidth=0.9, linestyle="--",
+                 label="+ CUDA context and NCCL (nvidia-smi)")
+    return [res, tot], max(reserved + total)
 
 
 def memory_curve(result: Result, overlay: Result | None = None, reported: list[dict] | None = None,

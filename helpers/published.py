@@ -35,3 +35,21 @@ def speed(starts_with: str) -> dict:
 def cite(row: dict) -> str:
     """'source (url)' of a published row, and its note when it has one."""
     return f"{row['source']} ({row['url']})" + (f"; {row['note']}" if row.get("note") else "")
+
+
+def cuda_context_rows() -> list[dict]:
+    """Published sizes of the CUDA context (MiB), the generic CUDA >= 11.7 figure first, each with its source."""
+    return _all()["cuda_context"]["rows"]
+
+
+def nccl() -> dict:
+    """NCCL's documented default buffer size (NCCL_BUFFSIZE, bytes) with its source."""
+    return _all()["nccl"]
+
+
+def reserved(model: str) -> dict:
+    """A published reserved-memory figure (bytes, torch.cuda's reserved view) for `model`, with its set-up and source."""
+    found = [r for r in _all()["reserved"] if r["model"] == model]
+    if len(found) != 1:
+        raise InputError(f"{len(found)} published reserved figures for {model!r}")
+    return found[0]

@@ -50,13 +50,18 @@ def table(r: Result) -> str:
     lines = [f"{r.model}: {r.params:,d} parameters, {r.setup['strategy']} on {r.setup['gpus']} GPU(s), "
              f"{r.setup['precision']}, batch {r.setup['batch']} x seq {r.setup['seq']}   [{r.mode}; "
              f"{unit} = 2^{30 if big else 20} bytes]",
-             "", f"{'phase (' + unit + ')':30s}{'GPU (each)':>14s}{'host (node)':>14s}"]
+             "", f"{'phase (' + unit + ')':30s}{'GPU (each)':>14s}{'host (node)':>14s}"
+             + (f"{'GPU reserved':>14s}{'+context':>10s}" if r.gpu.reserved else "")]
     lines.insert(1, f"evidence: {evidence.detail(r)}")
     if r.meta.get("device"):
         lines.insert(2, f"measured on: {r.meta['device']}; {r.meta.get('wall_s', '?')} s; {r.meta.get('date', '')}")
         lines.insert(3, f"engine: {r.meta.get('engine', '?')}" + (f"; {r.meta['note']}" if r.meta.get("note") else ""))
+    total = r.gpu.device_total or {}
     for phase, gpu_bytes in r.gpu.phases.items():
-        lines.append(f"{PHASE_LABELS[phase]:30s}{conv(gpu_bytes):14.2f}{conv(r.host.phases.get(phase, 0)):14.2f}")
+        lines.append(f"{PHASE_LABELS[phase]:30s}{conv(gpu_bytes):14.2f}{conv(r.host.phases.get(phase, 0)):14.2f}"
+                     + (f"{conv(r.gpu.reserved[phase]):14.2f}{conv(total[phase]):10.2f}" if phase in total else ""))
+    if r.gpu.reserved:
+        lines.append(reserved_note(r))
     if not r.gpu.phases:
         lines.append("(no phases recorded)")
     for name in ("gpu", "host"):
@@ -72,8 +77,42 @@ def table(r: Result) -> str:
             f"{p} {v / MiB:.0f}" for p, v in r.meta["rss_bytes"].items()))
     if not any(r.host.phases.values()):
         lines += ["", "host: nothing offloaded (the processes' own RAM, data loaders and the CUDA context are not counted)"]
-    lines += ["", verdict(r)]
+    lines += ["", verdict(r)] + ([device_verdict(r)] if device_verdict(r) else [])
     return "\n".join(lines)
+
+
+def reserved_note(r: Result) -> str:
+    """What the reserved and +context columns are, and where their figures come from."""
+    a, o = r.meta.get("allocator") or {}, r.gpu.overhead or {}
+    if r.mode == "gpu":
+        return (f"GPU reserved: measured (torch.cuda.max_memory_reserved per phase). +context: reserved + "
+                f"{o.get('outside_allocator', 0) / MiB:.0f} MiB that torch.cuda.mem_get_info showed in use outside the "
+                f"allocator after setup (CUDA context, NCCL, other processes): what nvidia-smi shows")
+    how = (f"modelled: PyTorch's caching-allocator rules ({a.get('config', 'default')}) replayed on the step's "
+           f"allocations")
+    ctx, nccl = a.get("cuda_context") or {}, a.get("nccl_buffers") or {}
+    return (f"GPU reserved: {how}. +context: reserved + CUDA context {o.get('cuda_context', 0) / MiB:.0f} MiB "
+            f"({ctx.get('applies_to', 'measured')}; {ctx.get('url', '')}) + NCCL buffers "
+            f"{o.get('nccl_buffers', 0) / MiB:.0f} MiB ({nccl.get('detail', '')}): what nvidia-smi would show")
+
+
+def device_verdict(r: Result) -> str | None:
+    """One line on the device total (reserved + context + NCCL) against the capacity; None without a reserved view
+    or a capacity."""
+    v = (r.meta.get("allocator") or {}).get("verdict")
+    if not v or not r.gpu.device_total:
+        return None
+    from helpers.gpus import PART_LABELS
+
+    peak = max(r.gpu.device_total.values())
+    cap = amount(r.gpu.capacity_bytes)
+    if v["fits"]:
+        how = (" once the allocator frees its cache (it would reserve " + amount(peak) + " with room to spare)"
+               if v["released_cache"] else f": {amount(peak)} at most")
+        return f"device total (reserved + context + NCCL) fits in {cap}{how}"
+    return (f"device total: OOM at the {PHASE_LABELS.get(v['phase'], v['phase'])} (a {amount(v['requested_bytes'])} "
+            f"request; {amount(v['allocated_bytes'])} allocated, {amount(v['reserved_bytes'])} reserved, of {cap}): "
+            f"{PART_LABELS[v['part']]} took it over")
 
 
 def items_table(r: Result) -> str:

@@ -2,7 +2,10 @@
 
 `Result.to_dict()` is the `--json` object: model, params, mode, setup, then for 'gpu' (per GPU) and 'host' (per node)
 peak_bytes, peak_phase, phases {phase: peak bytes in that phase}, categories {category: bytes at the peak},
-breakdown {phase: {category: bytes}}, capacity_bytes; and oom {device, phase}. Saved files are written atomically.
+breakdown {phase: {category: bytes}}, capacity_bytes; and oom {device, phase}. Where the allocator was modelled (a dry
+run) or read (a GPU run), 'gpu' also has reserved {phase: bytes the caching allocator holds}, overhead {cuda_context,
+nccl_buffers: bytes} and device_total {phase: reserved + overhead, what nvidia-smi would show}; elsewhere they are
+null, and the keys above keep their meaning (live tensor bytes). Saved files are written atomically.
 """
 
 from __future__ import annotations
@@ -23,6 +26,16 @@ class DeviceMemory:
 
     breakdown: dict[str, dict[str, int]]      # {phase: {category: bytes}} at each phase's highest moment
     capacity_bytes: int | None = None
+    reserved: dict[str, int] | None = None    # {phase: bytes reserved by the caching allocator} (GPU only)
+    overhead: dict[str, int] | None = None    # {part: bytes} held beyond the allocator: CUDA context, NCCL buffers
+
+    @property
+    def device_total(self) -> dict[str, int] | None:
+        """{phase: reserved + overhead}: what nvidia-smi would show for this process; None without a reserved view."""
+        if self.reserved is None:
+            return None
+        extra = sum((self.overhead or {}).values())
+        return {p: v + extra for p, v in self.reserved.items()}
 
     @property
     def phases(self) -> dict[str, int]:
@@ -54,6 +67,7 @@ class DeviceMemory:
         return {
             "peak_bytes": self.peak_bytes, "peak_phase": self.peak_phase, "phases": self.phases,
             "categories": self.categories, "breakdown": self.breakdown, "capacity_bytes": self.capacity_bytes,
+            "reserved": self.reserved, "overhead": self.overhead, "device_total": self.device_total,
         }
 
 
@@ -104,7 +118,8 @@ class Result:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Result":
-        dev = {k: DeviceMemory(d[k]["breakdown"], d[k].get("capacity_bytes")) for k in DEVICES}
+        dev = {k: DeviceMemory(d[k]["breakdown"], d[k].get("capacity_bytes"), d[k].get("reserved"), d[k].get("overhead"))
+               for k in DEVICES}
         return cls(d["model"], d["params"], d["mode"], d["setup"], dev["gpu"], dev["host"],
                    d.get("items", []), d.get("meta", {}))
 

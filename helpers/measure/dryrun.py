@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from helpers import models
+from helpers import gpus, models
 from helpers.errors import InputError
-from helpers.measure import engines, fakegpu, provenance
+from helpers.measure import allocator, engines, fakegpu, provenance, reserved
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked
@@ -227,12 +227,18 @@ ENGINES = {
 }
 
 
-def run(model, setup: TrainSetup, progress: bool = True, track: bool = True) -> Result:
-    """Dry-run one set-up: a Result with mode 'dry-run' (GPU per rank, host per node)."""
+def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu: str | None = None,
+        alloc_conf: str | None = None) -> Result:
+    """Dry-run one set-up: a Result with mode 'dry-run' (GPU per rank, host per node), with the reserved view: the
+    caching allocator modelled on the step's allocations (`alloc_conf` as PYTORCH_CUDA_ALLOC_CONF, e.g.
+    'expandable_segments:True'), plus the CUDA context of `gpu` (a helpers.gpus preset) and NCCL's buffers."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from tqdm.auto import tqdm
 
     setup = checked(setup)
+    allocator.Config.parse(alloc_conf)                      # bad settings and GPU names refused before the run
+    if gpu is not None:
+        gpus.preset(gpu)
     engines.refuse_unsupported(setup, "dry")
     if setup.optimizer == "adamw-8bit":
         raise InputError("optimizer 'adamw-8bit' has no dry run: bitsandbytes' kernels cannot run on fake tensors; "
@@ -284,7 +290,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True) -> 
     scale = setup.ranks_per_node
     gpu_cap = None if setup.gpu_gib is None else from_gib(setup.gpu_gib)
     host_cap = None if setup.host_gib is None else from_gib(setup.host_gib)
-    return Result(
+    result = Result(
         model=m.name, params=m.params, mode="dry-run", setup=dataclasses.asdict(setup),
         gpu=DeviceMemory(tracker.breakdown("gpu"), gpu_cap), host=DeviceMemory(tracker.breakdown("host", scale), host_cap),
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": provenance.versions(),
@@ -294,6 +300,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True) -> 
               "note": ("host bytes are pageable: fake tensors cannot be pinned"
                        if setup.offload_optimizer or setup.offload_params else "")},
     )
+    return reserved.attach(result, reserved.events_from(tracker), gpu, alloc_conf)
 
 
 STEPS = {"single": SingleStep, "ddp": SingleStep, "zero1": ZeroEquivalentStep, "zero2": ZeroEquivalentStep,

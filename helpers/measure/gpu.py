@@ -1,7 +1,10 @@
 """GPU runs: the full-size step for real on CUDA, through the set-up's engine.
 
 Per phase: the tracker's census (same categories as everywhere) and torch.cuda's own peak statistics (allocated
-and reserved, so the allocator's caching and fragmentation show); a memory snapshot file that PyTorch's memory
+and reserved, so the allocator's caching and fragmentation show; reserved per phase becomes `gpu.reserved`), and
+torch.cuda.mem_get_info (the device's used bytes and the part outside the allocator: CUDA context, NCCL); the
+allocator's segments at the end (torch.cuda.memory_snapshot) and the allocator model replayed on the same run's
+allocations (meta 'allocator_model'), so the model can be compared with the GPU wherever one runs; a memory snapshot file that PyTorch's memory
 viewer (https://pytorch.org/memory_viz) opens; an out-of-memory is caught, reported with its phase, and its memory
 freed, so the process (a notebook kernel) goes on. One GPU per process: multi-GPU set-ups are launched with
 `torchrun --nproc_per_node N -m helpers measure --mode gpu ...` (ddp, fsdp2) or
@@ -24,7 +27,7 @@ import torch
 from helpers import models
 from helpers.errors import InputError
 from helpers.measure import engines, procgroup
-from helpers.measure import provenance
+from helpers.measure import provenance, reserved
 from helpers.measure.scaled import DeepSpeedEngine, TorchEngine, check_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
@@ -135,13 +138,19 @@ def measure(m: models.ModelSpec, setup: TrainSetup, device: torch.device, steps:
             torch.cuda.empty_cache()
             oom["cuda_stats_after_freeing"] = _cuda_now(cuda)
     capacity = torch.cuda.get_device_properties(device).total_memory if cuda else None
+    breakdown = tracker.breakdown("gpu")
+    held = {p: stats[p]["max_reserved"] for p in breakdown if "max_reserved" in stats.get(p, {})} or None
+    outside = stats.get("setup", {}).get("outside_allocator")
+    model = reserved.replay(reserved.events_from(tracker))       # the allocator model on this very run, to compare
     return Result(
         model=m.name, params=m.params, mode="gpu", setup=dataclasses.asdict(setup),
-        gpu=DeviceMemory(tracker.breakdown("gpu"), capacity),
+        gpu=DeviceMemory(breakdown, capacity, held, None if outside is None else {"outside_allocator": outside}),
         host=DeviceMemory(tracker.breakdown("host", setup.ranks_per_node)),
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": provenance.versions(),
               "device": torch.cuda.get_device_name(device) if cuda else str(device), "engine": describe,
               "cuda_stats": stats, "oom_observed": oom, "step_s": step_s, "snapshot": snapshot,
+              "segments": segments_summary(torch.cuda.memory_snapshot()) if cuda else None,
+              "allocator_model": model.to_dict(),
               "wall_s": round(time.perf_counter() - started, 2), "machine": platform.machine()},
     )
 
@@ -166,9 +175,26 @@ def _cuda_now(cuda: bool) -> dict:
 
 
 def _cuda_stats(cuda: bool, previous: dict | None = None) -> dict:
-    """torch.cuda's peak allocated and reserved bytes since the last reset (the larger of this and `previous`);
-    empty without CUDA."""
+    """torch.cuda's peak allocated and reserved bytes since the last reset (the larger of this and `previous`), and
+    from torch.cuda.mem_get_info at the phase's end: the device's used bytes (what nvidia-smi shows, every process)
+    and the part outside this allocator (CUDA context, NCCL, other processes); empty without CUDA."""
     if not cuda:
         return {}
-    now = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved()}
+    free, total = torch.cuda.mem_get_info()
+    now = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
+           "device_used": total - free, "outside_allocator": total - free - torch.cuda.memory_reserved()}
     return {k: max(v, (previous or {}).get(k, 0)) for k, v in now.items()}
+
+
+def segments_summary(snapshot: list[dict]) -> dict:
+    """The caching allocator's segments from torch.cuda.memory_snapshot(): their count and bytes by pool ('large' /
+    'small'), allocated bytes in them, and the largest free block (bytes) - to set beside the allocator model."""
+    out = {"segments": len(snapshot), "reserved": 0, "allocated": 0, "largest_free_block": 0,
+           "by_pool": {"large": 0, "small": 0}, "expandable": any(s.get("is_expandable") for s in snapshot)}
+    for seg in snapshot:
+        out["reserved"] += seg["total_size"]
+        out["allocated"] += seg["allocated_size"]
+        out["by_pool"]["large" if seg["segment_type"] == "large" else "small"] += seg["total_size"]
+        free = [b["size"] for b in seg["blocks"] if b["state"] == "inactive"]
+        out["largest_free_block"] = max([out["largest_free_block"], *free])
+    return out

@@ -1,0 +1,78 @@
+"""What `nvidia-smi` would show: GPU presets (capacity as the hardware reports it), the CUDA context and NCCL's buffers.
+
+The device total of one GPU is the allocator's reserved bytes (`helpers.measure.allocator`) + the CUDA context +
+NCCL's buffers where the strategy communicates. Every figure comes from `data/published.json` with its source; what
+no source gave is said to be assumed, here and in the output.
+"""
+
+from __future__ import annotations
+
+from helpers import published
+from helpers.errors import InputError
+from helpers.units import MiB
+
+PRESETS = {                     # --gpu NAME -> the name nvidia-smi prints (its capacity row in data/published.json)
+    "a100-80gb": "NVIDIA A100 80GB",
+    "a100-40gb": "NVIDIA A100 40GB",
+    "h100-80gb": "NVIDIA H100 80GB HBM3",
+    "l40s": "NVIDIA L40S",
+    "a10": "NVIDIA A10",
+    "l4": "NVIDIA L4",
+    "t4": "Tesla T4",
+    "rtx-4090": "NVIDIA GeForce RTX 4090",
+    "rtx-3090": "NVIDIA GeForce RTX 3090",
+}
+NCCL_CHANNELS_ASSUMED = 16      # channels NCCL opens: topology-dependent, no documented default (assumed)
+NCCL_PEERS_RING = 2             # a ring's two neighbours per channel (assumed: the ring algorithm, Simple protocol)
+
+
+def preset(name: str) -> dict:
+    """A GPU preset: {'name', 'gpu', 'mib', 'bytes', 'gib', 'source', 'url', 'note'}; InputError for an unknown one."""
+    if name not in PRESETS:
+        raise InputError(f"gpu must be one of {', '.join(PRESETS)} (capacities as nvidia-smi prints them, each with a "
+                         f"source in data/published.json), got {name!r}; --gpu-gib X takes any capacity")
+    row = published.gpu_capacity(PRESETS[name])
+    return row | {"name": name, "gib": row["mib"] / 1024}
+
+
+def cuda_context(gpu: str | None = None) -> dict:
+    """The CUDA context of one process on `gpu` (a preset name or nvidia-smi's name; None: any): {'bytes', 'source',
+    'url', 'note', 'applies_to'}: a measurement for that GPU where one was found, else the generic CUDA >= 11.7 one."""
+    rows = published.cuda_context_rows()
+    name = PRESETS.get(gpu, gpu)
+    row = next((r for r in rows if name and r.get("gpu") == name), rows[0])
+    return row | {"bytes": row["mib"] * MiB}
+
+
+def nccl_buffers(strategy: str, gpus: int) -> dict:
+    """NCCL's buffers on one GPU: NCCL_BUFFSIZE x channels x ring peers when the strategy communicates (more than one
+    GPU), else 0; {'bytes', 'detail', 'source', 'url'}. The channel count is assumed (said so in 'detail')."""
+    doc = published.nccl()
+    if gpus <= 1 or strategy == "single":
+        return {"bytes": 0, "detail": "one GPU: no NCCL communicator", "source": doc["source"], "url": doc["url"]}
+    n = doc["buffsize_bytes"] * NCCL_CHANNELS_ASSUMED * NCCL_PEERS_RING
+    return {"bytes": n, "source": doc["source"], "url": doc["url"],
+            "detail": f"NCCL_BUFFSIZE {doc['buffsize_bytes'] // MiB} MiB (documented default) x {NCCL_CHANNELS_ASSUMED} "
+                      f"channels (assumed) x {NCCL_PEERS_RING} ring peers (assumed)"}
+
+
+def overhead(strategy: str, gpus: int, gpu: str | None = None) -> dict[str, int]:
+    """The bytes a GPU holds beyond the allocator's reserve: {'cuda_context': ..., 'nccl_buffers': ...}."""
+    return {"cuda_context": cuda_context(gpu)["bytes"], "nccl_buffers": nccl_buffers(strategy, gpus)["bytes"]}
+
+
+def pushed_over(allocated: int, reserved: int, parts: dict[str, int], capacity: int) -> str | None:
+    """Which part takes a GPU past `capacity`, adding them in order: allocated, then the context and NCCL's buffers,
+    then fragmentation (reserved - allocated); None if the total fits."""
+    total = allocated
+    if total > capacity:
+        return "allocated"
+    for name in ("cuda_context", "nccl_buffers"):
+        total += parts.get(name, 0)
+        if total > capacity:
+            return name
+    return "fragmentation" if total + (reserved - allocated) > capacity else None
+
+
+PART_LABELS = {"allocated": "the tensors alone (allocated)", "cuda_context": "the CUDA context",
+               "nccl_buffers": "NCCL's buffers", "fragmentation": "the allocator's cached and split blocks (fragmentation)"}

@@ -1,0 +1,185 @@
+"""The reserved view of a run: its allocations and frees (the tracker's event log) replayed through the allocator
+model (`allocator`), per phase: allocated, reserved, the largest free block and fragmentation; plus what a GPU holds
+beyond the allocator (`helpers.gpus`), and a verdict on the device total against the capacity.
+
+Evidence kind: *modelled* - PyTorch's caching-allocator rules (our reading of its source) applied to the step's own
+allocations and frees; a GPU run (`--mode gpu`) records the real figures beside it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from helpers import gpus
+from helpers.measure import allocator
+from helpers.results import Result
+
+
+@dataclass
+class Replay:
+    """Per phase, at its highest moments (bytes): allocated (block sizes, as torch.cuda.memory_allocated counts them),
+    requested (the tensors' own bytes), reserved (segments), fragmentation (reserved - allocated) and the largest
+    free cached block at the allocated peak; `oom` if the limit was hit (the phase, the bytes asked for)."""
+
+    config: str
+    limit_bytes: int | None
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
+    oom: dict | None = None
+    segments: int = 0
+    events: int = 0
+
+    def reserved(self) -> dict[str, int]:
+        return {p: v["reserved"] for p, v in self.phases.items()}
+
+    def to_dict(self) -> dict:
+        return {"config": self.config, "limit_bytes": self.limit_bytes, "phases": self.phases, "oom": self.oom,
+                "segments": self.segments, "events": self.events, "rules": allocator.SOURCE}
+
+
+def events_from(tracker, device: str = "gpu") -> list[tuple]:
+    """The tracker's event log as allocator events: ('phase', name), ('restart', name), ('resize', key, new_bytes).
+
+    A storage first seen is a 'resize' from 0; a free is a resize to 0; a storage resized in place (FSDP2's all-gather
+    buffers) is a new block allocated before the old one is freed, as `resize_` does."""
+    out, size = [], {}
+    for ev in tracker.events:
+        if ev[0] in ("phase", "restart"):
+            out.append(ev)
+            continue
+        rec, delta = ev
+        if rec.device != device:
+            continue
+        key = id(rec)
+        new = size.get(key, 0) + delta
+        size[key] = new
+        out.append(("resize", key, new))
+    return out
+
+
+def replay(events: list[tuple], config: allocator.Config = allocator.Config(), limit_bytes: int | None = None) -> Replay:
+    """Run allocator events (`events_from`'s, plus ('empty_cache',) for torch.cuda.empty_cache()) through a
+    CachingAllocator; the per-phase figures (bytes), and where it ran out."""
+    alloc = allocator.CachingAllocator(config, limit_bytes)
+    result = Replay(str(config), limit_bytes, events=len(events))
+    live: dict[int, tuple[allocator.Block, int]] = {}
+    phase, peak_alloc, stats = "setup", -1, None
+    phases = result.phases
+
+    def open_phase(name: str) -> dict:
+        nonlocal peak_alloc
+        peak_alloc = alloc.allocated
+        phases[name] = {"allocated": alloc.allocated, "requested": alloc.requested, "reserved": alloc.reserved,
+                        "largest_free": alloc.largest_free(), "fragmentation": alloc.reserved - alloc.allocated}
+        return phases[name]
+
+    stats = open_phase("setup")
+    for ev in events:
+        kind = ev[0]
+        if kind == "resize":
+            _, key, new = ev
+            old = live.pop(key, None)
+            if new > 0:
+                try:
+                    live[key] = (alloc.malloc(new), new)
+                except allocator.OutOfMemory as exc:
+                    result.oom = {"phase": phase, "requested_bytes": exc.requested, "segment_bytes": exc.segment,
+                                  "allocated": alloc.allocated, "reserved": alloc.reserved}
+                    break
+                alloc.requested += new
+                if stats is not None:               # the peak is while the old block still lives
+                    if alloc.reserved > stats["reserved"]:
+                        stats["reserved"] = alloc.reserved
+                    if alloc.allocated > peak_alloc:
+                        peak_alloc = alloc.allocated
+                        stats.update(allocated=alloc.allocated, requested=alloc.requested,
+                                     largest_free=alloc.largest_free())
+                    stats["fragmentation"] = stats["reserved"] - stats["allocated"]
+            if old is not None:
+                alloc.free(old[0])
+                alloc.requested -= old[1]
+        elif kind == "phase":
+            phase = ev[1]
+            stats = None if phase == "_between" else (phases.get(phase) or open_phase(phase))
+            if stats is not None:
+                peak_alloc = stats["allocated"]
+        elif kind == "restart":
+            phase = ev[1]
+            stats = open_phase(phase)
+        elif kind == "empty_cache":
+            alloc.empty_cache()
+    result.segments = alloc.segments
+    return result
+
+
+def attach(result: Result, events: list[tuple], gpu: str | None = None, alloc_conf: str | None = None) -> Result:
+    """Set result.gpu.reserved (the model's per-phase reserved bytes, with room to grow) and .overhead (CUDA context,
+    NCCL buffers), and meta['allocator']: the replay's figures, its sources, the reserve under
+    expandable_segments:True beside the default's ('reserved_expandable') and, with a capacity, the verdict of a
+    replay capped at the capacity less the overhead (the allocator frees its cache before it gives up)."""
+    config = allocator.Config.parse(alloc_conf)
+    s = result.setup
+    parts = gpus.overhead(s["strategy"], s["gpus"], gpu)
+    started = time.perf_counter()
+    free = replay(events, config)
+    info = {"kind": "modelled: PyTorch's caching-allocator rules replayed on this run's allocations",
+            "config": str(config), "rules": allocator.SOURCE, "phases": free.phases, "segments": free.segments,
+            "events": free.events, "replay_s": round(time.perf_counter() - started, 3),
+            "cuda_context": gpus.cuda_context(gpu), "nccl_buffers": gpus.nccl_buffers(s["strategy"], s["gpus"]),
+            "verdict": None}
+    if not config.expandable_segments:       # the one setting that changes it most, beside (bytes per phase)
+        info["reserved_expandable"] = replay(events, allocator.Config(expandable_segments=True)).reserved()
+    result.gpu.reserved, result.gpu.overhead = free.reserved(), parts
+    cap = result.gpu.capacity_bytes
+    if cap:
+        info["verdict"] = _verdict(events, config, cap, parts, result.gpu.device_total, result.gpu.peak_bytes)
+    result.meta["allocator"] = info
+    return result
+
+
+def _verdict(events, config, cap: int, parts: dict[str, int], totals: dict[str, int], tensors: int) -> dict:
+    """{'fits', 'phase', 'part', 'requested_bytes', 'released_cache'}: replayed with CUDA's memory capped at the capacity
+    less the context and NCCL; `part` names what took it over (gpus.pushed_over on the step's peaks: the tensors'
+    bytes, then the context and NCCL, then the allocator's fragmentation)."""
+    if max(totals.values(), default=0) <= cap:
+        return {"fits": True, "phase": None, "part": None, "released_cache": False}
+    capped = replay(events, config, cap - sum(parts.values()))
+    if capped.oom is None:
+        return {"fits": True, "phase": None, "part": None, "released_cache": True}
+    o = capped.oom
+    part = gpus.pushed_over(tensors, max(totals.values()) - sum(parts.values()), parts, cap)
+    return {"fits": False, "phase": o["phase"], "part": part or "fragmentation", "requested_bytes": o["requested_bytes"],
+            "allocated_bytes": o["allocated"], "reserved_bytes": o["reserved"], "released_cache": True}
+
+
+def recheck(model: str, setup, gpu: str | None = None, alloc_conf: str | None = None,
+            result: Result | None = None) -> dict:
+    """A set-up's GPU verdict on allocated bytes and on the device total (bytes): from a dry run with the allocator
+    model where the strategy has a dry run (`result`, if that dry run was already made), else from the estimate plus
+    the context and NCCL (reserved not modelled: said in 'basis'). 'flipped' is True where the two verdicts differ."""
+    from helpers import estimate
+    from helpers.measure import dryrun
+
+    has_dry = setup.strategy in dryrun.STEPS and setup.optimizer == "adamw"
+    r = result if result is not None else dryrun.run(model, setup, progress=False, gpu=gpu, alloc_conf=alloc_conf) \
+        if has_dry else estimate.run(model, setup)
+    if has_dry and r.gpu.reserved is None:
+        raise ValueError("recheck needs a dry run's Result (with its reserved view) for this set-up")
+    parts = gpus.overhead(setup.strategy, setup.gpus, gpu)
+    allocated, cap = r.gpu.peak_bytes, r.gpu.capacity_bytes
+    if has_dry:
+        reserved_peak = max(r.gpu.reserved.values())
+        v = r.meta["allocator"]["verdict"] or {"fits": True, "part": None}
+        fits_device, part = v["fits"], v["part"]
+        basis = "dry run + allocator model (reserved modelled) + context + NCCL"
+    else:
+        reserved_peak = None
+        part = gpus.pushed_over(allocated, allocated, parts, cap) if cap else None
+        fits_device = part is None
+        basis = (f"estimate + context + NCCL: no dry run of {setup.strategy}, so the allocator's reserve is not "
+                 f"modelled (a lower bound)")
+    fits_allocated = cap is None or r.oom["device"] != "gpu"
+    return {"model": model, "allocated": allocated, "reserved": reserved_peak, "overhead": parts,
+            "device_total": (reserved_peak if reserved_peak is not None else allocated) + sum(parts.values()),
+            "capacity": cap, "fits_allocated": fits_allocated, "fits_device": fits_device, "part": part,
+            "flipped": fits_allocated != fits_device, "basis": basis, "result": r}
