@@ -50,6 +50,14 @@ def fit_canvas(fig: Figure) -> Figure:
     return fig
 
 
+def legend_columns(labels: list[str], fig: Figure, most: int = 5) -> int:
+    """As many legend columns (at most `most`) as fit the figure's width: the widest label at 7.5 pt is about
+    4.6 px a character at 100 dpi, plus its handle and gap (35 px)."""
+    width = fig.get_figwidth() * fig.dpi - 20
+    column = max((len(t) for t in labels), default=1) * 4.6 + 35
+    return max(1, min(most, len(labels), int(width // column)))
+
+
 class MemoryCurve:
     """Memory per phase, stacked by category, one panel per device (the host panel only when something is on the
     host); capacity line, OOM marker, overlays; one legend under the plot naming only what is drawn.
@@ -100,7 +108,8 @@ class MemoryCurve:
         if self.legend is not None:
             self.legend.remove()
         self.legend = self.fig.legend([h for h, _ in legend], [t for _, t in legend], loc="outside lower center",
-                                      ncols=min(5, len(legend)), fontsize=7.5, frameon=False)
+                                      ncols=legend_columns([t for _, t in legend], self.fig), fontsize=7.5,
+                                      frameon=False)
         mode = evidence.label(result) + (f"; black line: {evidence.label(overlay)}" if overlay is not None else "")
         marks = " and ".join(m for m, on in (("stars", self._stars), ("dotted lines", self._dotted)) if on)
         source = f"\nreported figures ({marks}): {self.source}" if self.source and marks else ""
@@ -259,7 +268,7 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
     if any(results[k].device(device).capacity_bytes for k in labels):
         handles.append(plt.Line2D([], [], color=OOM_RED, linestyle="--"))
         names.append("capacity")
-    fig.legend(handles, names, fontsize=7, loc="outside lower center", ncols=min(5, len(names)), frameon=False)
+    fig.legend(handles, names, fontsize=7, loc="outside lower center", ncols=legend_columns(names, fig), frameon=False)
     kinds = [evidence.label(results[k]) for k in labels]
     if len(set(kinds)) > 1:                 # each bar says what it is
         per_bar = max(14, int(width * 11 / len(labels)))          # characters a tick label may take per line

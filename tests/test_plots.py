@@ -149,3 +149,20 @@ def test_explorer_keeps_the_options_it_has_no_control_for():
     e.set(seq=2048)
     assert e.setup == cases.setup(6) and e.result.gpu.phases == start
     assert {i["applies_to"] for i in e.reported_here()} >= {"reported", "machine"}
+
+
+@pytest.mark.parametrize("number", range(1, 7))
+def test_case_figures_fit_a_laptop_with_their_legend_inside(number):
+    """880 px at most; the one legend under the plot lies inside the figure and names only what is drawn."""
+    c = cases.case(number)
+    r = estimate.run(c["model"], cases.setup(number))
+    curve = plots.memory_curve(r, reported=c["reported"], source=cases.citation(number))
+    curve.fig.draw_without_rendering()
+    width, height = curve.fig.bbox.width, curve.fig.bbox.height
+    box = curve.legend.get_window_extent()
+    assert width <= 900 and box.x0 >= -1 and box.x1 <= width + 1 and box.y0 >= -1 and box.y1 <= height + 1
+    drawn = {cat.replace("_", " ") for dev in curve.panels(r) for cat in plots.CATEGORIES
+             if any(r.device(dev).breakdown[p][cat] for p in curve.phases)}
+    named = set(curve.legend_labels())
+    assert drawn <= named and not ({n for n in named if n.replace(" ", "_") in plots.CATEGORIES} - drawn)
+    assert curve.axes["host"].get_visible() == any(r.host.phases.values())
