@@ -245,6 +245,9 @@ def test_5_interrupting_the_parent_ends_the_children(tmp_path):
         original(proc)
 
     children.terminate = spy
+    # Python leaves SIGINT ignored when it starts with SIGINT ignored (a job put in the background by a
+    # non-interactive shell, as `cmd &` does): the Ctrl-C a notebook kernel sends needs Python's own handler.
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -252,6 +255,7 @@ def test_5_interrupting_the_parent_ends_the_children(tmp_path):
     finally:
         children.terminate = original
         timer.cancel()
+        signal.signal(signal.SIGINT, handler)
     assert family and all(_gone(pid) for pid in family)
 
 
