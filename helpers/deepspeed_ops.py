@@ -19,7 +19,9 @@ in data/results/deepspeed_op_builds.json, which the notice quotes.
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -78,16 +80,25 @@ def _linux_build_dir(op: str) -> Path:
 
 def _torch_version_fields() -> dict:
     """`cuda` and `hip` from torch/version.py, read as text (torch not imported)."""
-    import ast
-    import importlib.util
+    found = _constants("torch", "version.py")
+    return {k: found[k] for k in ("cuda", "hip") if k in found}
 
-    spec = importlib.util.find_spec("torch")
+
+def _constants(package: str, filename: str) -> dict:
+    """The literal top-level assignments of `filename` in an installed `package`, read as text (nothing imported);
+    {} when the package or the file is missing. A value that is not a literal is left out."""
+    spec = importlib.util.find_spec(package)
+    path = Path(spec.origin).parent / filename if spec and spec.origin else None
+    if path is None or not path.exists():
+        return {}
     out = {}
-    if spec and spec.origin:
-        for node in ast.parse((Path(spec.origin).parent / "version.py").read_text()).body:
-            target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
-            if getattr(target, "id", None) in ("cuda", "hip") and node.value is not None:
+    for node in ast.parse(path.read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and node.value is not None:
+            try:
                 out[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
     return out
 
 
@@ -110,20 +121,8 @@ def status(op: str) -> str:
 def _installed(op: str) -> bool:
     """Whether DeepSpeed was installed with `op` prebuilt (DS_BUILD_OPS), read from the file its setup.py writes,
     without importing deepspeed (seconds, and a warning, on a CPU-only machine)."""
-    import ast
-    import importlib.util
-
-    spec = importlib.util.find_spec("deepspeed")
-    info = Path(spec.origin).parent / "git_version_info_installed.py" if spec and spec.origin else None
-    if info is None or not info.exists():
-        return False
-    for node in ast.parse(info.read_text()).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "installed_ops":
-            try:
-                return bool(ast.literal_eval(node.value).get(op))
-            except ValueError:
-                return False
-    return False
+    ops = _constants("deepspeed", "git_version_info_installed.py").get("installed_ops")
+    return bool(ops.get(op)) if isinstance(ops, dict) else False
 
 
 def torch_path(offload: bool, ratio: float | None = None) -> bool:

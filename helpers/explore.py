@@ -62,7 +62,7 @@ class Explorer:
         self.verdict = w.HTML()
         self.reset_button = w.Button(description="reset to the case" if reported else "reset", icon="undo",
                                      tooltip="every control back to where this explorer started",
-                                     layout=w.Layout(width="150px"))
+                                     layout=w.Layout(width="auto", flex="0 0 auto")) # long verdicts never squeeze it
         self.reset_button.on_click(lambda _: self.reset())
         self.start = ({k: c.value for k, c in self.controls.items()}, self.setup, self.model)
         self._holding = False
@@ -150,14 +150,12 @@ class Explorer:
         """The main controls in a compact grid, the rest in a collapsed section, the verdict, and the figure (live with
         ipympl, a picture redrawn into an output otherwise); about 860 px wide."""
         c = self.controls
-        narrow = w.Layout(width="280px")
-        for k in ("model", "strategy", "gpus", "batch", "seq", "precision", "adam_impl", "attention", "optimizer",
-                  "lora_rank", "offload_ratio", "gpu_gib", "host_gib"):
-            c[k].layout = narrow
-            c[k].style = {"description_width": "80px"}
-        for k in ("grad_checkpointing", "fused_ce", "offload_optimizer", "offload_params", "pin_memory", "use_ratio"):
-            c[k].layout = w.Layout(width="280px")
-            c[k].indent = False
+        for k, control in c.items():
+            control.layout = w.Layout(width="280px")
+            if isinstance(control, w.Checkbox):
+                control.indent = False
+            else:
+                control.style = {"description_width": "80px"}
         grid = lambda keys: w.GridBox([c[k] for k in keys], layout=w.Layout(
             grid_template_columns="repeat(3, 285px)", grid_gap="2px 4px"))
         main = grid(["model", "strategy", "gpus", "batch", "seq", "precision", "offload_optimizer", "offload_params",

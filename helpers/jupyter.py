@@ -2,8 +2,7 @@
 (`%matplotlib inline`) elsewhere; the explorers work with either (helpers.explore redraws a picture into its output).
 
 ipympl is left out where it is absent (JupyterLite, a bare Jupyter) and on Google Colab, whose ipywidgets it does not
-work with
-(matplotlib/ipympl issue #587, googlecolab/colabtools issue #5425, both open). OOM_FIGURES=widget or inline overrides the choice.
+work with (matplotlib/ipympl issue #587, googlecolab/colabtools issue #5425, both open). OOM_FIGURES=widget or inline overrides the choice.
 """
 
 from __future__ import annotations

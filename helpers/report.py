@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers import evidence
+from helpers import evidence, gpus
 from helpers.results import Result
 from helpers.units import GiB, MiB, to_gib
 from helpers.vocab import PHASE_LABELS
@@ -77,7 +77,8 @@ def table(r: Result) -> str:
             f"{p} {v / MiB:.0f}" for p, v in r.meta["rss_bytes"].items()))
     if not any(r.host.phases.values()):
         lines += ["", "host: nothing offloaded (the processes' own RAM, data loaders and the CUDA context are not counted)"]
-    lines += ["", verdict(r)] + ([device_verdict(r)] if device_verdict(r) else [])
+    device = device_verdict(r)
+    lines += ["", verdict(r)] + ([device] if device else [])
     return "\n".join(lines)
 
 
@@ -102,8 +103,6 @@ def device_verdict(r: Result) -> str | None:
     v = (r.meta.get("allocator") or {}).get("verdict")
     if not v or not r.gpu.device_total:
         return None
-    from helpers.gpus import PART_LABELS
-
     peak = max(r.gpu.device_total.values())
     cap = amount(r.gpu.capacity_bytes)
     if v["fits"]:
@@ -112,7 +111,7 @@ def device_verdict(r: Result) -> str | None:
         return f"device total (reserved + context + NCCL) fits in {cap}{how}"
     return (f"device total: OOM at the {PHASE_LABELS.get(v['phase'], v['phase'])} (a {amount(v['requested_bytes'])} "
             f"request; {amount(v['allocated_bytes'])} allocated, {amount(v['reserved_bytes'])} reserved, of {cap}): "
-            f"{PART_LABELS[v['part']]} took it over")
+            f"{gpus.PART_LABELS[v['part']]} took it over")
 
 
 def items_table(r: Result) -> str:

@@ -119,6 +119,20 @@ class Block:
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
+    def link_before(self, other: "Block") -> None:
+        """Put this (new) block in front of `other` in its segment's list."""
+        self.prev, self.next = other.prev, other
+        if other.prev is not None:
+            other.prev.next = self
+        other.prev = self
+
+    def link_after(self, other: "Block") -> None:
+        """Put this (new) block right after `other` in its segment's list."""
+        self.prev, self.next = other, other.next
+        if other.next is not None:
+            other.next.prev = self
+        other.next = self
+
 
 class Pool:
     """Cached free blocks of one pool, ordered by (size, address) as the source's BlockComparatorSize does."""
@@ -271,10 +285,7 @@ class CachingAllocator:
     def _split(self, block: Block, size: int) -> Block:
         """Cut `size` bytes off the front of a free block; the rest goes back to the pool."""
         head = Block(block.addr, size, block.pool)
-        head.prev, head.next = block.prev, block
-        if block.prev is not None:
-            block.prev.next = head
-        block.prev = head
+        head.link_before(block)
         block.addr += size
         block.size -= size
         block.pool.insert(block)
@@ -339,10 +350,7 @@ class CachingAllocator:
         block.mapped = True
         if mapped < block.size:
             rest = Block(block.addr + mapped, block.size - mapped, pool, mapped=False)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
+            rest.link_after(block)
             pool.unmapped.append(rest)
             block.size = mapped
         self._try_merge(block, block.prev, pool)
@@ -361,17 +369,11 @@ class CachingAllocator:
         pool.remove(block)
         if start > block.addr:
             before = Block(block.addr, start - block.addr, pool)
-            before.prev, before.next = block.prev, block
-            if block.prev is not None:
-                block.prev.next = before
-            block.prev = before
+            before.link_before(block)
             pool.insert(before)
         if end < block.addr + block.size:
             after = Block(end, block.addr + block.size - end, pool)
-            after.prev, after.next = block, block.next
-            if block.next is not None:
-                block.next.prev = after
-            block.next = after
+            after.link_after(block)
             pool.insert(after)
         block.addr, block.size, block.mapped = start, end - start, False
         self.reserved -= end - start

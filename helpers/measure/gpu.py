@@ -4,8 +4,8 @@ Per phase: the tracker's census (same categories as everywhere) and torch.cuda's
 and reserved, so the allocator's caching and fragmentation show; reserved per phase becomes `gpu.reserved`), and
 torch.cuda.mem_get_info (the device's used bytes and the part outside the allocator: CUDA context, NCCL); the
 allocator's segments at the end (torch.cuda.memory_snapshot) and the allocator model replayed on the same run's
-allocations (meta 'allocator_model'), so the model can be compared with the GPU wherever one runs; a memory snapshot file that PyTorch's memory
-viewer (https://pytorch.org/memory_viz) opens; an out-of-memory is caught, reported with its phase, and its memory
+allocations (meta 'allocator_model'), so the model can be compared with the GPU wherever one runs; a memory snapshot
+file that PyTorch's memory viewer (https://pytorch.org/memory_viz) opens; an out-of-memory is caught, reported with its phase, and its memory
 freed, so the process (a notebook kernel) goes on. One GPU per process: multi-GPU set-ups are launched with
 `torchrun --nproc_per_node N -m helpers measure --mode gpu ...` (ddp, fsdp2) or
 `deepspeed --num_gpus N --module helpers measure --mode gpu ...` (zero1-3), with the same flags; rank 0 reports.

@@ -63,7 +63,7 @@ def replay(events: list[tuple], config: allocator.Config = allocator.Config(), l
     alloc = allocator.CachingAllocator(config, limit_bytes)
     result = Replay(str(config), limit_bytes, events=len(events))
     live: dict[int, tuple[allocator.Block, int]] = {}
-    phase, peak_alloc, stats = "setup", -1, None
+    phase, peak_alloc = "setup", -1
     phases = result.phases
 
     def open_phase(name: str) -> dict:

@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import datetime
 import gc
-import importlib
 import json
 import os
 import sys
@@ -43,20 +42,13 @@ HIDDEN = 768
 
 def _engine(twin: str, s: TrainSetup):
     """DeepSpeed in this process (one rank, gloo) on the twin, with the set-up's ZeRO configuration."""
-    from helpers import deepspeed_ops
     from helpers.measure import engines, procgroup
-    from helpers.measure.scaled import deepspeed_config
+    from helpers.measure.scaled import initialize_deepspeed
 
     procgroup.ensure("gloo", 1)
-    import deepspeed
-
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     torch.manual_seed(0)
     net = engines.build_model(twin, s, torch.float32, "sdpa")
-    config = deepspeed_config(s)
-    if not config["optimizer"]["params"].get("torch_adam"):
-        deepspeed_ops.ensure(deepspeed_ops.op_for(s.offload_optimizer))
-    engine, optimizer, _, _ = deepspeed.initialize(model=net, config=config)
+    engine, optimizer, _ = initialize_deepspeed(net, s)
     return engine, optimizer
 
 

@@ -205,13 +205,8 @@ class DeepSpeedEngine:
         # DeepSpeed 0.19.8 calls torch.distributed collectives that torch 2.13 deprecates, warning on every call
         warnings.filterwarnings("ignore", category=FutureWarning,
                                 message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
-        comm = importlib.import_module("deepspeed.comm.torch")
-        comm.build_shm_op = lambda: None          # the shared-memory op only speeds up multi-process CPU runs
         self.s, self.tracker, self.module = s, tracker, net
-        config = deepspeed_config(s)
-        if not config["optimizer"]["params"].get("torch_adam"):
-            deepspeed_ops.ensure(deepspeed_ops.op_for(s.offload_optimizer))    # a build says so before it starts
-        engine, optimizer, _, _ = deepspeed.initialize(model=net, config=config)
+        engine, optimizer, config = initialize_deepspeed(net, s)
         self.engine, self.opt = engine, optimizer
         self.host = "host" if s.offload_optimizer else "gpu"
         self.describe = (f"DeepSpeed {deepspeed.__version__} ZeRO-{s.strategy[-1]} in one process (gloo), "
@@ -322,6 +317,20 @@ def deepspeed_config(s: TrainSetup) -> dict:
             "bf16": {"enabled": s.precision == "bf16-mixed"}, "zero_optimization": zero,
             "optimizer": {"type": "AdamW", "params": adam},
             "steps_per_print": 10**9, "wall_clock_breakdown": False}
+
+
+def initialize_deepspeed(net, s: TrainSetup):
+    """`deepspeed.initialize` on `net` with the set-up's configuration, in this process: (engine, optimizer, config).
+    DeepSpeed's C++ Adam is built first where the configuration asks for it (a build says so before it starts)."""
+    import deepspeed
+
+    comm = importlib.import_module("deepspeed.comm.torch")
+    comm.build_shm_op = lambda: None          # the shared-memory op only speeds up multi-process CPU runs
+    config = deepspeed_config(s)
+    if not config["optimizer"]["params"].get("torch_adam"):
+        deepspeed_ops.ensure(deepspeed_ops.op_for(s.offload_optimizer))
+    engine, optimizer, _, _ = deepspeed.initialize(model=net, config=config)
+    return engine, optimizer, config
 
 
 def adam_name(config: dict) -> str:
