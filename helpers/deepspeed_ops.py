@@ -175,7 +175,9 @@ def prepare(ops=tuple(OPS)) -> list[str]:
             missing.append(op)
             lines.append(notice(op) + " Started now, in the background.")
     if missing and not any(p.poll() is None for p in _background.values()):
-        log = open(build_dir(missing[0]).parent / "oom-casebook-build.log", "w")
+        logs = build_dir(missing[0]).parent        # absent on a machine that has never built a torch extension
+        logs.mkdir(parents=True, exist_ok=True)
+        log = open(logs / "oom-casebook-build.log", "w")
         cmd = (["nice", "-n", "5"] if shutil.which("nice") else []) + _command(missing)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         for op in missing:

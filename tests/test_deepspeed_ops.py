@@ -44,9 +44,10 @@ def test_bad_policy_is_one_line(monkeypatch):
 
 
 def test_a_missing_op_is_announced_with_its_time_before_the_build(monkeypatch, tmp_path, capsys):
-    """The notice comes first; the build itself (minutes) is replaced by a process that ends at once."""
+    """The notice comes first; the build itself (minutes) is replaced by a process that ends at once. The extensions
+    folder does not exist yet, as on a machine that has never built one: its build log still has a place."""
     monkeypatch.delenv("OOM_DEEPSPEED_OPS", raising=False)
-    monkeypatch.setattr(deepspeed_ops, "build_dir", lambda op: tmp_path / op)
+    monkeypatch.setattr(deepspeed_ops, "build_dir", lambda op: tmp_path / "never-built" / op)
     monkeypatch.setattr(deepspeed_ops, "compiler", lambda: "/usr/bin/c++")
     (tmp_path / "timings.json").write_text('{"builds": {"cpu_adam": {"seconds": 183.0}}}')
     monkeypatch.setattr(deepspeed_ops, "TIMINGS", tmp_path / "timings.json")
@@ -57,6 +58,7 @@ def test_a_missing_op_is_announced_with_its_time_before_the_build(monkeypatch, t
     assert lines[0].startswith("Building DeepSpeed's cpu_adam (DeepSpeedCPUAdam, C++) once: about 3 min")
     assert "183 s" in lines[0] and started == [["cpu_adam"]]
     assert capsys.readouterr().out.splitlines()[0] == lines[0]
+    assert (tmp_path / "never-built" / "oom-casebook-build.log").is_file()
 
 
 @pytest.mark.skipif(not deepspeed_ops.sys.platform.startswith("linux"), reason="the torch-free rule is Linux's")
