@@ -16,8 +16,11 @@ import re
 import sys
 from pathlib import Path
 
+from helpers import strategies
 from helpers.errors import InputError, MeasurementError
-from helpers.training import ADAM_IMPLS, ATTENTIONS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainSetup
+from helpers.training import (
+    ADAM_IMPLS, ATTENTIONS, BASE_WEIGHTS, CHECKPOINTING, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainSetup,
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -61,57 +64,165 @@ def number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
 
 
+# Set-up flags: option -> TrainSetup field. Their defaults are left out of the namespace (argparse.SUPPRESS), so that
+# the flags a user typed are known: they override what --from files say; the others come from the files, or from
+# TrainSetup's defaults (which the help texts name).
+FIELDS = {"--batch": "batch", "--seq": "seq", "--precision": "precision", "--adam-impl": "adam_impl",
+          "--optimizer": "optimizer", "--lora-rank": "lora_rank", "--lora-targets": "lora_targets",
+          "--base-weights": "base_weights",
+          "--strategy": "strategy", "--gpus": "gpus", "--gpus-per-node": "gpus_per_node", "--tp": "tensor_parallel",
+          "--cp": "context_parallel",
+          "--offload-optimizer": "offload_optimizer", "--offload-params": "offload_params",
+          "--offload-ratio": "offload_ratio", "--pin-memory": "pin_memory", "--no-pin-memory": "pin_memory",
+          "--grad-checkpointing": "grad_checkpointing", "--checkpointing": "checkpointing",
+          "--grad-accum": "grad_accum", "--fused-ce": "fused_ce", "--attention": "attention", "--gpu-gib": "gpu_gib",
+          "--gpu": "gpu_gib", "--host-gib": "host_gib", "--resume": "resume"}
+S = argparse.SUPPRESS
+
+
 def setup_parser(p: argparse.ArgumentParser) -> None:
-    """The set-up flags shared by every sub-command."""
-    p.add_argument("--model", required=True, help="catalogue name (see `models`) or path to a config.json")
-    p.add_argument("--batch", type=integer, default=1, help="micro batch per GPU (default 1)")
-    p.add_argument("--seq", type=integer, default=2048, help="sequence length in tokens (default 2048)")
-    p.add_argument("--precision", default="bf16-mixed", metavar="{" + ",".join(PRECISIONS) + "}")
-    p.add_argument("--adam-impl", default=None, metavar="{" + ",".join(ADAM_IMPLS) + "}",
-                   help="torch AdamW implementation (single/ddp/fsdp2; default foreach)")
-    p.add_argument("--optimizer", default="adamw", metavar="{" + ",".join(OPTIMIZERS) + "}",
-                   help="adamw (default) or bitsandbytes' adamw-8bit (single/ddp)")
-    p.add_argument("--lora-rank", type=integer, default=None, metavar="R",
-                   help="LoRA adapters of rank R on every linear layer, base frozen (single/ddp/zero1/zero2)")
-    p.add_argument("--strategy", default="single", metavar="{" + ",".join(STRATEGIES) + "}")
-    p.add_argument("--gpus", type=integer, default=1, help="world size (default 1)")
-    p.add_argument("--gpus-per-node", type=integer, default=8, help="GPUs sharing one host (default 8)")
-    p.add_argument("--offload-optimizer", action="store_true")
-    p.add_argument("--offload-params", action="store_true")
-    p.add_argument("--offload-ratio", type=number, default=None, metavar="R", help="ZeRO-3 partial offload, in [0, 1]")
+    """The set-up flags shared by every sub-command (a flag given overrides what --from files say)."""
+    p.add_argument("--from", dest="from_files", action="append", default=None, metavar="FILE",
+                   help="read the set-up from your training config (DeepSpeed JSON, axolotl / LLaMA-Factory / TRL / "
+                        "accelerate YAML, torchtitan TOML, OpenRLHF command line); repeat for a companion file. "
+                        "Flags given beside it override what the files say, and are listed as overrides")
+    p.add_argument("--model", default=None,
+                   help="catalogue name or hub id (see `models`, e.g. Qwen/Qwen3-4B), or the path of a config.json; "
+                        "needed unless --from files name a model the catalogue knows")
+    p.add_argument("--batch", type=integer, default=S, help="micro batch per GPU (default 1)")
+    p.add_argument("--seq", type=integer, default=S, help="sequence length in tokens (default 2048)")
+    p.add_argument("--precision", default=S, metavar="{" + ",".join(PRECISIONS) + "}", help="default bf16-mixed")
+    p.add_argument("--adam-impl", default=S, metavar="{" + ",".join(ADAM_IMPLS) + "}",
+                   help="torch AdamW implementation "
+                        f"({'/'.join(strategies.names(lambda s: s.torch_optimizer))}; default foreach)")
+    p.add_argument("--optimizer", default=S, metavar="{" + ",".join(OPTIMIZERS) + "}",
+                   help="adamw (default) or bitsandbytes' adamw-8bit "
+                        f"({'/'.join(strategies.names(lambda s: s.optimizer_8bit))})")
+    p.add_argument("--lora-rank", type=integer, default=S, metavar="R",
+                   help="LoRA adapters of rank R on every linear layer, base frozen "
+                        f"({'/'.join(strategies.names(lambda s: s.lora))})")
+    p.add_argument("--lora-targets", default=S, metavar="T",
+                   help="with --lora-rank: all-linear (default, every linear but the output head) or module names "
+                        "separated by commas, e.g. q_proj,v_proj or q,v (LitGPT's default)")
+    p.add_argument("--base-weights", default=S, metavar="{" + ",".join(BASE_WEIGHTS) + "}",
+                   help="with --lora-rank: nf4 for QLoRA's bitsandbytes 4-bit base (double quantisation, compute in "
+                        f"the precision's dtype; {'/'.join(strategies.names(lambda s: s.qlora))})")
+    p.add_argument("--strategy", default=S, metavar="{" + ",".join(STRATEGIES) + "}",
+                   help=strategies.help_text() + " (default single)")
+    p.add_argument("--gpus", type=integer, default=S, help="world size (default 1)")
+    p.add_argument("--gpus-per-node", type=integer, default=S, help="GPUs sharing one host (default 8)")
+    p.add_argument("--tp", dest="tensor_parallel", type=integer, default=S, metavar="N",
+                   help="tensor-parallel degree (torchtitan's plan: column/row-wise linears, sequence-parallel norms, "
+                        f"loss parallel; {'/'.join(strategies.names(lambda s: s.model_parallel))}; default 1)")
+    p.add_argument("--cp", dest="context_parallel", type=integer, default=S, metavar="N",
+                   help="context-parallel degree: each sequence split over N ranks (default 1); data-parallel "
+                        "degree = gpus / (tp x cp)")
+    p.add_argument("--offload-optimizer", action="store_true", default=S)
+    p.add_argument("--offload-params", action="store_true", default=S)
+    p.add_argument("--offload-ratio", type=number, default=S, metavar="R", help="ZeRO-3 partial offload, in [0, 1]")
     pin = p.add_mutually_exclusive_group()
-    pin.add_argument("--pin-memory", dest="pin_memory", action="store_true", default=True,
+    pin.add_argument("--pin-memory", dest="pin_memory", action="store_true", default=S,
                      help="offloaded buffers page-locked (default)")
-    pin.add_argument("--no-pin-memory", dest="pin_memory", action="store_false")
-    p.add_argument("--grad-checkpointing", action="store_true")
-    p.add_argument("--fused-ce", action="store_true", help="fused/chunked linear cross-entropy")
-    p.add_argument("--attention", default="sdpa", metavar="{" + ",".join(ATTENTIONS) + "}")
+    pin.add_argument("--no-pin-memory", dest="pin_memory", action="store_false", default=S)
+    ckpt = p.add_mutually_exclusive_group()
+    ckpt.add_argument("--grad-checkpointing", action="store_true", default=S, help="the same as --checkpointing full")
+    ckpt.add_argument("--checkpointing", default=S, metavar="{" + ",".join(CHECKPOINTING) + "}",
+                      help="activation checkpointing of every decoder layer: none (default), full, or selective "
+                           "(torchtitan's op-level policy: every other matmul's output and the attention kernel's saved)")
+    p.add_argument("--grad-accum", type=integer, default=S, metavar="N",
+                   help="gradient accumulation: N micro batches per optimizer step (default 1)")
+    p.add_argument("--fused-ce", action="store_true", default=S, help="fused/chunked linear cross-entropy")
+    p.add_argument("--attention", default=S, metavar="{" + ",".join(ATTENTIONS) + "}", help="default sdpa")
     cap = p.add_mutually_exclusive_group()
-    cap.add_argument("--gpu-gib", type=number, default=None, metavar="X", help="GPU capacity in GiB")
+    cap.add_argument("--gpu-gib", type=number, default=S, metavar="X", help="GPU capacity in GiB")
     cap.add_argument("--gpu", default=None, metavar="NAME",
                      help="a GPU preset: its capacity as nvidia-smi prints it and its CUDA context (see helpers.gpus)")
-    p.add_argument("--host-gib", type=number, default=None, metavar="Y", help="host RAM per node in GiB")
-    p.add_argument("--resume", action="store_true", help="add the resume-from-checkpoint phase")
+    p.add_argument("--host-gib", type=number, default=S, metavar="Y", help="host RAM per node in GiB")
+    p.add_argument("--resume", action="store_true", default=S, help="add the resume-from-checkpoint phase")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--items", action="store_true", help="also list every named buffer behind the figures")
 
 
-def setup_from_args(a: argparse.Namespace) -> TrainSetup:
-    return TrainSetup(
-        batch=a.batch, seq=a.seq, precision=a.precision, adam_impl=a.adam_impl, optimizer=a.optimizer,
-        lora_rank=a.lora_rank, strategy=a.strategy, gpus=a.gpus,
-        gpus_per_node=a.gpus_per_node, offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
-        offload_ratio=a.offload_ratio, pin_memory=a.pin_memory, grad_checkpointing=a.grad_checkpointing,
-        fused_ce=a.fused_ce, attention=a.attention, gpu_gib=_gpu_gib(a), host_gib=a.host_gib, resume=a.resume,
-    ).validate()
+def given(a: argparse.Namespace) -> dict:
+    """The TrainSetup fields the user typed a flag for, with their values ({} when none): the overrides."""
+    out = {f: getattr(a, f) for f in dict.fromkeys(FIELDS.values()) if hasattr(a, f) and f != "gpu_gib"}
+    if getattr(a, "gpu", None) is not None or hasattr(a, "gpu_gib"):
+        out["gpu_gib"] = _gpu_gib(a)
+    if "grad_checkpointing" in out:                     # one checkpointing flag replaces both fields
+        out["checkpointing"] = None
+    elif "checkpointing" in out:
+        out["grad_checkpointing"] = False
+    return out
+
+
+def setup_from_args(a: argparse.Namespace, base: TrainSetup | None = None) -> TrainSetup:
+    """The set-up: `base` (what --from files say, else TrainSetup's defaults) with the flags given in place."""
+    import dataclasses
+
+    return dataclasses.replace(base or TrainSetup(), **given(a)).validate()
 
 
 def _gpu_gib(a: argparse.Namespace) -> float | None:
     """--gpu-gib, or the capacity of the --gpu preset (MiB as nvidia-smi prints it, in GiB)."""
-    if a.gpu is None:
-        return a.gpu_gib
+    if getattr(a, "gpu", None) is None:
+        return getattr(a, "gpu_gib", None)
     from helpers import gpus
     return gpus.preset(a.gpu)["gib"]
+
+
+def imported_from(a: argparse.Namespace):
+    """(model, set-up, Imported or None, overrides): --from files read by helpers.readers, the flags given in place.
+    Each override says which flag replaced which value, and where that value came from (file:line or a default)."""
+    if not getattr(a, "from_files", None):
+        if a.model is None:
+            raise InputError("the following arguments are required: --model (a catalogue name, hub id or config.json "
+                             "path), or --from FILE that names a model the catalogue knows")
+        return a.model, setup_from_args(a), None, []
+    from helpers import readers
+
+    imp = readers.read(a.from_files)
+    if a.model is None and imp.model is None:
+        named = f" (they name {imp.model_named!r}, which the catalogue does not know)" if imp.model_named else ""
+        raise InputError(f"--from {' '.join(a.from_files)} names no model the catalogue knows{named}: pass --model "
+                         f"(a catalogue name, hub id or config.json path)")
+    flags: dict[str, str] = {}
+    for option, field in FIELDS.items():
+        flags.setdefault(field, option)
+    overrides = []
+    for field, value in given(a).items():
+        old = getattr(imp.setup, field)
+        if old == value:
+            continue
+        overrides.append({"flag": _flag_of(a, field, flags), "field": field, "value": value, "replaced": old,
+                          "from": _origin(imp, field)})
+    if a.model is not None and a.model != imp.model:
+        overrides.append({"flag": "--model", "field": "model", "value": a.model, "replaced": imp.model,
+                          "from": _origin(imp, "model") if imp.model_named else "the files name no model"})
+    return a.model or imp.model, setup_from_args(a, imp.setup), imp, overrides
+
+
+def _flag_of(a, field: str, flags: dict) -> str:
+    if field == "gpu_gib" and getattr(a, "gpu", None) is not None:
+        return "--gpu"
+    if field == "pin_memory":
+        return "--pin-memory" if a.pin_memory else "--no-pin-memory"
+    if field == "checkpointing" and hasattr(a, "grad_checkpointing"):
+        return "--grad-checkpointing"
+    if field == "grad_checkpointing" and hasattr(a, "checkpointing"):
+        return "--checkpointing"
+    return flags[field]
+
+
+def _origin(imp, field: str) -> str:
+    """Where the files' value of `field` came from: 'FILE:LINE (key)', 'default (tool)', or 'TrainSetup default'."""
+    sets = lambda text: any(part.strip().split("=", 1)[0] == field for part in str(text).split(","))
+    for x in imp.settings:
+        if sets(x.sets):
+            return f"{x.file}:{x.line} ({x.key})" if x.line else f"{x.file} ({x.key})"
+    for d in imp.defaults:
+        if sets(d.sets):
+            return f"default ({d.tool}: {d.key})"
+    return "TrainSetup default (the files do not set it)"
 
 
 def main(argv=None) -> int:
@@ -131,6 +242,13 @@ def main(argv=None) -> int:
     measure.add_argument("--alloc-conf", default=None, metavar="SETTINGS",
                          help="dry-run: the caching allocator's settings as PYTORCH_CUDA_ALLOC_CONF takes them, e.g. "
                               "expandable_segments:True (default: PyTorch's defaults)")
+    fit = sub.add_parser("fit", help="the largest micro batch and the longest sequence that fit the capacities "
+                                      "(--gpu-gib/--gpu, --host-gib), by search over the estimate")
+    setup_parser(fit)
+    fit.add_argument("--vary", choices=["batch", "seq"], action="append", default=None,
+                     help="what to find the largest of (default both; repeatable)")
+    setup_parser(sub.add_parser("fixes", help="every single change that could make the set-up fit, with its new "
+                                              "peak and its cost (host RAM, pinned RAM, step time), ranked"))
     sub.add_parser("models", help="list the model catalogue")
     try:
         try:
@@ -148,14 +266,16 @@ def _run(a: argparse.Namespace) -> int:
         if a.command == "models":
             from helpers import models
             for name in models.catalogue():
-                print(f"{name:20s} {models.spec(name).params:>16,d} parameters")
+                print(f"{name:20s} {models.spec(name).params:>18,d} parameters  {models.hub_id(name) or ''}")
             return 0
         save = None
         if a.command == "measure" and a.save is not None:
             from helpers.results import check_save_path
             save = check_save_path(a.save)              # before the run: a bad path must not cost the measurement
+        if a.command in ("fit", "fixes"):
+            return _answer(a)
         with _stdout_to_stderr() if a.json else contextlib.nullcontext():
-            result = _result(a, save)
+            result, imported, overrides = _result(a, save)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -168,8 +288,12 @@ def _run(a: argparse.Namespace) -> int:
 
     if a.json:
         doc = result.to_dict() | {"evidence": {"kind": evidence.kind(result), "detail": evidence.detail(result)}}
-        print(json.dumps(doc, indent=1), flush=True)
+        if imported is not None:
+            doc["imported"] = imported.to_json() | {"overrides": overrides}
+        print(json.dumps(doc, indent=1, default=str), flush=True)
     else:
+        if imported is not None:
+            print(report.imported_table(imported, overrides) + "\n", flush=True)
         print(report.table(result), flush=True)
     if a.items and not a.json:
         print("\n" + report.items_table(result))
@@ -182,12 +306,52 @@ def _run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _answer(a: argparse.Namespace) -> int:
+    """`fit` and `fixes`: the answer as text (the provenance table first when --from), or one JSON object."""
+    from helpers import estimate, fit, fixes, report
+
+    try:
+        model, setup, imported, overrides = imported_from(a)
+        base = estimate.run(model, setup)
+        doc = {"model": base.model, "params": base.params, "setup": base.setup, "verdict": report.verdict(base)}
+        if a.command == "fit":
+            answers = [fit.largest(model, setup, v, gpu=a.gpu) for v in (a.vary or ["batch", "seq"])]
+            doc["fit"] = [f.to_json() for f in answers]
+            text = "\n".join(fit.table(f) for f in answers)
+        else:
+            skipped: list = []
+            ways = fixes.ways_out(model, setup, gpu=a.gpu, skipped=skipped)
+            from helpers import step_cost
+            doc |= {"ways": [w.to_json() for w in ways], "skipped": [{"name": n, "why": w} for n, w in skipped],
+                    "rates": step_cost.rates().sources}
+            text = (fixes.table(ways) + "\n\nnot tried (the strategy or set-up does not allow them):\n"
+                    + "\n".join(f"  {n}: {w}" for n, w in skipped) + f"\n\nrates: {step_cost.rates().sources}")
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if imported is not None:
+        doc["imported"] = imported.to_json() | {"overrides": overrides}
+    if a.json:
+        print(json.dumps(doc, indent=1, default=str), flush=True)
+        return 0
+    head = f"{base.model}: {setup.strategy} on {setup.gpus} GPU(s), batch {setup.batch} x seq {setup.seq}; as given: " \
+           f"{doc['verdict']}   [estimate; GiB = 2^30 bytes]"
+    print((report.imported_table(imported, overrides) + "\n\n" if imported is not None else "") + head + "\n" + text,
+          flush=True)
+    return 0
+
+
 def _result(a: argparse.Namespace, save: Path | None):
+    """(the Result, the Imported of --from files or None, the overrides)."""
+    model, setup, imported, overrides = imported_from(a)
+    return _measured(a, save, model, setup), imported, overrides
+
+
+def _measured(a: argparse.Namespace, save: Path | None, model, setup):
     from helpers import estimate
 
-    setup = setup_from_args(a)
     if a.command != "measure":
-        return estimate.run(a.model, setup)
+        return estimate.run(model, setup)
     from helpers.measure.scaled import check_steps
 
     check_steps(a.steps)
@@ -201,12 +365,12 @@ def _result(a: argparse.Namespace, save: Path | None):
             os.environ["PYTORCH_CUDA_ALLOC_CONF"] = a.alloc_conf        # read when CUDA's allocator starts
     if a.mode == "dry-run":
         from helpers.measure import dryrun
-        return dryrun.run(a.model, setup, progress=not a.no_progress, gpu=a.gpu, alloc_conf=a.alloc_conf)
+        return dryrun.run(model, setup, progress=not a.no_progress, gpu=a.gpu, alloc_conf=a.alloc_conf)
     if a.mode == "scaled":
         from helpers.measure import scaled
-        return scaled.run(a.model, setup, steps=a.steps)
+        return scaled.run(model, setup, steps=a.steps)
     from helpers.measure import gpu
-    return gpu.run(a.model, setup, snapshot=str(save.with_suffix(".pickle")) if save else None)
+    return gpu.run(model, setup, snapshot=str(save.with_suffix(".pickle")) if save else None)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,10 @@
 `python -m helpers.bench dryrun` (the dry run against torch's MemTracker and its own untracked step, Qwen2.5-72B's
 time, FSDP2's GPU/host split, and the estimate against the dry run on a grid of set-ups, saved to data/results/)
 and `python -m helpers.bench allocator` (the allocator model: allocated, modelled reserved and fragmentation for the
-cases and the grid, expandable segments beside, the replay's speed, PEFT's published reserved figure)."""
+cases and the grid, expandable segments beside, the replay's speed, PEFT's published reserved figure) and
+`python -m helpers.bench published` (published runs' peaks beside the estimate and the dry run, like with like, saved
+to data/results/) and `python -m helpers.bench fit` (the largest batch and sequence for each case, the estimates each
+search took, and the ways out of cases 1 and 2)."""
 
 from __future__ import annotations
 
@@ -50,6 +53,43 @@ GRID = [
     ("qwen2.5-72b", T(strategy="fsdp2", gpus=8, seq=2048, grad_checkpointing=True)),
     ("deepseek-v2-lite", T(precision="bf16", adam_impl="fused", seq=2048)),
     ("deepseek-v2-lite", T(strategy="fsdp2", gpus=4, gpus_per_node=4, batch=2, seq=1024, grad_checkpointing=True)),
+    ("deepseek-v2-lite", T(precision="bf16-mixed", adam_impl="fused", seq=1024)),
+    ("deepseek-v2-lite", T(precision="fp32", adam_impl="fused", seq=512)),
+    ("mixtral-8x7b", T(precision="bf16", adam_impl="fused", batch=2, seq=2048, attention="flash")),
+    ("qwen1.5-moe-a2.7b", T(precision="bf16-mixed", adam_impl="fused", seq=2048)),
+    ("qwen3-30b-a3b", T(precision="bf16", adam_impl="fused", batch=2, seq=2048, grad_checkpointing=True)),
+    ("qwen3-30b-a3b", T(strategy="fsdp2", gpus=8, seq=2048, grad_checkpointing=True)),
+    ("gemma-2-9b", T(precision="bf16", adam_impl="fused", seq=2048)),
+    ("gemma-2-2b", T(precision="bf16-mixed", adam_impl="fused", seq=1024)),
+    ("gemma-3-4b", T(precision="fp32", adam_impl="fused", seq=512)),
+    ("qwen3-8b", T(precision="bf16", adam_impl="fused", batch=2, seq=4096, grad_checkpointing=True)),
+    ("phi-3-mini", T(precision="bf16-mixed", adam_impl="fused", seq=2048)),
+    ("llama-3-8b", T(lora_rank=16, lora_targets="q,v", seq=2048)),
+    ("qwen3-8b", T(strategy="zero2", lora_rank=16, lora_targets="q,k,v,o", seq=1024, attention="flash")),
+    # gradient accumulation and selective (op-level) activation checkpointing
+    ("llama-3-8b", T(precision="bf16", adam_impl="fused", seq=1024, grad_accum=4)),
+    ("llama-3-8b", T(strategy="ddp", gpus=4, seq=512, grad_accum=8, checkpointing="selective")),
+    ("llama-3-8b", T(strategy="zero1", gpus=4, seq=512, grad_accum=4)),
+    ("llama-3-8b", T(strategy="zero2", seq=512, grad_accum=4, **OFF)),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=8, batch=2, seq=8192, checkpointing="selective")),
+    ("llama-3.2-3b", T(precision="fp32", seq=1024, checkpointing="selective")),
+    ("qwen2.5-32b", T(precision="bf16", adam_impl="fused", seq=1024, checkpointing="selective")),
+    # tensor parallelism (torchtitan's plan; DTensor on a 2-D fake mesh); context parallelism has no dry run
+    ("llama-3-8b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, tensor_parallel=2, adam_impl="fused", seq=256)),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, tensor_parallel=2, precision="bf16", adam_impl="fused",
+                     seq=1024)),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, tensor_parallel=4, seq=2048, grad_checkpointing=True)),
+    ("llama-3-8b", T(strategy="ddp", gpus=2, tensor_parallel=2, precision="bf16", adam_impl="fused", seq=512)),
+    # FSDP1 (FullyShardedDataParallel, FULL_SHARD): untied and tied root units, each precision, accumulation
+    ("llama-3-8b", T(strategy="fsdp1", gpus=8, seq=1024)),
+    ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, adam_impl="fused", seq=128)),
+    ("qwen2.5-7b", T(strategy="fsdp1", gpus=4, gpus_per_node=4, precision="bf16", adam_impl="fused", seq=512)),
+    ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, precision="fp32", seq=256, grad_checkpointing=True)),
+    ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, seq=256, grad_accum=2)),
+    # QLoRA: bitsandbytes' NF4 base on fake tensors (its own quantize_4bit and default 4-bit matmul)
+    ("llama-3-8b", T(precision="bf16", lora_rank=16, base_weights="nf4", seq=2048)),
+    ("qwen2.5-7b", T(lora_rank=16, lora_targets="q,k,v,o", base_weights="nf4", batch=2, seq=1024,
+                     grad_checkpointing=True, attention="flash")),
 ]
 
 
@@ -68,9 +108,13 @@ def bench_estimate() -> None:
 
 def _label(name: str, s: T) -> str:
     opts = [s.strategy + (f"x{s.gpus}" if s.gpus > 1 else ""), s.precision, s.adam, f"b{s.batch}", f"s{s.seq}", s.attention]
-    opts += ["ckpt"] * s.grad_checkpointing
-    opts += [("offload-opt+params" if s.offload_params and s.strategy != "fsdp2" else "offload")] * s.offload_optimizer
+    opts += [f"tp{s.tensor_parallel}"] * (s.tensor_parallel > 1) + [f"cp{s.context_parallel}"] * (s.context_parallel > 1)
+    opts += [{"none": "", "full": "ckpt", "selective": "sac"}[s.ac]] * (s.ac != "none")
+    opts += [f"accum{s.grad_accum}"] * (s.grad_accum > 1)
+    opts += [("offload-opt+params" if s.offload_params and not s.strat.offload_together else "offload")] * s.offload_optimizer
     opts += [f"ratio{s.offload_ratio}"] * (s.offload_ratio is not None)
+    opts += [f"lora{s.lora_rank}" + ("" if s.lora_targets == "all-linear" else f"[{s.lora_targets}]")] * bool(s.lora_rank)
+    opts += [s.base_weights] * bool(s.base_weights)
     return f"{name} " + " ".join(opts)
 
 
@@ -88,9 +132,18 @@ def compare(est: Result, dry: Result) -> tuple[float, float]:
     return peak, phase
 
 
-def bench_dryrun(save: bool = True) -> None:
+def selected(rows: list, only: str | None) -> list:
+    """The rows with a word of their printed label starting with `only` (e.g. 'tp', 'fsdp1'); all when None."""
+    return [(n, s) for n, s in rows if only is None or any(w.startswith(only) for w in _label(n, s).split())]
+
+
+def bench_dryrun(save: bool = True, only: str | None = None) -> None:
+    """The dry-run benchmark; `only`: just the GRID rows whose label contains it (e.g. 'tp'), nothing saved."""
     from helpers.measure import dryrun
 
+    if only is not None:
+        _grid_rows(selected(GRID, only), save, merge=True)
+        return
     print("1. Llama-3-8B, bf16, fused AdamW, batch 1, seq 128, sdpa: our tracker against torch's MemTracker")
     s = T(precision="bf16", adam_impl="fused", seq=128)
     untracked = dryrun.run("llama-3-8b", s, progress=False, track=False).meta["step_s"]
@@ -108,9 +161,17 @@ def bench_dryrun(save: bool = True) -> None:
     print(f"   per GPU {to_gib(f.gpu.peak_bytes):.2f} GiB; host {to_gib(f.host.peak_bytes) / 2:.2f} GiB per rank "
           f"({to_gib(f.host.peak_bytes):.2f} GiB per node of 2)")
     print("4. Estimate against dry run (peaks per device; worst phase), GiB")
+    _grid_rows(GRID, save, ours.meta)
+
+
+def _grid_rows(grid, save: bool, meta=None, merge: bool = False) -> None:
+    """Estimate and dry-run each set-up of `grid`, print the table, save it (`merge`: these rows replace their
+    own set-ups' rows in the saved file, the others are kept)."""
+    from helpers.measure import dryrun
+
     print(f"   {'set-up':72s}{'GPU est':>9s}{'GPU dry':>9s}{'host est':>9s}{'host dry':>9s}{'peak':>7s}{'phase':>7s}")
     rows, worst = [], 0.0
-    for name, setup in GRID:
+    for name, setup in grid:
         e, d = estimate.run(name, setup), dryrun.run(name, setup, progress=False)
         peak, phase = compare(e, d)
         worst = max(worst, phase)
@@ -118,19 +179,23 @@ def bench_dryrun(save: bool = True) -> None:
               f"{to_gib(e.host.peak_bytes):9.2f}{to_gib(d.host.peak_bytes):9.2f}{peak:7.1%}{phase:7.1%}")
         rows.append({"model": name, "setup": d.setup, "estimate": e.to_dict(), "dry_run": d.to_dict(),
                      "peak_rel_diff": peak, "worst_phase_rel_diff": phase})
-    print(f"   {len(GRID)} set-ups; largest difference of any phase: {worst:.2%} (target: within 3%; "
+    print(f"   {len(grid)} set-ups; largest difference of any phase: {worst:.2%} (target: within 3%; "
           f"differences under 16 MiB count as none)")
     if save:
-        path = _save(rows, ours.meta)
+        path = _save(rows, meta or rows[-1]["dry_run"]["meta"], merge)
         print(f"   saved {path}")
 
 
-def _save(rows, meta) -> str:
+def _save(rows, meta, merge: bool = False) -> str:
     import json
 
     from helpers.files import write_text_atomically
 
     out = models.DATA_DIR / "results" / "dryrun_vs_estimate.json"
+    if merge and out.exists():
+        key = lambda r: (r["model"], json.dumps(r["setup"], sort_keys=True))
+        new = {key(r) for r in rows}
+        rows = [r for r in json.loads(out.read_text())["rows"] if key(r) not in new] + rows
     doc = {"about": "python -m helpers.bench dryrun: estimate and dry run of each set-up (GiB = 2^30 bytes)",
            "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": meta["versions"],
            "device": meta["device"], "machine": meta["machine"], "rows": rows}
@@ -176,31 +241,62 @@ SCALED = [
     ("llama-3.2-3b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=2, seq=256, grad_checkpointing=True)),
     ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=2, seq=128, offload_optimizer=True,
                      offload_params=True)),
+    ("mixtral-8x7b", T(precision="bf16", batch=2, seq=128)),
+    ("qwen1.5-moe-a2.7b", T(precision="bf16-mixed", batch=2, seq=128)),
+    ("qwen3-30b-a3b", T(precision="bf16", batch=2, seq=128)),
+    ("deepseek-v2-lite", T(precision="fp32", batch=2, seq=128)),
+    ("gemma-2-2b", T(precision="bf16", batch=2, seq=128)),
+    ("gemma-3-1b", T(precision="bf16-mixed", batch=2, seq=128)),
+    ("llama-3-8b", T(lora_rank=8, lora_targets="q,v", batch=2, seq=128)),
+    ("llama-3-8b", T(precision="bf16", adam_impl="fused", batch=2, seq=128, grad_accum=4)),
+    ("llama-3-8b", T(strategy="ddp", precision="bf16-mixed", batch=2, seq=128, grad_accum=4)),
+    ("llama-3-8b", T(strategy="zero2", batch=2, seq=128, grad_accum=4)),
+    ("llama-3-8b", T(strategy="zero2", batch=2, seq=128, grad_accum=4, offload_optimizer=True)),
+    ("llama-3-8b", T(precision="bf16", adam_impl="fused", batch=2, seq=256, checkpointing="selective")),
+    ("llama-3-8b", T(strategy="zero2", batch=2, seq=256, checkpointing="selective")),
+    ("llama-3.2-3b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=2, seq=256, grad_accum=2,
+                       checkpointing="selective")),
+    ("llama-3.2-3b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, batch=2, seq=256, grad_checkpointing=True)),
+    ("llama-3-8b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, batch=2, seq=128, offload_optimizer=True,
+                     offload_params=True)),
+    ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, batch=2, seq=128, grad_accum=2)),
+    # QLoRA: bitsandbytes' NF4 base, quantised and multiplied for real on this CPU (helpers.measure.nf4)
+    ("llama-3-8b", T(precision="bf16", lora_rank=8, base_weights="nf4", batch=2, seq=128)),
+    ("qwen3-8b", T(lora_rank=8, base_weights="nf4", batch=2, seq=128, grad_checkpointing=True)),
+    ("llama-3.2-3b", T(strategy="ddp", precision="bf16", lora_rank=8, lora_targets="q,v", base_weights="nf4",
+                       batch=2, seq=128)),
 ]
 
 
-def bench_scaled() -> None:
-    """Each engine trains its tiny twin for real here; the estimate of the same twin beside it."""
+SCALED_FLOOR = 8 * 2**10    # a twin's phase with only the model's buffers (rotary inv_freq, a few KiB, not modelled)
+
+
+def bench_scaled(only: str | None = None) -> None:
+    """Each engine trains its tiny twin for real here (`only`: the rows `selected` keeps); the estimate of the same
+    twin beside it."""
     from helpers.measure import scaled
 
     print("Scaled runs on this CPU (placement by role), MiB = 2^20 bytes; estimate of the same twin and set-up")
-    print(f"   {'set-up':64s}{'GPU est':>9s}{'GPU meas':>9s}{'host est':>9s}{'host meas':>10s}{'worst':>7s}"
+    print(f"   {'set-up':64s}{'GPU est':>9s}{'GPU meas':>9s}{'host est':>9s}{'host meas':>10s}{'peak':>7s}{'phase':>7s}"
           f"{'loss first->last':>18s}{'RSS MiB':>9s}{'s':>6s}")
-    worst_all = 0.0
-    for name, setup in SCALED:
+    worst_all = worst_phase = 0.0
+    for name, setup in selected(SCALED, only):
         r = scaled.run(name, setup)
         twin, s = scaled.scaled_setup(name, setup)
         e = estimate.run(str(twin), s)
         worst = max(abs(e.device(d).peak_bytes - r.device(d).peak_bytes) / max(r.device(d).peak_bytes, 1)
                     for d in ("gpu", "host") if r.device(d).peak_bytes or e.device(d).peak_bytes)
-        worst_all = max(worst_all, worst)
+        phase = max(abs(e.device(d).phases[p] - v) / max(v, 1) if abs(e.device(d).phases[p] - v) > SCALED_FLOOR else 0.0
+                    for d in ("gpu", "host") for p, v in r.device(d).phases.items() if v or e.device(d).phases[p])
+        worst_all, worst_phase = max(worst_all, worst), max(worst_phase, phase)
         mib = lambda b: b / 2**20
         losses = r.meta["losses"]
         print(f"   {_label(name, setup):64s}{mib(e.gpu.peak_bytes):9.2f}{mib(r.gpu.peak_bytes):9.2f}"
-              f"{mib(e.host.peak_bytes):9.2f}{mib(r.host.peak_bytes):10.2f}{worst:7.1%}"
+              f"{mib(e.host.peak_bytes):9.2f}{mib(r.host.peak_bytes):10.2f}{worst:7.1%}{phase:7.1%}"
               f"{f'{losses[0]:.3f}->{losses[-1]:.3f}':>18s}{max(r.meta['rss_bytes'].values()) / 2**20:9.0f}"
               f"{r.meta['wall_s']:6.1f}")
-    print(f"   largest difference of a peak: {worst_all:.1%} (target: within 10%)")
+    print(f"   largest difference of a peak: {worst_all:.1%} (target: within 10%); of any phase: {worst_phase:.1%} "
+          f"(differences under {SCALED_FLOOR // 1024} KiB count as none)")
 
 
 def bench_explorer() -> None:
@@ -267,14 +363,89 @@ def bench_allocator() -> None:
               f"{to_gib(e):9.2f}{d.meta['allocator']['replay_s']:9.3f}")
 
 
+def bench_fit() -> None:
+    """For each case's set-up as run and with its fix: the largest micro batch and sequence that fit, how many
+    estimates each search took and its wall time; then the ways out of case 1 and their count and time."""
+    from helpers import cases, fit, fixes
+
+    print("fit: the largest micro batch / sequence (multiples of 64) that fits each case's capacities; estimates = "
+          "how many the search ran")
+    print(f"   {'case':10s}{'vary':6s}{'answer':>8s}{'next':>8s}{'estimates':>10s}{'ms':>8s}{'ms/estimate':>12s}  "
+          f"what stops the next")
+    times = []
+    for n in range(1, 7):
+        c = cases.case(n)
+        models.spec(c["model"])                # the one-time model build (transformers' meta model) is not timed
+        for fixed in (False, True):
+            setup = cases.setup(n, fixed=fixed)
+            for vary in ("batch", "seq"):
+                f = fit.largest(c["model"], setup, vary)
+                times.append(f.seconds / f.estimates)
+                print(f"   {n} {'fixed' if fixed else 'as run':8s}{vary:6s}{f.value:8d}{str(f.next_value):>8s}"
+                      f"{f.estimates:10d}{f.seconds * 1000:8.1f}{f.seconds / f.estimates * 1000:12.2f}  "
+                      f"{f.why[:90]}")
+    print(f"   per estimate: median {statistics.median(times) * 1000:.2f} ms, max {max(times) * 1000:.2f} ms")
+    for n in (1, 2):
+        c = cases.case(n)
+        started = time.perf_counter()
+        ways = fixes.ways_out(c["model"], cases.setup(n))
+        took = time.perf_counter() - started
+        print(f"fixes, case {n} ({c['model']}): {len(ways)} ways out, {sum(w.fits for w in ways)} fit, "
+              f"{took * 1000:.0f} ms; first: " + "; ".join(f"{w.name} ({w.peak_gib:.1f} GiB per GPU, host "
+                                                            f"{w.host_gib_added:+.1f} GiB)" for w in ways[:3]))
+
+
+def bench_published(save: bool = True) -> None:
+    """Published runs' peaks beside ours, like with like (helpers.published_runs), GiB; recorded in data/results/."""
+    from helpers import published, published_runs
+    from helpers.measure import dryrun
+
+    print("Published peaks beside ours, like with like (GiB = 2^30 bytes; a published GB is 10^9 bytes, converted)")
+    print(f"   {'run':30s}{'view':>10s}{'published':>10s}{'est alloc':>10s}{'dry alloc':>10s}{'dry rsvd':>10s}"
+          f"{'like for like':>24s}{'tensors alone':>15s}")
+    rows, meta = [], None
+    for row in published.peaks():
+        d = dryrun.run(row["model"], published_runs.setup(row), progress=False)
+        c, meta = published_runs.compare(row["id"], dry=d), d.meta
+        o = c["ours"]
+        short = {"estimate_allocated": "est", "dry_run_allocated_blocks": "dry", "dry_run_reserved": "dry reserved"}
+        like = ", ".join(f"{short[k]} {v:+.1%}" for k, v in c["like_for_like"].items())
+        unlike = f"{c['tensors_vs_published']['dry_run_allocated']:+.1%}" if c["tensors_vs_published"] else "-"
+        print(f"   {row['id']:30s}{row['view']:>10s}{to_gib(row['bytes']):10.2f}{to_gib(o['estimate_allocated']):10.2f}"
+              f"{to_gib(o['dry_run_allocated_blocks']):10.2f}{to_gib(o['dry_run_reserved']):10.2f}{like:>24s}{unlike:>15s}")
+        print(f"      {_label(row['model'], published_runs.setup(row))}; published {row['figure']} {row['unit']} "
+              f"({row['stat'].split(' ')[0]}) on {row['gpu']}")
+        print(f"      source: {row['source']} ({row['url']})")
+        for why in row["not_modelled"]:
+            print(f"      not modelled: {why}")
+        rows.append(c)
+    if save:
+        import json
+
+        from helpers.files import write_text_atomically
+
+        out = models.DATA_DIR / "results" / published_runs.RESULTS_FILE
+        doc = {"about": "python -m helpers.bench published: published peaks (data/published.json 'peaks') beside the "
+                        "estimate and the dry run of the same set-up, like with like (bytes; GiB = 2^30 bytes)",
+               "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": meta["versions"],
+               "device": meta["device"], "machine": meta["machine"], "rows": rows}
+        write_text_atomically(out, json.dumps(doc, indent=1))
+        print(f"   saved {out.relative_to(models.DATA_DIR.parent)}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m helpers.bench")
-    p.add_argument("which", choices=["estimate", "explorer", "dryrun", "scaled", "allocator"], nargs="?",
+    p.add_argument("which", choices=["estimate", "explorer", "dryrun", "scaled", "allocator", "published", "fit"],
+                   nargs="?",
                    default="estimate")
-    p.add_argument("--no-save", action="store_true", help="dryrun: do not write data/results/")
+    p.add_argument("--no-save", action="store_true", help="dryrun, published: do not write data/results/")
+    p.add_argument("--only", default=None, metavar="WORD",
+                   help="dryrun, scaled: only the grid rows with a word of their label starting so (e.g. tp, fsdp1); "
+                        "dryrun's rows replace their own in data/results/ (--no-save: not at all)")
     a = p.parse_args()
-    {"estimate": bench_estimate, "scaled": bench_scaled, "explorer": bench_explorer,
-     "allocator": bench_allocator}.get(a.which, lambda: bench_dryrun(save=not a.no_save))()
+    {"estimate": bench_estimate, "scaled": lambda: bench_scaled(a.only), "explorer": bench_explorer,
+     "allocator": bench_allocator, "published": lambda: bench_published(save=not a.no_save), "fit": bench_fit,
+     }.get(a.which, lambda: bench_dryrun(save=not a.no_save, only=a.only))()
 
 
 if __name__ == "__main__":

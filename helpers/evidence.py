@@ -15,6 +15,7 @@ sides), not a test against reality; `kind(result)` says which it is so that ever
 
 from __future__ import annotations
 
+from helpers import strategies
 from helpers.results import Result
 
 KINDS = {
@@ -31,7 +32,7 @@ def kind(result: Result) -> str:
     if mode == "estimate":
         return "estimated"
     if mode == "dry-run":
-        return "re-enacted" if s["strategy"] in ("ddp", "zero1", "zero2") else "measured"
+        return strategies.get(s["strategy"]).dry_run_evidence
     if mode == "scaled":
         return "placed" if s.get("offload_optimizer") or s.get("offload_params") else "measured"
     return "measured"                                        # gpu: the engine's tensors on a real GPU
@@ -48,12 +49,21 @@ def detail(result: Result) -> str:
     }[k]
     if result.mode == "dry-run":
         text += " (full size, fake tensors)"
-        if s["strategy"] == "ddp":
+        st = strategies.get(s["strategy"])
+        if st.gradient_buckets:
             text += "; DDP itself not run: its gradient bucket is one buffer sized by rule"
-        elif s["strategy"] in ("zero1", "zero2"):
+        elif st.deepspeed:
             text += "; DeepSpeed cannot run on fake tensors"
     elif result.mode == "scaled":
         text += " (the tiny twin, trained for real on this CPU)"
+    tp, cp = s.get("tensor_parallel", 1), s.get("context_parallel", 1)
+    if tp > 1 and result.mode == "dry-run":
+        text += f"; tensor parallel {tp}: torchtitan's plan run by DTensor on a fake 2-D mesh"
+    elif tp > 1:
+        text += f"; tensor parallel {tp}: torchtitan's plan (dry run: DTensor on a fake 2-D mesh)"
+    if cp > 1:
+        text += (f"; context parallel {cp}: estimated only, not measured (no dry run: torch's context_parallel "
+                 f"patches F.scaled_dot_product_attention, which the fake GPU's attention does not call)")
     return text
 
 

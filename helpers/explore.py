@@ -15,11 +15,15 @@ import matplotlib.pyplot as plt
 
 from helpers import estimate, models, plots, report
 from helpers.errors import InputError
-from helpers.training import ADAM_IMPLS, ATTENTIONS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainSetup
+from helpers.training import (
+    ADAM_IMPLS, ATTENTIONS, BASE_WEIGHTS, CHECKPOINTING, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainSetup,
+)
 
 SEQS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 GPUS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 LORA_RANKS = [0, 4, 8, 16, 32, 64, 128, 256]
+GRAD_ACCUMS = [1, 2, 4, 8, 16, 32, 64]
+MODEL_PARALLEL = [1, 2, 4, 8, 16]
 
 
 class Explorer:
@@ -41,19 +45,33 @@ class Explorer:
             "seq": w.SelectionSlider(options=sorted(set(SEQS + [s.seq])), value=s.seq, description="seq", continuous_update=False),
             "strategy": w.Dropdown(options=STRATEGIES, value=s.strategy, description="strategy"),
             "gpus": w.SelectionSlider(options=sorted(set(GPUS + [s.gpus])), value=s.gpus, description="GPUs", continuous_update=False),
+            "tensor_parallel": w.SelectionSlider(options=sorted(set(MODEL_PARALLEL + [s.tensor_parallel])),
+                                                 value=s.tensor_parallel, description="TP",
+                                                 tooltip="tensor-parallel degree (fsdp2 or ddp)", continuous_update=False),
+            "context_parallel": w.SelectionSlider(options=sorted(set(MODEL_PARALLEL + [s.context_parallel])),
+                                                  value=s.context_parallel, description="CP",
+                                                  tooltip="context-parallel degree: each sequence over N ranks",
+                                                  continuous_update=False),
             "precision": w.Dropdown(options=PRECISIONS, value=s.precision, description="precision"),
             "adam_impl": w.Dropdown(options=("default",) + ADAM_IMPLS, value=s.adam_impl or "default",
                                     description="AdamW"),
             "optimizer": w.Dropdown(options=OPTIMIZERS, value=s.optimizer, description="optimizer"),
             "lora_rank": w.SelectionSlider(options=LORA_RANKS, value=s.lora_rank or 0, description="LoRA rank",
                                            tooltip="0: full fine-tuning", continuous_update=False),
+            "lora_targets": w.Dropdown(options=sorted({"all-linear", "q,v", "q,k,v,o", s.lora_targets}),
+                                       value=s.lora_targets, description="LoRA on", tooltip="with a LoRA rank"),
+            "base_weights": w.Dropdown(options=("bf16",) + BASE_WEIGHTS, value=s.base_weights or "bf16",
+                                       description="LoRA base", tooltip="nf4: QLoRA's 4-bit base (with a LoRA rank)"),
             "offload_optimizer": w.Checkbox(s.offload_optimizer, description="offload optimizer"),
             "offload_params": w.Checkbox(s.offload_params, description="offload params"),
             "offload_ratio": w.FloatSlider(1.0 if s.offload_ratio is None else s.offload_ratio, min=0, max=1,
                                            step=0.05, description="ratio", continuous_update=False),
             "use_ratio": w.Checkbox(s.offload_ratio is not None, description="partial offload (ratio)"),
             "pin_memory": w.Checkbox(s.pin_memory, description="pin memory"),
-            "grad_checkpointing": w.Checkbox(s.grad_checkpointing, description="checkpointing"),
+            "checkpointing": w.Dropdown(options=CHECKPOINTING, value=s.ac, description="checkpointing"),
+            "grad_accum": w.SelectionSlider(options=sorted(set(GRAD_ACCUMS + [s.grad_accum])), value=s.grad_accum,
+                                            description="grad accum", tooltip="micro batches per optimizer step",
+                                            continuous_update=False),
             "fused_ce": w.Checkbox(s.fused_ce, description="fused CE"),
             "attention": w.Dropdown(options=ATTENTIONS, value=s.attention, description="attention"),
             "gpu_gib": w.FloatText(s.gpu_gib or 0.0, description="GPU GiB", tooltip="0: no capacity"),
@@ -81,16 +99,23 @@ class Explorer:
         return dataclasses.replace(
             self.setup,
             batch=c["batch"], seq=c["seq"], strategy=c["strategy"], gpus=c["gpus"], precision=c["precision"],
+            tensor_parallel=c["tensor_parallel"], context_parallel=c["context_parallel"],
             adam_impl=None if c["adam_impl"] == "default" else c["adam_impl"], optimizer=c["optimizer"],
-            lora_rank=c["lora_rank"] or None,
+            lora_rank=c["lora_rank"] or None, lora_targets=c["lora_targets"] if c["lora_rank"] else "all-linear",
+            base_weights=None if c["base_weights"] == "bf16" or not c["lora_rank"] else c["base_weights"],
             offload_optimizer=c["offload_optimizer"], offload_params=c["offload_params"],
             offload_ratio=c["offload_ratio"] if c["use_ratio"] else None, pin_memory=c["pin_memory"],
-            grad_checkpointing=c["grad_checkpointing"], fused_ce=c["fused_ce"], attention=c["attention"],
+            grad_checkpointing=c["checkpointing"] == "full",     # none/full as grad_checkpointing, so a case's
+            checkpointing="selective" if c["checkpointing"] == "selective" else None,   # set-up compares equal
+            grad_accum=c["grad_accum"], fused_ce=c["fused_ce"], attention=c["attention"],
             gpu_gib=c["gpu_gib"] or None, host_gib=c["host_gib"] or None,
         ).validate()
 
     def set(self, **values) -> None:
-        """Move controls as a reader would (each change redraws)."""
+        """Move controls as a reader would (each change redraws); grad_checkpointing=True/False moves the
+        checkpointing control to 'full'/'none'."""
+        if "grad_checkpointing" in values:
+            values["checkpointing"] = "full" if values.pop("grad_checkpointing") else "none"
         for k, v in values.items():
             self.controls[k].value = v
 
@@ -159,14 +184,16 @@ class Explorer:
         grid = lambda keys: w.GridBox([c[k] for k in keys], layout=w.Layout(
             grid_template_columns="repeat(3, 285px)", grid_gap="2px 4px"))
         main = grid(["model", "strategy", "gpus", "batch", "seq", "precision", "offload_optimizer", "offload_params",
-                     "grad_checkpointing"])
-        rest = grid(["adam_impl", "optimizer", "lora_rank", "attention", "fused_ce", "pin_memory",
-                     "use_ratio", "offload_ratio", "gpu_gib", "host_gib"])
+                     "checkpointing"])
+        rest = grid(["tensor_parallel", "context_parallel", "grad_accum", "adam_impl", "optimizer", "lora_rank",
+                     "lora_targets", "base_weights", "attention", "fused_ce", "pin_memory", "use_ratio", "offload_ratio",
+                     "gpu_gib", "host_gib"])
         if "google.colab" in sys.modules:    # Colab's widget manager does not open an Accordion (colabtools #3571)
             more = w.VBox([w.HTML("<b>more options</b>"), rest])
         else:
             more = w.Accordion([rest], selected_index=None,
-                               titles=("more options: AdamW, 8-bit, LoRA, attention, fused CE, pinning, ratio, capacities",))
+                               titles=("more options: TP/CP, accumulation, AdamW, 8-bit, LoRA, QLoRA, attention, "
+                                       "fused CE, pinning, ratio, capacities",))
         head = [main, more, w.HBox([self.reset_button, self.verdict])]
         canvas = self.curve.fig.canvas
         if isinstance(canvas, w.DOMWidget):

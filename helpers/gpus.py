@@ -7,7 +7,7 @@ no source gave is said to be assumed, here and in the output.
 
 from __future__ import annotations
 
-from helpers import published
+from helpers import published, strategies
 from helpers.errors import InputError
 from helpers.units import MiB
 
@@ -48,7 +48,7 @@ def nccl_buffers(strategy: str, gpus: int) -> dict:
     """NCCL's buffers on one GPU: NCCL_BUFFSIZE x channels x ring peers when the strategy communicates (more than one
     GPU), else 0; {'bytes', 'detail', 'source', 'url'}. The channel count is assumed (said so in 'detail')."""
     doc = published.nccl()
-    if gpus <= 1 or strategy == "single":
+    if gpus <= 1 or not strategies.get(strategy).multi_gpu:
         return {"bytes": 0, "detail": "one GPU: no NCCL communicator", "source": doc["source"], "url": doc["url"]}
     n = doc["buffsize_bytes"] * NCCL_CHANNELS_ASSUMED * NCCL_PEERS_RING
     return {"bytes": n, "source": doc["source"], "url": doc["url"],

@@ -24,9 +24,30 @@ SCALED_DIR = Path.home() / ".cache" / "oom-casebook" / "scaled"   # the tiny twi
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
+SOURCES = DATA_DIR / "model_sources.json"    # each catalogue model's hub ids and where its numbers were published
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
 def catalogue() -> list[str]:
     """Names of the models that ship in data/models/."""
     return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
+@functools.lru_cache(maxsize=1)
+def sources() -> dict[str, dict]:
+    """Per catalogue name: its Hugging Face hub ids and the published config it was written from (model_sources.json)."""
+    return json.loads(SOURCES.read_text())["models"]
+
+
+def hub_ids() -> dict[str, str]:
+    """Catalogue name by hub id, the id in lower case (the hub treats ids without regard to case)."""
+    return {hub.lower(): name for name, src in sources().items() for hub in src["hub_ids"]}
+
+
+def hub_id(name: str) -> str | None:
+    """The main hub id of a catalogue name (None for a config given by path)."""
+    src = sources().get(name)
+    return src["hub_ids"][0] if src else None
 
 
 def config_path(model: str | Path) -> Path:
@@ -36,11 +57,18 @@ def config_path(model: str | Path) -> Path:
                          f"got {type(model).__name__} {model!r}")
     if str(model) in catalogue():
         return MODELS_DIR / f"{model}.json"
+    if str(model).lower() in hub_ids():
+        return MODELS_DIR / f"{hub_ids()[str(model).lower()]}.json"
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"
     if path.suffix == ".json" and path.is_file():
         return path.resolve()
+    if _HUB_ID_RE.match(str(model)) and not path.exists():
+        raise InputError(
+            f"unknown hub id {str(model)!r}: it is not in the catalogue (`python -m helpers models` lists the hub ids "
+            f"it knows) and nothing is downloaded here; download that model's config.json and pass its path "
+            f"(--model path/to/config.json)")
     raise InputError(
         f"unknown model {str(model)!r}: give a catalogue name ({', '.join(catalogue())}) "
         f"or the path of a causal-LM config.json"
@@ -54,9 +82,14 @@ def config_path(model: str | Path) -> Path:
 REQUIRED_DIMS = {"hidden_size": 2**20, "num_attention_heads": 2**10, "num_hidden_layers": 2**10,
                  "vocab_size": 2**24, "intermediate_size": 2**22}
 OPTIONAL_DIMS = {"num_key_value_heads": 2**10, "head_dim": 2**14, "n_routed_experts": 2**12, "num_local_experts": 2**12,
+                 "num_experts": 2**12, "shared_expert_intermediate_size": 2**22,
                  "num_experts_per_tok": 2**12, "moe_intermediate_size": 2**22, "kv_lora_rank": 2**16,
                  "q_lora_rank": 2**16, "qk_nope_head_dim": 2**14, "qk_rope_head_dim": 2**14, "v_head_dim": 2**14}
 OPTIONAL_COUNTS = {"n_shared_experts": 2**12, "first_k_dense_replace": 2**10}     # may also be 0
+
+
+# How each MoE family names its routed-expert count: DeepSeek-V2/V3, Mixtral, Qwen2-MoE / Qwen3-MoE.
+EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 
 
 def _positive_int(path, key: str, value, most: int, least: int = 1) -> None:
@@ -92,7 +125,7 @@ def check_config_dict(raw, path="config") -> dict:
     if heads and kv and heads % kv:
         raise InputError(f"model config {str(path)!r}: num_key_value_heads must divide num_attention_heads "
                          f"({heads}), got {kv}")
-    experts = raw.get("n_routed_experts") or raw.get("num_local_experts")
+    experts = next((raw[k] for k in EXPERT_KEYS if raw.get(k)), None)
     active = raw.get("num_experts_per_tok")
     if experts and active and active > experts:
         raise InputError(f"model config {str(path)!r}: num_experts_per_tok must be at most the number of experts "
@@ -173,6 +206,12 @@ class ModelSpec:
     experts_active: int   # routed experts each token visits (top-k)
     expert_width: int     # intermediate width of one expert
     shared_width: int     # intermediate width of the always-active shared experts
+    norms: int = 2        # hidden-width RMSNorms per layer (Gemma 2/3: 4, with norms after attention and MLP)
+    gemma_norm: bool = False      # Gemma's RMSNorm: x * (1 + w) in fp32, cast back after (keeps the fp32 product)
+    qk_norm: bool = False         # per-head RMSNorms on queries and keys (Qwen3, Gemma 3)
+    logit_softcap: bool = False   # final_logit_softcapping: tanh over the logits (Gemma 2)
+    fused_qkv: bool = False       # one qkv_proj (Phi-3): q, k, v are views of one output
+    fused_gate_up: bool = False   # one gate_up_proj linear in the dense MLP (Phi-3)
 
     @property
     def params(self) -> int:
@@ -199,33 +238,65 @@ class ModelSpec:
 
     @property
     def matmul_params(self) -> int:
-        """Parameters of the matrices that matmuls read (autocast casts these): not the embedding, not 1-D ones."""
-        return sum(t.numel for t in self.tensors if t.ndim >= 2 and (t.group != "embed" or self.tied))
+        """Parameters of the matrices that linear layers read (autocast casts these): not the embedding, not 1-D
+        ones, and not MoE experts' 3-D weights, which transformers multiplies with grouped_mm (not on autocast's
+        list: it runs in the weights' own dtype)."""
+        return sum(t.numel for t in self.tensors if t.ndim == 2 and (t.group != "embed" or self.tied))
 
-    def lora_targets(self) -> tuple[Tensor, ...]:
-        """The weights LoRA adapts with peft's target_modules="all-linear": every nn.Linear but the output head."""
-        return tuple(t for t in self.tensors if t.linear and t.group.startswith("layer."))
+    def lora_targets(self, targets: str = "all-linear") -> tuple[Tensor, ...]:
+        """The weights LoRA adapts: with peft's target_modules="all-linear" every nn.Linear but the output head; or
+        the linear layers whose module name is one of `targets` (comma-separated, e.g. "q_proj,v_proj" or "q,v")."""
+        names = lora_modules(targets)
+        return tuple(t for t in self.tensors if t.linear and t.group.startswith("layer.")
+                     and (names is None or t.name.rsplit(".", 2)[-2] in names))
 
-    def lora_params(self, rank: int) -> int:
+    def lora_params(self, rank: int, targets: str = "all-linear") -> int:
         """Trainable parameters of LoRA adapters of `rank` on every target: A (rank x in) + B (out x rank)."""
-        return sum(rank * (t.shape[0] + t.shape[1]) for t in self.lora_targets())
+        return sum(rank * (t.shape[0] + t.shape[1]) for t in self.lora_targets(targets))
 
     @property
     def max_lora_rank(self) -> int:
         """The largest useful LoRA rank: the smallest dimension of an adapted weight (a higher rank adds no
         expressiveness, only parameters)."""
-        return min((min(t.shape) for t in self.lora_targets() if t.shape), default=0)
+        return self.max_lora_rank_for("all-linear")
 
-    def check_lora_rank(self, rank: int | None) -> None:
-        """InputError unless `rank` is None or at most max_lora_rank."""
-        if rank is not None and rank > self.max_lora_rank:
-            raise InputError(f"lora_rank must be at most {self.max_lora_rank} for {self.name} (the smallest dimension "
+    def max_lora_rank_for(self, targets: str) -> int:
+        """max_lora_rank for the linear layers `targets` names."""
+        return min((min(t.shape) for t in self.lora_targets(targets) if t.shape), default=0)
+
+    def linear_names(self) -> list[str]:
+        """Module names of the decoder layers' linear layers (what `lora_targets` may name)."""
+        return sorted({t.name.rsplit(".", 2)[-2] for t in self.tensors if t.linear and t.group.startswith("layer.")})
+
+    def check_lora_rank(self, rank: int | None, targets: str = "all-linear") -> None:
+        """InputError unless `rank` is None or at most max_lora_rank for `targets`, and `targets` names a linear."""
+        if rank is None:
+            return
+        unknown = sorted((lora_modules(targets) or set()) - set(self.linear_names()))
+        if unknown:
+            raise InputError(f"lora_targets {targets!r} names {', '.join(unknown)}, not a linear layer of {self.name}: "
+                             f"its layers' linear modules are {', '.join(self.linear_names())} (or give all-linear)")
+        most = self.max_lora_rank_for(targets)
+        if rank > most:
+            raise InputError(f"lora_rank must be at most {most} for {self.name} (the smallest dimension "
                              f"of its adapted linear layers), got {rank}")
 
     @property
     def lm_head_params(self) -> int:
         """Parameters of the output projection (0 when tied to the embedding)."""
         return sum(t.numel for t in self.tensors if t.name.startswith("lm_head"))
+
+
+# LitGPT-style short names for the usual projections (`--lora-targets q,v` is LitGPT's default: query and value).
+LORA_ALIASES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+                "down": "down_proj"}
+
+
+def lora_modules(targets: str) -> frozenset[str] | None:
+    """The module names a `lora_targets` value selects (None: peft's "all-linear"); short names expanded."""
+    if targets == "all-linear":
+        return None
+    return frozenset(LORA_ALIASES.get(x.strip(), x.strip()) for x in targets.split(","))
 
 
 def _group_of(name: str) -> str:
@@ -237,7 +308,10 @@ def _group_of(name: str) -> str:
     return "head"
 
 
-def _dims(cfg) -> dict:
+def _dims(cfg, moe_layers: int) -> dict:
+    """Attention and MoE dimensions from a config; `moe_layers`: layers built with routed experts (counted on the
+    model, so that each family's rule for which layers are sparse — first_k_dense_replace, decoder_sparse_step,
+    mlp_only_layers — is transformers' own)."""
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -247,14 +321,16 @@ def _dims(cfg) -> dict:
         dims.update(q_width=heads * qk, k_width=heads * qk, v_width=heads * cfg.v_head_dim,
                     kv_latent=cfg.kv_lora_rank)
         head_dim = qk
-    experts = getattr(cfg, "n_routed_experts", None) or getattr(cfg, "num_local_experts", None) or 0
-    first_dense = getattr(cfg, "first_k_dense_replace", 0) or 0
+    experts = next((getattr(cfg, k) for k in EXPERT_KEYS if getattr(cfg, k, None)), 0)
+    moe_width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size   # Mixtral: intermediate_size
+    shared = ((getattr(cfg, "n_shared_experts", 0) or 0) * moe_width            # DeepSeek: n shared experts
+              + (getattr(cfg, "shared_expert_intermediate_size", 0) or 0))     # Qwen2-MoE: one wide shared expert
     dims.update(
-        moe_layers=max(cfg.num_hidden_layers - first_dense, 0) if experts else 0,
-        experts=experts,
-        experts_active=getattr(cfg, "num_experts_per_tok", 0) if experts else 0,
-        expert_width=getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size if experts else 0,
-        shared_width=(getattr(cfg, "n_shared_experts", 0) or 0) * (getattr(cfg, "moe_intermediate_size", 0) or 0),
+        moe_layers=moe_layers if experts else 0,
+        experts=experts if moe_layers else 0,
+        experts_active=getattr(cfg, "num_experts_per_tok", 0) if experts and moe_layers else 0,
+        expert_width=moe_width if experts and moe_layers else 0,
+        shared_width=shared if experts and moe_layers else 0,
     )
     return dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, **dims)
 
@@ -295,12 +371,20 @@ def _spec_from_path(path: str) -> ModelSpec:
             f"covers Llama-style decoders (llama, qwen2, mistral, deepseek_v2, ...)"
         )
     name = Path(path).stem if Path(path).parent in (MODELS_DIR, SCALED_DIR) else path
+    moe_layers = len({t.group for t in tensors if ".experts." in f".{t.name}" and t.group.startswith("layer.")})
     if not any(t.numel for t in tensors):
         raise InputError(f"{path!r} builds a model with no parameters; check its dimensions")
+    first = [t for t in tensors if t.group == "layer.0"]
     return ModelSpec(
         name=name, path=path, model_type=cfg.model_type, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
         layers=cfg.num_hidden_layers, vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
-        tensors=tensors, **_dims(cfg),
+        tensors=tensors, **_dims(cfg, moe_layers),
+        norms=sum(t.name.endswith("norm.weight") and t.shape == (cfg.hidden_size,) for t in first),
+        gemma_norm=cfg.model_type.startswith("gemma"),
+        qk_norm=any(t.name.endswith("q_norm.weight") for t in first),
+        logit_softcap=bool(getattr(cfg, "final_logit_softcapping", None)),
+        fused_qkv=any(t.name.endswith("qkv_proj.weight") for t in first),
+        fused_gate_up=any(t.name.endswith("mlp.gate_up_proj.weight") and t.linear for t in first),
     )
 
 
@@ -317,7 +401,7 @@ def spec(model: str | Path | ModelSpec) -> ModelSpec:
 SCALE_HIDDEN = 128        # hidden size of every twin
 SCALE_HEADS = 4           # attention heads (head size 32)
 SCALE_LAYERS = 2          # decoder layers
-SCALE_EXPERTS = 8         # routed experts of a MoE twin (2 active, at most)
+SCALE_EXPERTS = 64        # at most this many routed experts in a MoE twin (the active share kept)
 
 
 def scaled_config(model: str | Path, hidden: int = SCALE_HIDDEN) -> dict:
@@ -325,8 +409,10 @@ def scaled_config(model: str | Path, hidden: int = SCALE_HIDDEN) -> dict:
 
     hidden 128 (or `hidden`, for a wider twin where a measurement needs more bytes to resolve), 4 heads, 2 layers; the MLP's width, the vocabulary and the share of key/value heads keep their
     ratio to the hidden size (so weights, activations and logits keep their proportions); a tied head stays tied;
-    a MoE keeps its first dense layers (at most 1), 8 experts with 2 active, expert width in proportion;
-    MLA keeps its layout at 1/8 of each width.
+    a MoE (any family: DeepSeek, Mixtral, Qwen2/3-MoE) keeps its first dense layers (at most 1), its number of
+    routed experts up to SCALE_EXPERTS and its share of active experts (top-k scaled with the count when capped),
+    expert and shared-expert widths in proportion; the query width keeps its ratio to the hidden size where
+    head_dim is given (Gemma's head_dim x heads != hidden stays so); MLA keeps its layout at 1/8 of each width.
     """
     spec(model)                               # the config checked, and buildable, once
     cfg = read_config_dict(model)
@@ -345,12 +431,26 @@ def scaled_config(model: str | Path, hidden: int = SCALE_HIDDEN) -> dict:
         max_position_embeddings=min(cfg.get("max_position_embeddings", 4096), 4096),
         bos_token_id=0, eos_token_id=1, rope_scaling=None,
     )
-    if "head_dim" in cfg:
-        out["head_dim"] = h // SCALE_HEADS
-    if cfg.get("n_routed_experts"):
-        out.update(n_routed_experts=SCALE_EXPERTS, num_experts_per_tok=min(2, cfg["num_experts_per_tok"]),
-                   moe_intermediate_size=max(8, round(cfg["moe_intermediate_size"] * ratio / 8) * 8),
-                   first_k_dense_replace=min(1, cfg.get("first_k_dense_replace", 0)), n_group=1, topk_group=1)
+    if cfg.get("head_dim"):                   # query width / hidden kept (Gemma: 8 x 256 against hidden 2304)
+        out["head_dim"] = max(8, round(h * heads0 * cfg["head_dim"] / h0 / SCALE_HEADS / 4) * 4)
+    width = lambda key: max(8, round(cfg[key] * ratio / 8) * 8)
+    experts_key = next((k for k in EXPERT_KEYS if cfg.get(k)), None)
+    if experts_key:
+        experts, active = cfg[experts_key], cfg.get("num_experts_per_tok") or 1
+        twin_experts = min(experts, SCALE_EXPERTS)
+        out[experts_key] = twin_experts
+        out["num_experts_per_tok"] = max(1, round(active * twin_experts / experts))
+        for key in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+            if cfg.get(key):
+                out[key] = width(key)
+        if "first_k_dense_replace" in cfg:
+            out["first_k_dense_replace"] = min(1, cfg["first_k_dense_replace"] or 0)
+        if "n_group" in cfg:                   # DeepSeek's group-limited routing: one group in a twin
+            out.update(n_group=1, topk_group=1)
+        if cfg.get("mlp_only_layers"):
+            out["mlp_only_layers"] = [i for i in cfg["mlp_only_layers"] if i < SCALE_LAYERS]
+        if cfg.get("decoder_sparse_step"):
+            out["decoder_sparse_step"] = min(cfg["decoder_sparse_step"], SCALE_LAYERS)
     if cfg.get("kv_lora_rank"):
         out.update({k: max(8, cfg[k] // 8) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                                                        "v_head_dim") if cfg.get(k)})

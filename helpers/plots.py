@@ -11,7 +11,7 @@ import textwrap
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from helpers import evidence
+from helpers import evidence, strategies
 from helpers.errors import InputError
 from helpers.results import Result
 from helpers.units import GiB, MiB
@@ -114,7 +114,7 @@ class MemoryCurve:
         marks = " and ".join(m for m, on in (("stars", self._stars), ("dotted lines", self._dotted)) if on)
         source = f"\nreported figures ({marks}): {self.source}" if self.source and marks else ""
         s = result.setup
-        adam = f", AdamW {s.get('adam_impl') or 'foreach'}" if s.get("strategy") in ("single", "ddp", "fsdp2") else ""
+        adam = f", AdamW {s.get('adam_impl') or 'foreach'}" if strategies.get(s["strategy"]).torch_optimizer else ""
         head = self.title or (f"{result.model}: {s['strategy']} x{s['gpus']}, {s['precision']}{adam}, "
                               f"batch {s['batch']} x seq {s['seq']} [{mode}]")
         self.fig.suptitle("\n".join(textwrap.wrap(head, 120)) + source, fontsize=9.5)

@@ -8,7 +8,7 @@ import json
 
 from helpers.errors import InputError
 from helpers.models import DATA_DIR
-from helpers.units import MiB
+from helpers.units import GB, GiB, MiB
 
 
 @functools.lru_cache(maxsize=1)
@@ -53,3 +53,28 @@ def reserved(model: str) -> dict:
     if len(found) != 1:
         raise InputError(f"{len(found)} published reserved figures for {model!r}")
     return found[0]
+
+
+PEAK_UNITS = {"GiB": GiB, "GB": GB}        # as published: GiB = 2**30 bytes (torchtitan), GB = 10**9 bytes (LitGPT)
+PEAK_VIEWS = ("reserved", "allocated")     # which torch.cuda statistic a published peak is
+
+
+def peaks() -> list[dict]:
+    """Published peak memory of whole training runs (data/published.json 'peaks'), each with 'bytes' added (its
+    figure in its published unit, GiB or GB, converted), its set-up in TrainSetup fields, the statistic its tool
+    printed ('view': reserved or allocated), its source, and what the run does that the set-up does not express."""
+    rows = []
+    for row in _all()["peaks"]["rows"]:
+        if row["unit"] not in PEAK_UNITS or row["view"] not in PEAK_VIEWS:
+            raise InputError(f"published peak {row['id']!r}: unit must be {' or '.join(PEAK_UNITS)} and view "
+                             f"{' or '.join(PEAK_VIEWS)}, got {row['unit']!r} and {row['view']!r}")
+        rows.append(row | {"bytes": round(row["figure"] * PEAK_UNITS[row["unit"]])})
+    return rows
+
+
+def peak(run_id: str) -> dict:
+    """One published run's peak (see `peaks`) by its id."""
+    found = {r["id"]: r for r in peaks()}
+    if run_id not in found:
+        raise InputError(f"no published peak {run_id!r}: known runs are {', '.join(found)}")
+    return found[run_id]

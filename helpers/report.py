@@ -47,7 +47,9 @@ def table(r: Result) -> str:
     big = max(r.gpu.peak_bytes, r.host.peak_bytes) >= GiB
     unit, div = ("GiB", GiB) if big else ("MiB", MiB)
     conv = lambda b: b / div
-    lines = [f"{r.model}: {r.params:,d} parameters, {r.setup['strategy']} on {r.setup['gpus']} GPU(s), "
+    tp, cp = r.setup.get("tensor_parallel", 1), r.setup.get("context_parallel", 1)
+    mesh = (f" (TP {tp} x CP {cp} x DP {r.setup['gpus'] // (tp * cp)})" if tp * cp > 1 else "")
+    lines = [f"{r.model}: {r.params:,d} parameters, {r.setup['strategy']} on {r.setup['gpus']} GPU(s){mesh}, "
              f"{r.setup['precision']}, batch {r.setup['batch']} x seq {r.setup['seq']}   [{r.mode}; "
              f"{unit} = 2^{30 if big else 20} bytes]",
              "", f"{'phase (' + unit + ')':30s}{'GPU (each)':>14s}{'host (node)':>14s}"
@@ -121,4 +123,31 @@ def items_table(r: Result) -> str:
         lines.append(f"{i['device']:7s}{to_gib(i['bytes']):9.2f}  {i['category']:18s}{','.join(i['phases']):36s}{i['name']}")
         if i["why"]:
             lines.append(f"{'':72s}  ({i['why']})")
+    return "\n".join(lines)
+
+
+def imported_table(imported, overrides=()) -> str:
+    """Where each setting of a `--from` set-up came from: setting, value, and a file:line or a tool's default; the
+    flags that replaced a file's value; then, compact, what the files set that is not modelled and what was ignored.
+    `imported` is a helpers.readers.Imported; `overrides` the CLI's list ({flag, field, value, replaced, from})."""
+    def short(v, most: int = 40) -> str:
+        text = str(v)
+        return text if len(text) <= most else text[:most - 3] + "..."
+
+    lines = [f"imported ({imported.format}): {', '.join(imported.files)}"
+             + (f"; model named {imported.model_named!r}" if imported.model_named else ""),
+             f"  {'setting':44s}{'value':>14s}  {'sets':36s}from"]
+    for x in imported.settings:
+        where = f"{x.file}:{x.line}" if x.line else x.file
+        lines.append(f"  {short(x.key, 44):44s}{short(x.value, 14):>14s}  {short(x.sets, 35):36s}{where}")
+    for d in imported.defaults:
+        lines.append(f"  {short(d.key, 44):44s}{short(d.value, 14):>14s}  {short(d.sets, 35):36s}default ({d.tool})")
+    for o in overrides:
+        lines.append(f"  {o['flag']:44s}{short(o['value'], 14):>14s}  {short(o['field'] + '=' + str(o['value']), 35):36s}"
+                     f"flag, overrides {short(o['replaced'])} from {o['from']}")
+    if imported.not_modelled:
+        lines.append("  not modelled: " + "; ".join(f"{x.key}={short(x.value)} ({x.file}:{x.line}: {x.why})"
+                                                    for x in imported.not_modelled))
+    if imported.ignored:
+        lines.append("  ignored (no effect on memory): " + ", ".join(x.key for x in imported.ignored))
     return "\n".join(lines)

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 
+from helpers import strategies
 from helpers.errors import InputError
 
 PRECISIONS = ("bf16", "bf16-mixed", "fp32")
 ADAM_IMPLS = ("foreach", "fused", "for-loop")
 OPTIMIZERS = ("adamw", "adamw-8bit")
-STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp2")
+STRATEGIES = strategies.NAMES
 ATTENTIONS = ("eager", "sdpa", "flash")
-ZERO = ("zero1", "zero2", "zero3")
+CHECKPOINTING = ("none", "full", "selective")
+BASE_WEIGHTS = ("nf4",)       # QLoRA: bitsandbytes 4-bit NormalFloat base (None: the base in the compute dtype)
+MAX_GRAD_ACCUM = 4096         # micro batches per optimizer step (real runs use 1 to a few hundred)
 
 # Limits beyond which no real training run goes; past them a figure would be meaningless (or overflow 64-bit sizes
 # in a dry run), so they are refused with the allowed range in the message.
@@ -39,27 +43,52 @@ class TrainSetup:
     precision: str = "bf16-mixed"
     """bf16: weights, grads, AdamW states all bf16; bf16-mixed: fp32 master weights and states, bf16 compute; fp32."""
     adam_impl: str | None = None
-    """torch AdamW implementation for single/ddp/fsdp2 (default foreach, torch's GPU default); not for ZeRO."""
+    """torch AdamW implementation for single/ddp/fsdp2/fsdp1 (default foreach, torch's GPU default); not for ZeRO."""
     optimizer: str = "adamw"
     """adamw: two states in the weights' dtype; adamw-8bit: bitsandbytes' AdamW8bit, block-quantised 8-bit states
     (single and ddp only: torch strategies with a client optimizer)."""
     lora_rank: int | None = None
     """LoRA adapters of this rank on every linear layer but the output head (peft's "all-linear"); the base model is
     frozen and kept in the compute dtype. None: full fine-tuning."""
+    lora_targets: str = "all-linear"
+    """Which linear layers get adapters: peft's "all-linear" (every one but the output head), or module names,
+    comma-separated ("q_proj,v_proj", or LitGPT-style "q,v"; k, o, gate, up, down likewise)."""
+    base_weights: str | None = None
+    """How LoRA's frozen base is stored. None: in the compute dtype. 'nf4': QLoRA, as transformers'
+    BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+    bnb_4bit_compute_dtype) loads it: every linear layer of the decoder layers a bitsandbytes Linear4bit
+    (4-bit codes, absmax per 64 weights quantised to 8 bits per 256, fp32 second-level absmax and offset), the
+    embedding, norms and output head in the compute dtype (bf16; fp32 with precision 'fp32', as
+    bnb_4bit_compute_dtype follows it; see helpers.estimate.quantized). Needs lora_rank."""
     strategy: str = "single"
+    """One of helpers.strategies.REGISTRY."""
     gpus: int = 1
-    """World size (data-parallel GPUs in all)."""
+    """World size: every GPU of the run (data-parallel degree = gpus // (tensor_parallel x context_parallel))."""
+    tensor_parallel: int = 1
+    """Tensor-parallel degree (torchtitan's plan: column/row-wise linears, sequence-parallel norms, loss parallel);
+    strategies with `model_parallel` only (fsdp2 as a 2-D mesh, ddp)."""
+    context_parallel: int = 1
+    """Context-parallel degree: each sequence split over this many ranks (ring attention gathers keys/values)."""
     gpus_per_node: int = 8
     """GPUs sharing one host; host memory is reported per node."""
     offload_optimizer: bool = False
     """ZeRO: optimizer states and fp32 master weights on the host. FSDP2: together with offload_params."""
     offload_params: bool = False
-    """ZeRO-3: parameter partitions on the host. FSDP2: CPUOffloadPolicy (params, grads, optimizer states)."""
+    """ZeRO-3: parameter partitions on the host. FSDP2: CPUOffloadPolicy; FSDP1: CPUOffload(offload_params=True)
+    (params, grads, optimizer states)."""
     offload_ratio: float | None = None
     """DeepSpeed offload_optimizer.ratio: fraction of optimizer sub-groups on the host (ZeRO-3 only)."""
     pin_memory: bool = True
     """Offloaded buffers page-locked (DeepSpeed >= 0.19.5 and torchtitan default) or pageable."""
     grad_checkpointing: bool = False
+    """Full activation checkpointing of every decoder layer: the same as checkpointing='full'."""
+    checkpointing: str | None = None
+    """Activation checkpointing: 'none', 'full' (each decoder layer recomputed in backward) or 'selective'
+    (torchtitan's op-level policy: each layer keeps the outputs of its attention kernel and of every other matmul,
+    recomputes the rest). None: 'full' if grad_checkpointing else 'none'."""
+    grad_accum: int = 1
+    """Gradient accumulation: micro batches per optimizer step (the gradients of the first stay alive through the
+    forward and backward of the others)."""
     fused_ce: bool = False
     """A fused/chunked linear cross-entropy (Liger, torch's linear_cross_entropy): full logits never exist."""
     attention: str = "sdpa"
@@ -81,15 +110,27 @@ class TrainSetup:
     @property
     def adam(self) -> str:
         """The optimizer implementation in effect ('deepspeed' for ZeRO strategies, 'bitsandbytes' for 8-bit)."""
-        if self.strategy in ZERO:
-            return "deepspeed"
+        if not self.strat.torch_optimizer:
+            return self.strat.engine
         if self.optimizer == "adamw-8bit":
             return "bitsandbytes"
         return self.adam_impl or "foreach"
 
     @property
+    def ac(self) -> str:
+        """The activation checkpointing in effect: 'none', 'full' or 'selective'."""
+        if self.checkpointing is not None:
+            return self.checkpointing
+        return "full" if self.grad_checkpointing else "none"
+
+    @property
+    def strat(self) -> strategies.Strategy:
+        """The strategy object of `strategy` (what it shards, its engine, the options it takes)."""
+        return strategies.get(self.strategy)
+
+    @property
     def overlap(self) -> bool:
-        return self.strategy == "zero3" if self.overlap_comm is None else self.overlap_comm
+        return self.strat.overlap_comm_default if self.overlap_comm is None else self.overlap_comm
 
     @property
     def ratio(self) -> float:
@@ -97,6 +138,11 @@ class TrainSetup:
         if not self.offload_optimizer:
             return 0.0
         return 1.0 if self.offload_ratio is None else self.offload_ratio
+
+    @property
+    def data_parallel(self) -> int:
+        """Data-parallel degree: gpus // (tensor_parallel x context_parallel) (validate checks it divides)."""
+        return self.gpus // (self.tensor_parallel * self.context_parallel)
 
     @property
     def ranks_per_node(self) -> int:
@@ -116,7 +162,9 @@ class TrainSetup:
         Types first (an int where an int is meant, a bool for a switch, a finite number for a capacity), then the
         ranges in MAX_*, then the combinations."""
         _choice("precision", self.precision, PRECISIONS)
-        _choice("strategy", self.strategy, STRATEGIES)
+        st = strategies.get(self.strategy)
+        if self.checkpointing is not None:
+            _choice("checkpointing", self.checkpointing, CHECKPOINTING)
         _choice("attention", self.attention, ATTENTIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.adam_impl is not None:
@@ -128,7 +176,9 @@ class TrainSetup:
             raise InputError(f"overlap_comm must be True, False or None (DeepSpeed's default), got {self.overlap_comm!r}")
         for name, most in (("batch", MAX_TOKENS), ("seq", MAX_TOKENS), ("gpus", MAX_GPUS),
                            ("gpus_per_node", MAX_GPUS_PER_NODE), ("reduce_bucket_size", MAX_ELEMENTS),
-                           ("sub_group_size", MAX_ELEMENTS), ("prefetch_bucket_size", MAX_ELEMENTS)):
+                           ("sub_group_size", MAX_ELEMENTS), ("prefetch_bucket_size", MAX_ELEMENTS),
+                           ("grad_accum", MAX_GRAD_ACCUM), ("tensor_parallel", MAX_GPUS),
+                           ("context_parallel", MAX_GPUS)):
             _integer(name, getattr(self, name), most)
         if self.batch * self.seq > MAX_TOKENS:
             raise InputError(f"batch x seq must be at most {MAX_TOKENS:,} tokens per micro batch (2^24; no real run "
@@ -142,49 +192,106 @@ class TrainSetup:
         if self.lora_rank is not None and (isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int)
                                            or self.lora_rank < 1):
             raise InputError(f"lora_rank must be a positive integer (or None for full fine-tuning), got {self.lora_rank!r}")
+        if self.grad_checkpointing and self.checkpointing not in (None, "full"):
+            raise InputError(f"grad_checkpointing=True means checkpointing 'full', got checkpointing "
+                             f"{self.checkpointing!r}: give one of them")
+        if not isinstance(self.lora_targets, str) or not re.fullmatch(r"all-linear|\w+(,\w+)*", self.lora_targets):
+            raise InputError(f"lora_targets must be all-linear or linear module names separated by commas "
+                             f"(e.g. q_proj,v_proj or q,v), got {self.lora_targets!r}")
+        if self.lora_targets != "all-linear" and self.lora_rank is None:
+            raise InputError(f"lora_targets {self.lora_targets!r} needs lora_rank (LoRA adapters' rank)")
+        if self.lora_rank is not None and self.ac == "selective":
+            raise InputError("checkpointing 'selective' is modelled for full fine-tuning; with lora_rank the adapters' "
+                             "extra matmuls change which outputs the policy saves: use checkpointing 'full' or 'none'")
         s = self.strategy
-        if self.lora_rank is not None and s in ("zero3", "fsdp2"):
-            raise InputError(f"lora_rank is modelled with strategies single, ddp, zero1 and zero2, got {s!r} "
-                             f"(sharding a frozen base is not modelled here)")
+        if self.base_weights is not None:
+            _choice("base_weights", self.base_weights, BASE_WEIGHTS)
+            if self.lora_rank is None:
+                raise InputError(f"base_weights {self.base_weights!r} (QLoRA's 4-bit frozen base) needs lora_rank: "
+                                 f"a quantised base cannot be trained itself, only LoRA adapters on it")
+            if not st.qlora:
+                raise InputError(f"base_weights {self.base_weights!r} is modelled with strategies "
+                                 f"{strategies.listing(lambda x: x.qlora, 'and')}, got {s!r} (bitsandbytes' quantisation "
+                                 f"state under an engine's sharding or re-casting is not modelled here)")
+            if getattr(self, "tensor_parallel", 1) > 1 or getattr(self, "context_parallel", 1) > 1:
+                raise InputError(f"base_weights {self.base_weights!r} is modelled without tensor or context parallelism "
+                                 f"(a 4-bit weight's quantisation state split over ranks is not modelled), got "
+                                 f"tensor_parallel={self.tensor_parallel}, context_parallel={self.context_parallel}")
+        if self.lora_rank is not None and not st.lora:
+            raise InputError(f"lora_rank is modelled with strategies {strategies.listing(lambda x: x.lora, 'and')}, got {s!r} "
+                             f"(FSDP's sharding of a frozen base is not modelled here)")
         if self.optimizer == "adamw-8bit":
-            if s not in ("single", "ddp"):
-                raise InputError(f"optimizer 'adamw-8bit' (bitsandbytes) is modelled with strategies single and ddp, "
-                                 f"got {s!r}: DeepSpeed uses its own Adam, FSDP2 shards are not modelled with it")
+            if not st.optimizer_8bit:
+                raise InputError(f"optimizer 'adamw-8bit' (bitsandbytes) is modelled with strategies "
+                                 f"{strategies.listing(lambda x: x.optimizer_8bit, 'and')}, got {s!r}: DeepSpeed uses its "
+                                 f"own Adam, FSDP2 shards are not modelled with it")
             if self.adam_impl is not None:
                 raise InputError(f"adam_impl {self.adam_impl!r} chooses torch AdamW's implementation; optimizer "
                                  f"'adamw-8bit' has its own kernel: leave adam_impl unset")
-        if s == "single" and self.gpus != 1:
-            raise InputError(f"strategy 'single' runs on one GPU, got gpus={self.gpus}: use ddp, zero1-3 or fsdp2")
-        if s in ZERO and self.adam_impl is not None:
+        if not st.multi_gpu and self.gpus != 1:
+            raise InputError(f"strategy {s!r} runs on one GPU, got gpus={self.gpus}: use "
+                             f"{strategies.listing(lambda x: x.multi_gpu)}")
+        _model_parallel(self, st)
+        if not st.torch_optimizer and self.adam_impl is not None:
             raise InputError(
-                f"adam_impl {self.adam_impl!r} is for torch's AdamW (strategies single, ddp, fsdp2); "
-                f"strategy {s!r} uses DeepSpeed's FusedAdam / DeepSpeedCPUAdam"
+                f"adam_impl {self.adam_impl!r} is for torch's AdamW (strategies "
+                f"{strategies.listing(lambda x: x.torch_optimizer)}); strategy {s!r} uses DeepSpeed's FusedAdam / "
+                f"DeepSpeedCPUAdam"
             )
-        if s in ZERO and self.precision == "bf16":
+        if self.precision not in st.precisions:
             raise InputError(
-                f"precision 'bf16' (everything in bf16) is not how DeepSpeed trains: its bf16 mode keeps fp32 master "
-                f"weights and states; use precision 'bf16-mixed' or 'fp32' with strategy {s!r}"
+                f"precision {self.precision!r} (everything in bf16) is not how DeepSpeed trains: its bf16 mode keeps "
+                f"fp32 master weights and states; use precision {' or '.join(repr(p) for p in st.precisions)} with "
+                f"strategy {s!r}"
             )
-        if s in ("single", "ddp") and (self.offload_optimizer or self.offload_params):
-            raise InputError(f"strategy {s!r} cannot offload: offload needs zero1, zero2, zero3 or fsdp2")
-        if self.offload_params and s in ("zero1", "zero2"):
-            raise InputError(f"offload_params needs zero3 (DeepSpeed offloads parameters only in stage 3), got {s!r}")
-        if s == "fsdp2" and self.offload_optimizer != self.offload_params:
+        if not st.offload and (self.offload_optimizer or self.offload_params):
+            raise InputError(f"strategy {s!r} cannot offload: offload needs "
+                             f"{strategies.listing(lambda x: bool(x.offload))}")
+        if self.offload_params and "offload_params" not in st.offload:
+            raise InputError(f"offload_params needs {strategies.listing(lambda x: 'offload_params' in x.offload)} "
+                             f"(DeepSpeed offloads parameters only in stage 3), got {s!r}")
+        if st.offload_together and self.offload_optimizer != self.offload_params:
             raise InputError(
-                "FSDP2's CPUOffloadPolicy offloads parameters, gradients and optimizer states together: "
+                f"{st.title} offloads parameters, gradients and optimizer states together "
+                f"({'CPUOffload(offload_params=True)' if st.engine == 'fsdp1' else 'CPUOffloadPolicy'}): "
                 "set both offload_optimizer and offload_params, or neither"
             )
         if self.offload_ratio is not None:
             r = self.offload_ratio
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
                 raise InputError(f"offload_ratio must be a number in [0, 1], got {r!r}")
-            if s != "zero3":
+            if "offload_ratio" not in st.offload:
                 raise InputError(
-                    f"offload_ratio is honoured only by DeepSpeed ZeRO-3 (partial offload), got strategy {s!r}"
+                    f"offload_ratio is honoured only by "
+                    f"{' and '.join(strategies.get(n).title for n in strategies.names(lambda x: 'offload_ratio' in x.offload))} "
+                    f"(partial offload; strategy {strategies.listing(lambda x: 'offload_ratio' in x.offload)}), got strategy {s!r}"
                 )
             if not self.offload_optimizer:
                 raise InputError("offload_ratio needs offload_optimizer (it splits the offloaded optimizer states)")
         return self
+
+
+def _model_parallel(s: TrainSetup, st: strategies.Strategy) -> None:
+    """Tensor/context parallelism: the degrees divide the world size, and the strategy composes with DTensor."""
+    tp, cp = s.tensor_parallel, s.context_parallel
+    if tp == 1 and cp == 1:
+        return
+    if not st.model_parallel:
+        raise InputError(f"tensor_parallel={tp} and context_parallel={cp} are modelled with strategies "
+                         f"{strategies.listing(lambda x: x.model_parallel)}, got {s.strategy!r} (DeepSpeed's ZeRO "
+                         f"partitions the flat model itself; torch's DTensor plans compose with FSDP2 and DDP)")
+    if s.gpus % (tp * cp):
+        raise InputError(f"gpus={s.gpus} must be a multiple of tensor_parallel x context_parallel = {tp} x {cp} = "
+                         f"{tp * cp} (data-parallel degree = gpus // (tp x cp))")
+    if cp > 1 and s.seq % (2 * cp):
+        raise InputError(f"seq={s.seq} must be a multiple of 2 x context_parallel = {2 * cp}: context parallelism "
+                         f"splits each sequence into 2 x cp chunks (load-balanced ring attention)")
+    if s.lora_rank is not None:
+        raise InputError("lora_rank with tensor_parallel or context_parallel is not modelled: use tensor_parallel=1 "
+                         "and context_parallel=1 with LoRA")
+    if s.fused_ce:
+        raise InputError("fused_ce with tensor_parallel or context_parallel is not modelled (loss parallel shards "
+                         "the logits instead): leave fused_ce off")
 
 
 def _choice(name: str, value, allowed: tuple) -> None:

@@ -366,7 +366,7 @@ def test_8_concurrent_twin_writes_never_collide(tmp_path, monkeypatch):
 # 9. the command line: no abbreviations, exclusive flags, one-line usage errors, LoRA rank -------------------------
 @pytest.mark.parametrize("argv,needle", [
     (["estimate", "--mode", "dry-run", "--model", M], "unrecognized arguments: --mode dry-run"),
-    (["estimate", "--mod", M], "the following arguments are required: --model"),
+    (["estimate", "--mod", M], "unrecognized arguments: --mod"),   # --model is optional beside --from files
     (["estimate", "--model", M, "--gpus-per", "8"], "unrecognized arguments: --gpus-per 8"),   # no abbreviations
     (["estimate", "--model", M, "--gpu", "8"], "gpu must be one of a100-80gb"),           # --gpu is a preset name
     (["estimate", "--model", M, "--pin-memory", "--no-pin-memory"], "exclude each other"),

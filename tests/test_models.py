@@ -20,8 +20,19 @@ def test_exact_parameter_counts(name, count):
     assert models.spec(name).params == count
 
 
-def test_catalogue_lists_the_five_models():
-    assert models.catalogue() == sorted([*EXACT, "deepseek-v2-lite"])
+def test_catalogue_lists_the_original_five_among_its_models():
+    assert set(EXACT) | {"deepseek-v2-lite"} <= set(models.catalogue())
+    assert len(models.catalogue()) == 34
+
+
+def test_tinyllama_count_matches_its_card_and_litgpt():
+    """TinyLlama-1.1B (LitGPT's tiny-llama fine-tune configs start from it): 1.1B parameters per its model card; the
+    exact count follows from the dimensions LitGPT's own config gives (litgpt/config.py, tiny-llama-1.1b: 22 layers,
+    n_embd 2048, 32 heads in 4 query groups, intermediate 5632, vocab 32000, untied head)."""
+    m = models.spec("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T")
+    assert m.name == "tinyllama-1.1b" and not m.tied
+    assert (m.layers, m.hidden, m.intermediate, m.vocab, m.k_width) == (22, 2048, 5632, 32000, 4 * 64)
+    assert m.params == 1_100_048_384 and round(m.params / 1e9, 1) == 1.1
 
 
 def test_analytic_llama_count_matches_inventory():

@@ -91,13 +91,14 @@ def test_fsdp2_shards_are_numel_times_element_size():
 
 # The tiny model's peaks are 0.3-3 MiB, so the tolerance is relative only, plus 1 KiB for AdamW's scalar step counters
 # (host tensors of a few bytes the estimate does not count). The tiny checkpointed bf16-mixed run is the one
-# exception, stated rather than hidden: its backward peak is 5.6% under the estimate (1.70 vs 1.79 MiB) because at
+# exception, stated rather than hidden: its backward peak is 7.9% under the estimate (1.55 vs 1.67 MiB) because at
 # hidden 64 autocast's recomputed weight casts outweigh the recomputed layer's activations, and the estimate counts
-# the whole layer at once; at full size the same rule lands within 3% (the llama-3-8b rows).
+# the whole layer at once, beside every gradient; at full size the same rule lands within 3% (the llama-3-8b rows).
+# (It was 5.6% while the fake GPU decomposed silu_backward, whose extra temporaries filled part of the gap.)
 @pytest.mark.parametrize("model,setup,rel", [
     (TINY, TrainSetup(precision="bf16", adam_impl="foreach", batch=2, seq=64), 0.03),
     (TINY, TrainSetup(precision="bf16", adam_impl="for-loop", seq=128), 0.03),
-    (TINY, TrainSetup(precision="bf16-mixed", adam_impl="for-loop", seq=128, grad_checkpointing=True), 0.06),
+    (TINY, TrainSetup(precision="bf16-mixed", adam_impl="for-loop", seq=128, grad_checkpointing=True), 0.085),
     (TINY, TrainSetup(strategy="fsdp2", gpus=2, gpus_per_node=2, seq=64), 0.03),
     ("llama-3-8b", TrainSetup(strategy="zero2", seq=128, attention="flash", grad_checkpointing=True), 0.03),
     ("llama-3-8b", TrainSetup(precision="bf16", adam_impl="fused", seq=1024, attention="eager"), 0.03),

@@ -11,7 +11,7 @@ import dataclasses
 import datetime
 
 from helpers import models
-from helpers.estimate import activations, host, states
+from helpers.estimate import accumulation, activations, host, parallel, states
 from helpers.estimate.items import PHASE_MOMENTS, Item
 from helpers.results import DeviceMemory, Result, empty_breakdown
 from helpers.training import TrainSetup, checked
@@ -23,11 +23,14 @@ def items(model, setup: TrainSetup) -> list[Item]:
     """Every buffer of the set-up, with the moments it is alive."""
     m = models.spec(model)
     checked(setup)
-    m.check_lora_rank(setup.lora_rank)
+    m.check_lora_rank(setup.lora_rank, setup.lora_targets)
+    parallel.check(m, setup)
+    m = parallel.rank_model(m, setup.tensor_parallel)       # what one tensor-parallel rank holds
     b = states.Builder(setup)
     states.add_model_states(b, m)
     activations.add_activations(b, m)
     activations.add_logits(b, m)
+    accumulation.add_accumulation(b, m)
     if setup.resume:
         host.add_resume(b, m)
     host.add_pinned_overhead(b)

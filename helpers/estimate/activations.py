@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import math
 
+from helpers.errors import InputError
+from helpers.estimate import quantized
+from helpers.estimate import parallel
 from helpers.estimate.items import BWD_END, BWD_HEAD, BWD_START, FORWARDS, LOSS
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
@@ -24,7 +27,7 @@ def compute_mode(setup) -> str:
     """'autocast' (an fp32 model under torch.autocast: single/ddp bf16-mixed), 'fp32', or 'low' (bf16 weights)."""
     if setup.precision == "fp32":
         return "fp32"
-    if setup.precision == "bf16-mixed" and setup.strategy in ("single", "ddp") and not setup.lora_rank:
+    if setup.precision == "bf16-mixed" and setup.strat.autocast and not setup.lora_rank:
         return "autocast"                   # (LoRA's frozen base is bf16 itself: only its adapters are fp32)
     return "low"
 
@@ -32,14 +35,53 @@ def compute_mode(setup) -> str:
 def norm_bytes(m: ModelSpec, setup, consumers: int) -> int:
     """Bytes per token one RMSNorm leaves saved: its fp32 input, the normalised tensor, what the next matmuls keep.
 
-    bf16 weights: fp32 upcast 4h + normalised bf16 2h + weighted output 2h (saved by the projections).
+    bf16 weights: fp32 upcast 4h + normalised bf16 2h + weighted output 2h (saved by the projections); Gemma's norm
+    keeps its normalised tensor in fp32 (4h: `x * (1 + w)` runs in fp32, cast back after).
     fp32: the input itself 4h + normalised 4h + weighted output 4h. Under autocast the weighted output is fp32 and
     each projection that reads it saves its own bf16 cast (2h per consumer; casts of non-leaf tensors are not cached).
+    A norm whose output only joins the residual stream (Gemma's after attention and after the MLP: consumers 0) keeps
+    no weighted output.
     """
     h, mode = m.hidden, compute_mode(setup)
     if mode == "autocast":
         return (4 + 4 + 2 * consumers) * h
-    return (12 if mode == "fp32" else 8) * h
+    if mode == "fp32":
+        return (8 + 4 * bool(consumers)) * h
+    return (4 + (4 if m.gemma_norm else 2) + 2 * bool(consumers)) * h
+
+
+def qk_norm_bytes(m: ModelSpec, setup) -> int:
+    """Bytes per token the per-head query and key RMSNorms keep (Qwen3, Gemma 3): the fp32 upcast (4) and the
+    normalised tensor (bf16 2, or fp32 4 in fp32 and in Gemma's norm); rotary embedding saves only cos and sin."""
+    if not m.qk_norm:
+        return 0
+    normalised = 4 if compute_mode(setup) == "fp32" or m.gemma_norm else 2
+    return (4 + normalised) * (m.q_width + m.k_width)
+
+
+def lora_saves(m: ModelSpec, setup) -> tuple[int, int, int]:
+    """Bytes per token a decoder layer with LoRA keeps in its norms, for o_proj's input and for down_proj's input.
+
+    The base is frozen, norms included: a frozen linear saves no input and `weight * x` with a frozen weight saves
+    no x, so a norm keeps only its fp32 upcast (4 per element; Gemma's likewise), and a layer's input is kept by the
+    adapters that read it: once, shared, when the adapters are in the base's dtype; under torch's bf16-mixed the
+    adapters are fp32 and peft casts each one's input to fp32, which autocast casts back to bf16, so every adapted
+    linear keeps a bf16 copy of its own (2 bytes per element each)."""
+    a = 4 if compute_mode(setup) == "fp32" else 2
+    own_copy = setup.precision == "bf16-mixed" and setup.strat.autocast
+    adapted = {t.name.rsplit(".", 2)[-2] for t in m.lora_targets(setup.lora_targets) if t.group == "layer.0"}
+
+    def kept(names) -> int:                  # per element of an input the named linears read
+        n = len(adapted & names)
+        return 2 * n if own_copy else a * bool(n)
+
+    h = m.hidden
+    norms = (4 + kept({"q_proj", "k_proj", "v_proj", "qkv_proj"})) * h \
+        + (4 + kept({"gate_proj", "up_proj", "gate_up_proj"})) * h + (m.norms - 2) * 4 * h
+    norms += 4 * (m.q_width + m.k_width) if m.qk_norm else 0
+    o_input = kept({"o_proj"}) * m.q_width if own_copy else 0    # else: the attention output, saved anyway
+    down_input = kept({"down_proj"}) * m.intermediate
+    return norms, o_input, down_input
 
 
 def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
@@ -47,7 +89,13 @@ def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
     T, B, S = setup.batch * setup.seq, setup.batch, setup.seq
     mode = compute_mode(setup)
     a = 4 if mode == "fp32" else 2                                  # attention / MLP compute dtype
-    norms = norm_bytes(m, setup, 3) + norm_bytes(m, setup, 2)
+    if setup.lora_rank:
+        norms, o_input, down_input = lora_saves(m, setup)
+    else:
+        qkv_readers, mlp_readers = (1 if m.fused_qkv else 3), (1 if m.fused_gate_up else 2)
+        norms = norm_bytes(m, setup, qkv_readers) + norm_bytes(m, setup, mlp_readers) \
+            + (m.norms - 2) * norm_bytes(m, setup, 0) + qk_norm_bytes(m, setup)
+        o_input, down_input = 0, a * m.intermediate
     o_width = m.v_width if m.kv_latent else m.q_width
     v_head = m.v_width // (m.heads if m.kv_latent else m.kv_heads)
     rep_k, rep_v = m.heads * m.head_dim, m.heads * v_head                  # keys/values repeated to every head
@@ -60,31 +108,83 @@ def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
         attn = 2 * T * (m.q_width + m.k_width + 2 * m.q_width + o_width) + 4 * B * m.heads * S
     else:                                                           # flash: q, k, v, output, logsumexp
         attn = 2 * T * (m.q_width + m.k_width + m.v_width + o_width) + 4 * B * m.heads * S
+    if m.fused_qkv and not (setup.attention != "flash" and mode == "fp32" and m.kv_heads < m.heads) \
+            and not (setup.attention == "eager" and m.kv_heads < m.heads):
+        attn += a * T * (m.q_width + m.k_width)      # saved values are a view: the whole qkv output stays alive
     latent = (4 + 2 * a) * T * m.kv_latent                         # the latent's RMSNorm
     if moe:  # routed pairs keep input, gate/up output, SiLU output, product, output; shared experts as dense
-        routed = a * T * m.experts_active * (2 * m.hidden + 4 * m.expert_width)
+        e = 4 if mode != "low" else 2       # experts' grouped_mm is not on autocast's list: fp32 weights, fp32 pairs
+        routed = e * T * m.experts_active * (2 * m.hidden + 4 * m.expert_width)
         router = 4 * T * (m.hidden + m.experts) + 4 * m.experts * m.hidden  # fp32 input, softmax, fp32 weight copy
         mlp = routed + 4 * a * T * m.shared_width + router
     else:
-        mlp = 4 * a * T * m.intermediate
-    return norms * T + attn + latent + mlp
+        mlp = 3 * a * T * m.intermediate + T * down_input   # gate and up outputs, SiLU output; down's input
+    return norms * T + attn + latent + mlp + T * o_input
+
+
+def selective_bytes(m: ModelSpec, setup) -> int:
+    """Bytes one decoder layer keeps under torchtitan's op-level selective checkpointing, besides its input: the
+    output of every odd-numbered matmul of the layer (q, v, gate and down projections in a Llama layer; a linear with
+    a bias is an addmm, which the policy neither counts nor saves) and the attention kernel's output and fp32
+    logsumexp (eager attention's matmuls and softmax are not on the list: recomputed)."""
+    T, B, S = setup.batch * setup.seq, setup.batch, setup.seq
+    a = 4 if compute_mode(setup) == "fp32" else 2
+    names = {t.name for t in m.tensors}
+    linears = [t for t in m.tensors if t.group == "layer.0" and t.linear]
+    mms = [t for t in linears if t.name[:-len("weight")] + "bias" not in names]
+    saved = sum(a * T * t.shape[0] for t in mms[0::2])
+    if setup.attention == "eager":
+        return saved
+    if a == 4:                                        # the memory-efficient kernel pads its logsumexp to 32
+        return saved + 4 * T * m.q_width + 4 * B * m.heads * math.ceil(S / 32) * 32
+    return saved + 2 * T * m.q_width + 4 * B * m.heads * S
+
+
+def sequence_parallel_saving(m: ModelSpec, setup, tokens: int) -> int:
+    """Bytes one RMSNorm saves less under sequence parallelism (TP degree t): its upcast and normalised output are
+    kept for 1/t of the sequence; what its readers save (the all-gathered input of the colwise linears) stays whole.
+    See helpers.estimate.parallel."""
+    tp = setup.tensor_parallel
+    own = norm_bytes(m, setup, 0) * tokens                  # the norm's own saved tensors, without its readers'
+    return own - own // tp
 
 
 def add_activations(b: Builder, m: ModelSpec) -> None:
-    """Saved activations (forward end, backward start) and, under checkpointing, one recomputed layer."""
-    s = b.setup
+    """Saved activations (forward end, backward start) and, under checkpointing, one recomputed layer.
+
+    With tensor/context parallelism `m` is one TP rank's share (helpers.estimate.parallel.rank_model) and each rank
+    sees 1/cp of every sequence; the norms and the residual stream are sequence-parallel (1/tp)."""
+    s, tp, cp = parallel.rank_setup(b.setup), b.setup.tensor_parallel, b.setup.context_parallel
     T = s.batch * s.seq
     dense_layers = m.layers - m.moe_layers
-    per_dense = layer_bytes(m, s, moe=False)
-    per_moe = layer_bytes(m, s, moe=True) if m.moe_layers else 0
+    sp = sequence_parallel_saving(m, s, T) if tp > 1 else 0
+    per_dense = layer_bytes(m, s, moe=False) - (m.norms * sp if dense_layers else 0)
+    per_moe = layer_bytes(m, s, moe=True) - m.norms * sp if m.moe_layers else 0
     full = dense_layers * per_dense + m.moe_layers * per_moe
-    stream = (2 if compute_mode(s) == "low" else 4) * T * m.hidden
-    final_norm = norm_bytes(m, s, 1) * T
+    stream = (2 if compute_mode(s) == "low" else 4) * T * m.hidden // tp
+    final_norm = norm_bytes(m, s, 1) * T - sp
     a = 4 if compute_mode(s) == "fp32" else 2
     width = max(m.intermediate if dense_layers else 0, m.experts_active * m.expert_width + m.shared_width)
-    b.gpu("gradient working set of one layer", "temporaries", a * T * (4 * width + 2 * m.hidden), BWD_END,
-          "gradients of the MLP's four intermediate tensors and of the hidden state, inside one layer's backward")
-    if s.grad_checkpointing:
+    b.gpu("gradient working set of one layer", "temporaries", a * T * (3 * width + 2 * m.hidden), BWD_END,
+          "gradients in flight in one MLP's backward: of the SiLU output, of up's output and of gate's output (CUDA's "
+          "fused silu_backward makes no more; decomposed it kept a sigmoid and 1 - sigmoid too), and of the hidden state")
+    if cp > 1:
+        b.gpu("keys and values of the whole sequence, gathered for ring attention", "temporaries",
+              a * s.batch * s.seq * cp * (m.k_width + m.v_width), BWD_END,
+              f"context parallelism (torch's ALL_GATHER rotation): one layer's attention sees all {cp} ranks' keys "
+              f"and values; estimated, not measured (no dry run of context parallelism)")
+    if s.ac == "selective":
+        if m.moe_layers:
+            raise InputError(f"selective checkpointing is modelled for dense decoder layers; {m.name} has "
+                             f"{m.moe_layers} mixture-of-experts layers (use checkpointing 'full' or 'none')")
+        kept = selective_bytes(m, s)
+        b.gpu("layer inputs and the outputs selective checkpointing saves", "activations",
+              m.layers * (stream + kept) + final_norm, FORWARDS | BWD_START | BWD_HEAD,
+              f"torchtitan's op-level policy: {kept / T:,.0f} bytes per token per layer besides its input "
+              f"(every other matmul's output, the attention kernel's output and logsumexp)")
+        b.gpu("one layer recomputed in backward", "activations", max(per_dense, per_moe),
+              BWD_END, "the ops the policy did not save are re-run before the layer's backward")
+    elif s.ac == "full":
         b.gpu("layer inputs kept by checkpointing", "activations", m.layers * stream + final_norm,
               FORWARDS | BWD_START | BWD_HEAD, "one residual-stream tensor per layer (torch.utils.checkpoint)")
         b.gpu("one layer recomputed in backward", "activations", max(per_dense, per_moe),
@@ -94,8 +194,14 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else ""))
         b.gpu("activations of the first layers, not yet freed", "activations", max(per_dense, per_moe), BWD_END,
               "backward frees each layer's saved tensors as it passes")
+    if s.base_weights == "nf4":
+        c = 4 if s.precision == "fp32" else 2
+        b.gpu(f"a 4-bit weight dequantised for its matmul ({'fp32' if c == 4 else 'bf16'}) with its fp32 absmax",
+              "temporaries", quantized.dequantized_bytes(m, c), BWD_END,
+              "bitsandbytes dequantises one Linear4bit's weight at a time, in forward and again in backward")
     if s.lora_rank:
-        targets = len(m.lora_targets()) if not s.grad_checkpointing else len(m.lora_targets()) // m.layers
+        adapted = len(m.lora_targets(s.lora_targets))
+        targets = adapted if s.ac == "none" else adapted // m.layers
         b.gpu("LoRA intermediates (x @ A, saved by B)", "activations", targets * T * s.lora_rank * a,
               FORWARDS | BWD_START | BWD_HEAD, f"{s.lora_rank} features per token per adapted linear layer")
 
@@ -107,7 +213,7 @@ def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:
 
 def add_logits(b: Builder, m: ModelSpec) -> None:
     """Logits and cross-entropy: full logits with the fp32 upcast, or a fused/chunked linear cross-entropy."""
-    s = b.setup
+    s = parallel.rank_setup(b.setup)      # with loss parallel, `m.vocab` is one TP rank's share of the vocabulary
     T = s.batch * s.seq
     c = 4 if s.precision == "fp32" else 2
     E = T * m.vocab
@@ -121,6 +227,9 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
         return
     upcast = 4 * E if c == 2 else 0
     b.gpu("logits", "logits", c * E, LOSS, f"batch x seq x vocab = {E:,} elements; dropped with the output")
+    if m.logit_softcap:
+        b.gpu("soft-capped logits (tanh output, saved)", "logits", c * E, LOSS | BWD_START,
+              "final_logit_softcapping: logits = cap * tanh(logits / cap); tanh keeps its output until its backward")
     b.gpu("fp32 upcast + log_softmax output", "logits", upcast + 4 * E, LOSS,
           "ForCausalLMLoss: logits.float(); cross_entropy saves log_softmax's output")
     b.gpu("log_softmax output + its gradient + the logits' fp32 gradient", "logits", 12 * E, BWD_START,

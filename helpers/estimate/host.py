@@ -39,8 +39,8 @@ def add_resume(b: Builder, m: ModelSpec) -> None:
     """The resume moment: the loaded optimizer shard on the host; states on the GPU are created as it loads."""
     s = b.setup
     _, storage = dtype_bytes(s)
-    shard = m.params if s.strategy in ("single", "ddp") else math.ceil(m.params / s.gpus)
-    master = 4 if s.strategy.startswith("zero") else 0     # torch strategies keep the weights in the model file
+    shard = math.ceil(m.params / s.gpus) if "optimizer_states" in s.strat.shards else m.params
+    master = 4 if s.strat.master_in_checkpoint else 0     # torch strategies keep the weights in the model file
     per_rank = shard * (master + 2 * storage)
     b.host("optimizer checkpoint loaded from disk", "checkpoint", per_rank, {"resume"},
            "torch.load(map_location='cpu') of this rank's master weights and Adam states")

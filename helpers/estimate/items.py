@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MOMENTS = (
-    "setup", "resume", "forward_gather", "forward", "backward_start", "backward_head", "backward_end", "backward_done",
+    "setup", "resume", "forward_init", "forward_gather", "forward", "backward_start", "backward_head", "backward_end", "backward_done",
     "step_prepare", "step", "steady_forward_gather", "steady_forward", "steady_backward_start", "steady_backward_head",
     "steady_backward_end", "steady_backward_done",
 )
 PHASE_MOMENTS = {
     "setup": ("setup",),
     "resume": ("resume",),
-    "forward": ("forward_gather", "forward"),
+    "forward": ("forward_init", "forward_gather", "forward"),
     "backward": ("backward_start", "backward_head", "backward_end", "backward_done"),
     "step": ("step_prepare", "step"),
     "steady": ("steady_forward_gather", "steady_forward", "steady_backward_start", "steady_backward_head",
@@ -37,6 +37,7 @@ STATES = frozenset({"step", "steady_forward_gather", "steady_forward", "steady_b
                     "steady_backward_head", "steady_backward_end", "steady_backward_done"})
 STEP = frozenset({"step"})
 STEP_PREPARE = frozenset({"step_prepare"})                  # before the update: gradients flattened, cast to fp32
+FORWARD_INIT = frozenset({"forward_init"})                  # the first forward's start: an engine's lazy initialisation
 
 
 @dataclass(frozen=True)

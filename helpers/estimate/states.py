@@ -5,7 +5,8 @@ pinned fp32 gradient, `grads_in_partition`, the ipg reduce buckets, the fp32 gra
 `runtime/zero/stage3.py` (`_create_fp32_partitions` and the ratio split of sub-groups, `grad_partitions_flat_buffer`
 in the model dtype, per-sub-group fp32 gradients); torch 2.13 `torch/optim/adamw.py` / `adam.py` (lazy state at the
 first step; `_multi_tensor_adam` holds one full temporary from `_foreach_sqrt`); torch FSDP2 `fully_shard`
-(`MixedPrecisionPolicy`, `CPUOffloadPolicy`), torchtitan's grouping (embedding, each block, norm+output).
+(`MixedPrecisionPolicy`, `CPUOffloadPolicy`), torchtitan's grouping (embedding, each block, norm+output); torch FSDP1
+`torch/distributed/fsdp/_flat_param.py` and `_runtime_utils.py` (flat parameters, FULL_SHARD, `CPUOffload`).
 Left out: optimizer step counters and scalars, DeepSpeed's transient copies at initialisation, the allgather bucket
 of ZeRO-1/2 with several GPUs, NCCL's own buffers, the CUDA context (~0.5 GiB per GPU), allocator fragmentation.
 Checked against dry runs (`python -m helpers.bench dryrun`) and against DeepSpeed 0.19.8 and FSDP2 themselves on
@@ -17,10 +18,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from helpers.estimate import quantized
 from helpers.estimate.items import (
-    ALWAYS, BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARDS, FWD_BWD, GATHER, GRADS, LOSS, STATES,
-    STEP, STEP_PREPARE, Item,
+    ALWAYS, BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARD_INIT, FORWARDS, FWD_BWD, GATHER, GRADS, LOSS, MOMENTS,
+    STATES, STEP, STEP_PREPARE, Item,
 )
+from helpers.estimate.parallel import shard_degree
 from helpers.models import ModelSpec, Tensor
 from helpers.training import TrainSetup
 
@@ -31,6 +34,8 @@ class Builder:
     def __init__(self, setup: TrainSetup):
         self.setup = setup
         self.items: list[Item] = []
+        self.base: ModelSpec | None = None
+        """With LoRA under a strategy that shards parameters: the whole model (the items' `m` is its adapters)."""
 
     def gpu(self, name, category, nbytes, moments, why="", pinned=False, blocks=None):
         """A buffer on each GPU (`pinned` and `blocks` are accepted so callers can place either way)."""
@@ -61,25 +66,52 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
     only parameters with gradients, master weights and optimizer states.
     """
     s = b.setup
-    if s.lora_rank:
+    if s.lora_rank and s.base_weights == "nf4":
+        codes, rest = quantized.nf4_base_bytes(m)
+        compute, _ = dtype_bytes(s)
+        b.gpu("frozen base: 4-bit NF4 linear weights and their quantisation state", "parameters", codes, ALWAYS,
+              f"bitsandbytes Linear4bit on {len(quantized.nf4_tensors(m))} linear layers: 0.5 byte per weight, uint8 "
+              f"absmax per 64, fp32 absmax per 256 of those, offset and code books")
+        b.gpu(f"frozen base: embedding, norms and output head ({'fp32' if compute == 4 else 'bf16'})", "parameters",
+              rest * compute, ALWAYS,
+              "not quantised by transformers' bitsandbytes integration; kept in the compute dtype")
+        m = lora_adapters(m, s.lora_rank, s.lora_targets)
+    elif s.lora_rank and "parameters" in s.strat.shards:
+        compute, _ = dtype_bytes(s)
+        dt = "fp32" if compute == 4 else "bf16"
+        place = b.host if s.offload_params else b.gpu
+        place(f"frozen base partitions ({dt})", "parameters", sum(math.ceil(t.numel / s.gpus) for t in m.tensors) * compute,
+              ALWAYS, "ZeRO-3 partitions every parameter, frozen ones too (1/N each)" +
+              ("; offload_param: on the host" if s.offload_params else ""),
+              pinned=s.offload_params and s.pin_memory, blocks=[math.ceil(t.numel / s.gpus) * compute for t in m.tensors])
+        b.base = m
+        m = lora_adapters(m, s.lora_rank, s.lora_targets)
+    elif s.lora_rank:
         compute, _ = dtype_bytes(s)
         b.gpu(f"frozen base weights ({'fp32' if compute == 4 else 'bf16'})", "parameters", m.params * compute, ALWAYS,
               "LoRA: the base model is frozen (no gradients, no optimizer states), loaded in the compute dtype")
-        m = lora_adapters(m, s.lora_rank)
-    if s.strategy in ("single", "ddp"):
-        _torch_replicated(b, m)
-    elif s.strategy == "fsdp2":
-        _fsdp2(b, m)
-    elif s.strategy == "zero3":
-        _zero3(b, m)
-    else:
-        _zero12(b, m)
+        m = lora_adapters(m, s.lora_rank, s.lora_targets)
+    MODEL_STATES[s.strat.states](b, m)
+    if s.tensor_parallel > 1 and not s.lora_rank and not s.strat.sharded:      # (FSDP2's is in _fsdp2)
+        _embedding_backward_tp(b, m)
 
 
-def lora_adapters(m: ModelSpec, rank: int) -> ModelSpec:
+def _embedding_backward_tp(b: Builder, m: ModelSpec) -> None:
+    """Under tensor parallelism (`m` one TP rank's share) the embedding's backward runs as DTensor's sharding rule
+    for a Shard(0) (RowwiseParallel) embedding dispatches it: embedding_dense_backward over the whole vocabulary, its
+    rows of this rank then copied out (seen in dry runs on torch 2.13: a (vocab, hidden) gradient on each rank)."""
+    _, storage = dtype_bytes(b.setup)
+    tp = b.setup.tensor_parallel
+    b.gpu("embedding's gradient over the whole vocabulary (DTensor's embedding backward)", "temporaries",
+          m.vocab * tp * m.hidden * storage, BWD_DONE,
+          f"embedding_dense_backward with the global vocabulary ({m.vocab * tp:,} rows), before this rank's "
+          f"{m.vocab:,} rows are kept")
+
+
+def lora_adapters(m: ModelSpec, rank: int, targets: str = "all-linear") -> ModelSpec:
     """The LoRA adapters of `m` as a model of their own: A (rank x in) and B (out x rank) for every target."""
     tensors = []
-    for t in m.lora_targets():
+    for t in m.lora_targets(targets):
         out_f, in_f = t.shape
         tensors.append(Tensor(f"{t.name}.lora_A", rank * in_f, t.group, 2, (rank, in_f), True))
         tensors.append(Tensor(f"{t.name}.lora_B", out_f * rank, t.group, 2, (out_f, rank), True))
@@ -142,7 +174,7 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     dt = {2: "bf16", 4: "fp32"}
     b.gpu(f"parameters ({dt[storage]})", "parameters", P * storage, ALWAYS, "the model's own weights")
     embed = 0 if m.tied else m.group_params.get("embed", 0)
-    if s.precision == "bf16-mixed" and not s.grad_checkpointing:
+    if s.precision == "bf16-mixed" and s.ac == "none":
         b.gpu("bf16 weight copies (autocast cache, saved for backward)", "temporaries", m.matmul_params * 2,
               FORWARDS | BWD_START | BWD_HEAD, "torch.autocast caches the bf16 cast of each fp32 matmul weight (not the "
               "embedding or norms); matmuls save it for backward")
@@ -165,7 +197,7 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
               2 * m.group_params["embed"] * storage, BWD_DONE,
               "AccumulateGrad adds the embedding's contribution to the head's out of place")
     _head_gradient(b, m, storage)
-    if s.strategy == "ddp":
+    if s.strat.gradient_buckets:
         b.gpu("DDP gradient buckets", "comm_buffers", P * storage, ALWAYS,
               "DistributedDataParallel's reducer buckets (gradient_as_bucket_view=False, the default)")
     _optimizer_states(b, m, P, storage, "gpu")
@@ -174,7 +206,7 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
 def _fsdp2(b: Builder, m: ModelSpec) -> None:
     """FSDP2 as torchtitan groups it: the embedding, each block, norm + output head (a tied head shares the
     embedding's group). Each moment below was located in dry runs."""
-    s, P, G = b.setup, m.params, b.setup.gpus
+    s, P, G = b.setup, m.params, shard_degree(b.setup)     # (with TP, `m` is one TP rank's share)
     compute, storage = dtype_bytes(s)
     off = s.offload_params
     r = 4 if s.precision != "bf16" else 2                    # reduce dtype: fp32 under MixedPrecisionPolicy
@@ -194,7 +226,10 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     gather = max(2 * g + prev for prev, g in zip([0] + order[:-1], order))
     b.gpu("all-gather of a group (buffer + unsharded copy) beside the previous group", "temporaries", gather * compute,
           GATHER, "foreach_all_gather output and its copy-out coexist until the copy is done")
-    b.gpu("unsharded output head", "temporaries", head * compute, LOSS, "the head's group while the loss is computed")
+    if s.tensor_parallel == 1:
+        b.gpu("unsharded output head", "temporaries", head * compute, LOSS, "the head's group while the loss is computed")
+    # (with TP the loss is computed after the model's forward, as torchtitan's train step does
+    # (`torchtitan/train.py` forward_backward_step at 238fa9953e4a): the head's group is resharded by then)
     b.gpu("unsharded gradient of the head, and the next group prefetched", "temporaries", (head + layers[-1]) * compute,
           BWD_HEAD, "the head's backward, with the last block's all-gather prefetched")
     b.gpu("reduce-scatter of the head: input and output", "comm_buffers", head * r + math.ceil(head / G) * r,
@@ -202,15 +237,23 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     b.gpu("unsharded first block, and the embedding prefetched", "temporaries", (layer + first) * compute, BWD_END,
           "the first block's backward")
     b.gpu("reduce-scatter input of a block", "comm_buffers", layer * r, BWD_END, "")
-    b.gpu("unsharded embedding in backward, and its reduce-scatter input", "comm_buffers", first * (compute + r),
-          BWD_DONE, "the last group to run backward")
+    tp = s.tensor_parallel
+    if tp == 1:
+        b.gpu("unsharded embedding in backward, and its reduce-scatter input", "comm_buffers", first * (compute + r),
+              BWD_DONE, "the last group to run backward")
+    else:
+        b.gpu("embedding's backward under TP: its unsharded shard, DTensor's gradient over the whole vocabulary and "
+              "this rank's rows of it, beside the last block's reduce-scatter input", "temporaries",
+              first * compute * (2 + tp) + layer * r, BWD_DONE,
+              "a Shard(0) embedding's backward runs embedding_dense_backward with the global vocabulary, then keeps "
+              "this rank's rows (seen in 2-D dry runs, torch 2.13); the peak comes before its own reduce-scatter")
     in_first = [t.group == "embed" or (m.tied and t.group == "head") for t in m.tensors]
     rest_blocks = [b_ for b_, f in zip(blocks, in_first) if not f]
     first_blocks = [b_ for b_, f in zip(blocks, in_first) if f]
     place("sharded gradients" + dt + ", all but the embedding's", "gradients", sum(rest_blocks), GRADS,
           "reduce-scattered into 1/N shards" + ("; copied to the host" if off else ""),
           pinned=off and s.pin_memory, blocks=rest_blocks)
-    place("sharded gradient of the embedding", "gradients", sum(first_blocks), BWD_DONE | STEP,
+    place("sharded gradient of the embedding", "gradients", sum(first_blocks), (BWD_DONE if tp == 1 else set()) | STEP,
           "its group runs backward last", pinned=off and s.pin_memory, blocks=first_blocks)
     place("AdamW exp_avg + exp_avg_sq (sharded)", "optimizer_states", 2 * shard * storage, STATES,
           "torch AdamW on the shards" + ("; the step runs on the CPU" if off else ""))
@@ -228,7 +271,7 @@ def _zero12(b: Builder, m: ModelSpec) -> None:
     place("fp32 master partition", "master_weights", part * 4, ALWAYS,
           "single_partition_of_fp32_groups, 1/N of the weights in fp32" + ("; pinned" if pin else ""), pinned=pin)
     zgrads = BWD_HEAD | BWD_END | BWD_DONE | STEP_PREPARE | STEP
-    if s.strategy == "zero1" and not off:
+    if "gradients" not in s.strat.shards and not off:
         b.gpu(f"gradients ({dt}, full)", "gradients", P * compute, BWD_END | BWD_DONE | STEP_PREPARE,
               "ZeRO-1 keeps every gradient until the step")
         _head_gradient(b, m, compute)
@@ -302,7 +345,9 @@ def _zero3(b: Builder, m: ModelSpec) -> None:
                pinned=s.pin_memory, blocks=[math.ceil(t.numel / G) * compute for t in m.tensors])
     else:
         b.gpu(f"parameter partitions ({dt})", "parameters", part * compute, ALWAYS, "ZeRO-3 keeps 1/N of every parameter")
-    gathered = min(m.largest_layer_params + s.prefetch_bucket_size, 1_000_000_000)
+    layer = m.largest_layer_params if b.base is None else \
+        max(n + m.group_params.get(g, 0) for g, n in b.base.group_params.items())     # LoRA: base layer + adapters
+    gathered = min(layer + s.prefetch_bucket_size, 1_000_000_000)
     b.gpu("gathered parameters in flight", "temporaries", gathered * compute, FWD_BWD,
           "the module computing plus stage3_prefetch_bucket_size (max_live_parameters caps it at 1e9)")
     separate_master = not (s.precision == "fp32" and not s.offload_optimizer)
@@ -327,3 +372,87 @@ def _zero3(b: Builder, m: ModelSpec) -> None:
     b.host("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", host_elems * 8, STATES,
            "DeepSpeedCPUAdam, lazy at the first step, pageable")
 
+
+def _fsdp1(b: Builder, m: ModelSpec) -> None:
+    """FSDP1 (FullyShardedDataParallel, FULL_SHARD) as `helpers.measure.fsdp1` wraps a decoder: a unit per decoder
+    layer and the root unit (embedding, final norm, output head), each one FlatParameter padded to a multiple of the
+    world size. Sources: torch 2.13 `torch/distributed/fsdp/_flat_param.py` (`_init_param_attributes`: `_mp_shard`,
+    `_full_param_padded`, `_full_prec_full_param_padded`, `_cpu_grad`), `_runtime_utils.py` (`_post_forward_reshard`
+    keeps the root unsharded, BACKWARD_PRE prefetch, `_reduce_grad`, `_cast_grad_to_param_dtype`). Each moment below
+    was located in dry runs."""
+    s, G = b.setup, b.setup.gpus
+    compute, storage = dtype_bytes(s)
+    off = s.offload_params
+    mp = s.precision == "bf16-mixed"
+    place = b.host if off else b.gpu
+    gp = m.group_params
+    layers = [v for k, v in gp.items() if k.startswith("layer.")]
+    root = m.params - sum(layers)                              # embedding, final norm, an untied head
+    units = [root] + layers
+    shard = lambda n: math.ceil(n / G)
+    padded = lambda n: shard(n) * G
+    layer = max(layers)
+    dt = " (fp32)" if storage == 4 else " (bf16)"
+    shards = sum(shard(n) for n in units)
+    place("sharded flat parameters" + dt, "parameters", shards * storage, ALWAYS,
+          "each unit's FlatParameter padded to a multiple of the world size, 1/N kept (_local_shard)"
+          + ("; CPUOffload: on the host, pinned by FSDP1 itself" if off else ""), pinned=off and s.pin_memory,
+          blocks=[shard(n) * storage for n in units])
+    b.gpu("lazy initialisation: an unsharded buffer of the largest unit, made and freed", "temporaries",
+          max(padded(n) for n in units) * storage, FORWARD_INIT,
+          "_init_param_attributes allocates _full_param_padded" + (" and the fp32 _full_prec_full_param_padded"
+                                                                   if mp else "") + " and frees it at once")
+    b.gpu("unsharded root unit (embedding, norm, head)", "temporaries", padded(root) * compute,
+          FORWARDS | BWD_START | BWD_HEAD | BWD_END | BWD_DONE,
+          "FULL_SHARD does not reshard the root after forward: it stays unsharded until its own backward")
+    b.gpu("unsharded decoder layer being gathered" + (" and its bf16 shard (_mp_shard)" if mp else ""), "temporaries",
+          padded(layer) * compute + (shard(layer) * compute if mp else 0), GATHER,
+          "one layer unit at a time in forward (no forward prefetch)")
+    b.gpu("unsharded last layer, prefetched", "temporaries", padded(layers[-1]) * compute, BWD_START | BWD_HEAD,
+          "BACKWARD_PRE: the root's pre-backward hook (on the loss, so before the loss's own backward) all-gathers "
+          "the next unit")
+    head = gp["embed"] if m.tied else m.lm_head_params
+    b.gpu("output head's weight gradient, held until the root's flat gradient is assembled", "temporaries",
+          head * compute, BWD_HEAD | BWD_END | BWD_DONE,
+          "the root's parameters are views of one split of its FlatParameter: the split's backward runs once every "
+          "view's gradient is there, i.e. after the embedding's backward, the last")
+    b.gpu("the last layer's backward: the next layer prefetched, the weight gradients and their flat concatenation",
+          "temporaries", padded(layer) * compute + 2 * layers[-1] * compute, BWD_HEAD,
+          "the backward of the last layer follows the head's at once, with all but one layer's activations saved "
+          "(counted here with all of them: at most one layer's activations too many)")
+    b.gpu("unsharded layer in backward and the next one prefetched (limit_all_gathers: 2 in flight)", "temporaries",
+          2 * padded(layer) * compute, BWD_END, "BACKWARD_PRE prefetch")
+    b.gpu("a layer's weight gradients and the flat gradient concatenated from them", "temporaries",
+          2 * layer * compute, BWD_END, "the split's backward concatenates every view's gradient into the unit's "
+          "unsharded flat gradient, which _reduce_grad then reduce-scatters (its 1/N output is smaller)")
+    embed = gp["embed"]
+    if m.tied:
+        b.gpu("the embedding's own weight gradient and its sum with the head's", "temporaries", 2 * embed * compute,
+              BWD_DONE, "a tied weight's two gradients are added (out of place) before the split's backward")
+    else:
+        b.gpu("the embedding's weight gradient and the root's flat gradient assembled from every view's", "temporaries",
+              (embed + root) * compute, BWD_DONE, "the split's backward concatenates the views' gradients")
+    if off:
+        pin = s.pin_memory
+        b.host("pageable shards until the first reshard (pin_memory() made the pinned copy)", "parameters",
+               shards * storage, FORWARD_INIT, "_init_param_attributes: _local_shard = _local_shard.pin_memory(); the "
+               "flat parameter still holds the pageable one until it is first resharded")
+        lazy = frozenset(MOMENTS[MOMENTS.index("forward_init"):])
+        b.host("sharded gradients on the host (_cpu_grad)" + dt, "gradients", shards * storage, lazy,
+               "made (zeros, pinned) at the lazy initialisation and kept: each reduce-scattered gradient is copied in",
+               pinned=pin, blocks=[shard(n) * storage for n in units])
+    else:
+        b.gpu("sharded gradients" + dt + " of the layers", "gradients", sum(shard(n) for n in layers) * storage, GRADS,
+              "reduce-scattered, cast to the parameters' dtype (_cast_grad_to_param_dtype)")
+        # with accumulation, every sharded gradient (the root's too) is kept between micro batches and added into
+        # (_accumulate_sharded_grad), so it is alive through the later micro batches' forward and backward
+        later = FWD_BWD | BWD_DONE if s.grad_accum > 1 else frozenset()
+        b.gpu("sharded gradient of the root unit", "gradients", shard(root) * storage, STEP | later,
+              "its unit reduces last, after its unsharded buffers are freed")
+    place("AdamW exp_avg + exp_avg_sq (sharded)", "optimizer_states", 2 * shards * storage, STATES,
+          "torch AdamW on the flat shards" + ("; the step runs on the CPU" if off else ""))
+    _adam_temporary(b, m, shards, storage, "host" if off else "gpu")
+
+
+MODEL_STATES = {"replicated": _torch_replicated, "fsdp2": _fsdp2, "fsdp1": _fsdp1, "zero12": _zero12, "zero3": _zero3}
+"""The memory items of each strategy's `states` key (helpers.strategies)."""

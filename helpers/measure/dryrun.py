@@ -15,21 +15,25 @@ import time
 
 import torch
 
-from helpers import gpus, models
+from helpers import gpus, models, strategies
 from helpers.errors import InputError
-from helpers.measure import allocator, engines, fakegpu, provenance, reserved
+from helpers.measure import allocator, engines, fakegpu, nf4, provenance, reserved, tensor_parallel
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked
 from helpers.units import from_gib
 
+NO_CP_DRY_RUN = ("context_parallel has no dry run here: torch 2.13's context_parallel() patches "
+                 "F.scaled_dot_product_attention to hand DTensors to ring attention, while the fake GPU's attention "
+                 "calls the flash kernel's op on plain tensors, so the patch would not engage; `estimate` models it "
+                 "(activations 1/cp of the sequence, keys and values of the whole sequence gathered for attention)")
 MAX_FSDP2_RANKS = 128      # an fsdp2 dry run's time grows with the world size (see run)
 ATTENTION = {"eager": "eager", "sdpa": "fake_gpu_attention", "flash": "fake_gpu_attention"}
 
 
 def build_model(m: models.ModelSpec, setup: TrainSetup, device):
     """The model from its config on `device` (built on fake 'cpu', re-created there), in the dtype of its weights."""
-    dtype = torch.bfloat16 if setup.precision == "bf16" or setup.strategy.startswith("zero") else torch.float32
+    dtype = torch.bfloat16 if setup.precision == "bf16" or setup.strat.deepspeed else torch.float32
     model = engines.build_model(m.path, setup, dtype, ATTENTION[setup.attention])
     if torch.device(device).type != "cpu":
         move_to(model, device)
@@ -38,13 +42,15 @@ def build_model(m: models.ModelSpec, setup: TrainSetup, device):
 
 def move_to(model, device) -> None:
     """Re-create parameters and buffers on `device` (fake tensors cannot be moved with Module.to)."""
+    nf4.recreate_on(model, device)                 # 4-bit weights carry their quantisation state
     for module in model.modules():
         for name, p in list(module._parameters.items()):
-            if p is not None:
+            if p is not None and not hasattr(p, "quant_state"):
                 module._parameters[name] = torch.nn.Parameter(torch.empty_like(p, device=device), p.requires_grad)
         for name, b in list(module._buffers.items()):
             if b is not None:
-                module._buffers[name] = torch.empty_like(b, device=device)
+                module._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device=device)   # (empty_like would run
+                # a constant buffer's real kernel on the fake device: Gemma's `normalizer` is torch.tensor(...))
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
 
@@ -54,12 +60,13 @@ class SingleStep:
 
     def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
         self.model, self.setup, self.tracker = model, setup, tracker
-        tracker.label(list(model.parameters()), "parameters")
+        tracker.label(list(model.parameters()) + nf4.state_tensors(model), "parameters")
         self.params = [p for p in model.parameters() if p.requires_grad]        # LoRA: the adapters only
         self.optimizer = engines.optimizer(self.params, setup, lr=1e-5)
-        if setup.strategy == "ddp":          # DDP's reducer buckets: one flat gradient-sized buffer (measured as such)
+        if setup.strat.gradient_buckets:     # DDP's reducer buckets: one flat gradient-sized buffer (measured as such)
             dev = self.params[0].device
-            self.buckets = torch.empty(sum(p.numel() for p in self.params), dtype=self.params[0].dtype, device=dev)
+            self.buckets = torch.empty(sum(_local(p).numel() for p in self.params), dtype=self.params[0].dtype,
+                                       device=dev)
             tracker.label([self.buckets], "comm_buffers")
 
     def forward(self, ids):
@@ -94,6 +101,84 @@ class FSDP2Step(SingleStep):
 
     def backward(self, loss):
         with engines.fsdp_buffers_counted(self.tracker):
+            super().backward(loss)
+
+
+class FSDP1Step(SingleStep):
+    """FSDP1 (FullyShardedDataParallel, FULL_SHARD, one unit per decoder layer) on a fake process group, rank 0's
+    view; MixedPrecision for bf16-mixed, CPUOffload(offload_params=True) with offload (see helpers.measure.fsdp1)."""
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
+        from helpers.measure import fsdp1
+
+        self.stack = contextlib.ExitStack()
+        self.stack.enter_context(fsdp1.no_stream_records())
+        self.stack.enter_context(fsdp1.pinned_host_memory())
+        self.stack.enter_context(fsdp1.reduce_scatter_counted(tracker))
+        try:
+            self.model = fsdp1.wrap(model, setup, device_id=fakegpu.device(), process_group=mesh.get_group())
+        except BaseException:
+            self.stack.close()
+            raise
+        self.setup, self.tracker, self.module = setup, tracker, self.model
+        self.params = list(self.model.parameters())
+        tracker.label(self.params, "parameters")
+        self.optimizer = engines.adamw(self.params, setup.adam, lr=1e-5)
+
+    def close(self):
+        self.stack.close()
+
+    def forward(self, ids):
+        from helpers.measure import fsdp1
+
+        loss = self.model(input_ids=ids, labels=ids).loss
+        fsdp1.label_buffers(self.tracker, self.model, self.setup.offload_params)     # made by the lazy init
+        return loss
+
+    def step(self):
+        super().step()
+        self.tracker.label([p.grad for p in self.params if p.grad is not None], "gradients")
+
+
+class TensorParallelFSDP2Step(FSDP2Step):
+    """2-D: torchtitan's tensor-parallel plan over the mesh's 'tp' dimension (helpers.measure.tensor_parallel), then
+    FSDP2 over 'dp_shard_cp'; the loss under loss_parallel (Shard(-1) logits)."""
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
+        tensor_parallel.apply(model, mesh["tp"])
+        with tensor_parallel.real_mesh_arithmetic():
+            super().__init__(model, setup, tracker, mesh["dp_shard_cp"])
+
+    def forward(self, ids):
+        with engines.fsdp_buffers_counted(self.tracker):
+            return tensor_parallel.loss(self.model, ids, self.tracker)
+
+    def backward(self, loss):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        with loss_parallel():
+            super().backward(loss)
+
+
+class TensorParallelReplicatedStep(SingleStep):
+    """Tensor parallelism with the parameters' TP shards replicated over the data-parallel ranks (DDP re-enacted:
+    its bucket buffer sized to this rank's shards)."""
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
+        tensor_parallel.apply(model, mesh["tp"])
+        super().__init__(model, setup, tracker, mesh)
+
+    def forward(self, ids):
+        ctx = fakegpu.autocast() if self.setup.precision == "bf16-mixed" else contextlib.nullcontext()
+        with ctx:
+            loss = tensor_parallel.loss(self.model, ids, self.tracker)
+            self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
+        return loss
+
+    def backward(self, loss):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        with loss_parallel():
             super().backward(loss)
 
 
@@ -138,7 +223,7 @@ class ZeroEquivalentStep(SingleStep):
 
     def _reduce(self, p):
         """What DeepSpeed's gradient hooks do: keep this rank's share of the gradient, free the rest."""
-        if self.setup.strategy == "zero1" and not self.setup.offload_optimizer:
+        if "gradients" not in self.setup.strat.shards and not self.setup.offload_optimizer:     # ZeRO-1
             self.tracker.label([p.grad], "gradients")
             return
         if self.buckets is None:               # made by the first gradient hook
@@ -148,6 +233,8 @@ class ZeroEquivalentStep(SingleStep):
             self.tracker.label(self.buckets, "comm_buffers")
         n = -(-p.numel() // self.setup.gpus)
         n = min(n, self.part - self.offset)
+        if self.host_grad is not None and self.setup.grad_accum > 1:
+            self._accumulate_on_host(p, n)
         if self.host_grad is not None:
             self.host_grad.narrow(0, self.offset, n).copy_(p.grad.view(-1)[:n])
         else:
@@ -157,6 +244,16 @@ class ZeroEquivalentStep(SingleStep):
             self.partition.narrow(0, self.offset, n).copy_(p.grad.view(-1)[:n])
         self.offset += n
         p.grad = None
+
+    def _accumulate_on_host(self, p, n):
+        """DeepSpeed's accumulated_grads_in_cpu under gradient accumulation with offload: one host buffer per
+        parameter in the model dtype, made at the first micro step and kept."""
+        if not hasattr(self, "accumulated"):
+            self.accumulated = {}
+        if id(p) not in self.accumulated:
+            self.accumulated[id(p)] = torch.zeros(n, dtype=p.grad.dtype, device=self.host)
+            self.tracker.label([self.accumulated[id(p)]], "gradients")
+        self.accumulated[id(p)].copy_(p.grad.view(-1)[:n])      # (DeepSpeed adds; the bytes are the same)
 
     def step(self):
         flat = None
@@ -185,14 +282,22 @@ class ZeroEquivalentStep(SingleStep):
         self.partition = flat = None          # released when step() returns
 
 
-def _fake_mesh(world: int):
-    """A device mesh over a fake process group of `world` ranks, this process being rank 0."""
+def _local(t):
+    """A tensor's own shard when it is a DTensor (its numel() is the global one), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _fake_mesh(world: int, tp: int = 1):
+    """A device mesh over a fake process group of `world` ranks, this process being rank 0: 1-D, or with tensor
+    parallelism 2-D ('dp_shard_cp' x 'tp', torchtitan's names: data-parallel and context-parallel ranks outer)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from helpers.measure import procgroup
 
     procgroup.ensure("fake", world)
-    return init_device_mesh(fakegpu.NAME, (world,))
+    if tp == 1:
+        return init_device_mesh(fakegpu.NAME, (world,))
+    return init_device_mesh(fakegpu.NAME, (world // tp, tp), mesh_dim_names=("dp_shard_cp", "tp"))
 
 
 class NullTracker:
@@ -218,15 +323,6 @@ class NullTracker:
     def __exit__(self, *exc): return False
 
 
-ENGINES = {
-    "single": "torch AdamW on one GPU",
-    "ddp": "torch AdamW, plus one gradient-sized DDP bucket buffer (DDP itself not run)",
-    "zero1": "DeepSpeed ZeRO-1 re-enacted in torch (DeepSpeed cannot run on fake tensors)",
-    "zero2": "DeepSpeed ZeRO-2 re-enacted in torch (DeepSpeed cannot run on fake tensors)",
-    "fsdp2": "FSDP2 fully_shard on a fake process group, rank 0's view",
-}
-
-
 def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu: str | None = None,
         alloc_conf: str | None = None) -> Result:
     """Dry-run one set-up: a Result with mode 'dry-run' (GPU per rank, host per node), with the reserved view: the
@@ -244,44 +340,60 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         raise InputError("optimizer 'adamw-8bit' has no dry run: bitsandbytes' kernels cannot run on fake tensors; "
                          "its states are in `estimate` and measured for real in a scaled run")
     m = models.spec(model)
-    m.check_lora_rank(setup.lora_rank)
-    if setup.strategy not in STEPS:
+    m.check_lora_rank(setup.lora_rank, setup.lora_targets)
+    st = setup.strat
+    if st.dry_run is None:
         raise InputError(
-            f"no dry run for strategy {setup.strategy!r}: DeepSpeed cannot run on fake tensors, and ZeRO-3's "
-            f"gathering has no faithful torch re-enactment here; dry runs exist for {', '.join(STEPS)} "
-            f"(fsdp2 shards as ZeRO-3 does; a scaled real run uses DeepSpeed itself)")
-    if setup.strategy == "fsdp2" and setup.gpus > MAX_FSDP2_RANKS:
+            f"no dry run for strategy {setup.strategy!r}: {st.no_dry_run}; dry runs exist for "
+            f"{strategies.listing(lambda x: x.dry_run is not None)} (fsdp2 shards as ZeRO-3 does; a scaled real run "
+            f"uses {st.title} itself)")
+    if (st.fake_process_group or setup.tensor_parallel > 1) and setup.gpus > MAX_FSDP2_RANKS:
         raise InputError(
-            f"gpus must be at most {MAX_FSDP2_RANKS} in an fsdp2 dry run, got {setup.gpus}: rank 0's all-gathers "
+            f"gpus must be at most {MAX_FSDP2_RANKS} in an {setup.strategy} dry run, got {setup.gpus}: rank 0's all-gathers "
             f"touch every rank's shard, so the fake step's time grows with the world size (~40 s at 256, minutes "
             f"beyond); `estimate` takes any world size")
+    if st.engine == "fsdp1" and setup.offload_params:
+        raise InputError(
+            "no dry run of FSDP1 with CPU offload: FSDP1 moves each flat parameter between host and GPU by swapping "
+            "its `.data`, which fake tensors on the fake GPU refuse; `estimate` models it, and a scaled run "
+            "(`measure --mode scaled`) runs FSDP1's CPUOffload for real")
+    if setup.context_parallel > 1:
+        raise InputError(NO_CP_DRY_RUN)
+    if setup.tensor_parallel > 1:
+        from helpers.estimate import parallel
+        parallel.check(m, setup)
     started = time.perf_counter()
     dev = fakegpu.device()
     bar = tqdm(total=6, desc=f"dry run {m.name}", disable=not progress, leave=False)
-    mesh = _fake_mesh(setup.gpus) if setup.strategy == "fsdp2" else None
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    tp = setup.tensor_parallel
+    mesh = _fake_mesh(setup.gpus, tp) if st.fake_process_group or tp > 1 else None
+    with FakeTensorMode(allow_non_fake_inputs=True), \
+            (nf4.dequantized_matmuls() if setup.base_weights else contextlib.nullcontext()):
         net = build_model(m, setup, dev)                     # built before tracking: setup is the engine's state
         bar.update()
         tracker = Tracker() if track else NullTracker()
         stepped = time.perf_counter()
         with tracker, engines.untracked_sharding_propagation(tracker):
-            engine = STEPS[setup.strategy](net, setup, tracker, mesh)
-            tracker.label([b for b in net.buffers()], "parameters")
-            tracker.restart_peak("setup")
-            engines.watch_logits(net, tracker)
-            ids = torch.randint(0, m.vocab, (setup.batch, setup.seq), device=dev)
-            bar.update()
-            for first in (True, False):
-                with tracker.phase("forward" if first else "steady", activity="forward"):
-                    loss = engine.forward(ids)
+            engine = (TP_STEPS if tp > 1 else STEPS)[st.states](net, setup, tracker, mesh)
+            try:
+                tracker.label([b for b in net.buffers()], "parameters")
+                tracker.restart_peak("setup")
+                engines.watch_logits(net, tracker)
+                ids = torch.randint(0, m.vocab, (setup.batch, setup.seq), device=dev)
                 bar.update()
-                with tracker.phase("backward" if first else "steady", activity="backward"):
-                    engine.backward(loss)
-                    del loss
-                bar.update()
-                if first:
-                    with tracker.phase("step"):
-                        engine.step()
+                for first in (True, False):
+                    for _ in range(setup.grad_accum):            # micro batches: the phase keeps the worst of them
+                        with tracker.phase("forward" if first else "steady", activity="forward"):
+                            loss = engine.forward(ids)
+                        with tracker.phase("backward" if first else "steady", activity="backward"):
+                            engine.backward(loss)
+                            del loss
+                    bar.update(2)
+                    if first:
+                        with tracker.phase("step"):
+                            engine.step()
+            finally:
+                getattr(engine, "close", lambda: None)()      # the engine's patches of torch, if any, undone
     step_s = time.perf_counter() - stepped
     bar.close()
     if not track:
@@ -295,7 +407,8 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         gpu=DeviceMemory(tracker.breakdown("gpu"), gpu_cap), host=DeviceMemory(tracker.breakdown("host", scale), host_cap),
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": provenance.versions(),
               "device": "fake tensors (no memory allocated); GPU = fake PrivateUse1 device 'gpu'",
-              "engine": ENGINES[setup.strategy], "wall_s": round(time.perf_counter() - started, 2),
+              "engine": st.dry_run + (f"; tensor parallel {tp} (torchtitan's plan, DTensor on a 2-D fake mesh)"
+                                      if tp > 1 else ""), "wall_s": round(time.perf_counter() - started, 2),
               "step_s": round(step_s, 2), "machine": platform.machine(),
               "note": ("host bytes are pageable: fake tensors cannot be pinned"
                        if setup.offload_optimizer or setup.offload_params else "")},
@@ -303,5 +416,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
     return reserved.attach(result, reserved.events_from(tracker), gpu, alloc_conf)
 
 
-STEPS = {"single": SingleStep, "ddp": SingleStep, "zero1": ZeroEquivalentStep, "zero2": ZeroEquivalentStep,
-         "fsdp2": FSDP2Step}
+STEPS = {"replicated": SingleStep, "zero12": ZeroEquivalentStep, "fsdp2": FSDP2Step, "fsdp1": FSDP1Step}
+"""The dry-run step of each strategy's `states` key (helpers.strategies); a strategy with no dry run has none."""
+TP_STEPS = {"replicated": TensorParallelReplicatedStep, "fsdp2": TensorParallelFSDP2Step}
+"""The same with tensor_parallel > 1 (strategies with `model_parallel`)."""

@@ -11,14 +11,12 @@ from helpers.measure.tracker import Tracker
 from helpers.training import TrainSetup
 
 
-FUSED_CE_STRATEGIES = {"dry": ("single", "ddp", "zero1", "zero2"), "scaled": ("single", "ddp"), "gpu": ("single", "ddp")}
-
-
 def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
     """Options the estimate models but this mode does not run: say so rather than measure something else."""
+    from helpers import strategies
     from helpers.errors import InputError
 
-    allowed = FUSED_CE_STRATEGIES.get(mode, ())
+    allowed = strategies.names(lambda s: mode in s.fused_ce_modes)
     if setup.fused_ce and setup.strategy not in allowed:
         raise InputError(f"fused_ce in a {mode} run needs the output head's whole weight (strategies {', '.join(allowed)}); "
                          f"got strategy {setup.strategy!r}, whose engine shards or wraps it: use `estimate`, or measure "
@@ -64,14 +62,42 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
     hf_logging.set_verbosity_error()
     if setup.lora_rank and setup.precision != "fp32":
         dtype = torch.bfloat16                   # LoRA: the frozen base is loaded in the compute dtype
-    net = AutoModelForCausalLM.from_config(models.load_config(config_path), dtype=dtype,
-                                           attn_implementation=attention)
+    config = models.load_config(config_path)
+    net = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=_attention_for(config, attention))
     net.config.use_cache = False
-    if setup.grad_checkpointing:
-        net.activation_checkpointing_enable()
+    from helpers.measure import checkpointing
+
+    checkpointing.enable(net, setup.ac)
+    if setup.base_weights == "nf4":
+        from helpers.measure import nf4
+
+        nf4.quantize(net)
     if setup.lora_rank:
         net = add_lora(net, setup)
     return net.train()
+
+
+SDPA_UNCHECKED = "uncapped_scaled_dot_product"   # (a name with "sdpa" in it would be checked as sdpa)
+
+
+def _attention_for(config, attention: str) -> str:
+    """`attention`, except "sdpa" for a model class that refuses it because SDPA cannot soft-cap attention scores
+    (Gemma 2: `_supports_sdpa = False`): transformers' own SDPA function under another name, which leaves the
+    soft-capping out. Its memory is that of flash-attention 2 (which soft-caps, and is what Gemma 2 trains with on a
+    GPU): output and logsumexp saved, no seq x seq scores; the loss values differ slightly from the capped model's."""
+    from transformers import AttentionInterface, AutoModelForCausalLM
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if attention != "sdpa":
+        return attention
+    model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    if getattr(model_class, "_supports_sdpa", True):
+        return attention
+    def uncapped(module, query, key, value, attention_mask, softcap=None, **kwargs):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(SDPA_UNCHECKED, uncapped)
+    return SDPA_UNCHECKED
 
 
 @contextlib.contextmanager
@@ -92,17 +118,20 @@ def torch_globals_restored():
 
 
 def add_lora(net, setup: TrainSetup):
-    """peft LoRA adapters of the set-up's rank on every linear layer but the output head ("all-linear"); adapters
+    """peft LoRA adapters of the set-up's rank on its lora_targets ("all-linear": every linear but the head); adapters
     are fp32 under torch's bf16-mixed (peft's autocast_adapter_dtype), in the base's dtype otherwise."""
     from peft import LoraConfig, get_peft_model
     from torch._subclasses.fake_tensor import FakeTensor
 
-    if setup.grad_checkpointing:
+    if setup.ac != "none":
         net.enable_input_require_grads()        # a frozen embedding's output must carry grad into checkpointed layers
+    from helpers import models
+
+    names = models.lora_modules(setup.lora_targets)
     config = LoraConfig(r=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_dropout=0.0,
-                        target_modules="all-linear")
+                        target_modules="all-linear" if names is None else sorted(names))
     # fp32 adapters under torch autocast; DeepSpeed's bf16 mode casts the whole module, adapters included, to bf16
-    fp32_adapters = setup.precision == "bf16-mixed" and setup.strategy in ("single", "ddp")
+    fp32_adapters = setup.precision == "bf16-mixed" and setup.strat.autocast
     if not isinstance(next(net.parameters()), FakeTensor):
         return get_peft_model(net, config, autocast_adapter_dtype=fp32_adapters)
     original = torch.nn.Module.to

@@ -7,7 +7,7 @@ allocator's segments at the end (torch.cuda.memory_snapshot) and the allocator m
 allocations (meta 'allocator_model'), so the model can be compared with the GPU wherever one runs; a memory snapshot
 file that PyTorch's memory viewer (https://pytorch.org/memory_viz) opens; an out-of-memory is caught, reported with its phase, and its memory
 freed, so the process (a notebook kernel) goes on. One GPU per process: multi-GPU set-ups are launched with
-`torchrun --nproc_per_node N -m helpers measure --mode gpu ...` (ddp, fsdp2) or
+`torchrun --nproc_per_node N -m helpers measure --mode gpu ...` (ddp, fsdp2, fsdp1) or
 `deepspeed --num_gpus N --module helpers measure --mode gpu ...` (zero1-3), with the same flags; rank 0 reports.
 Without CUDA it stops with a message saying so.
 """
@@ -42,8 +42,7 @@ def require_cuda(setup: TrainSetup) -> None:
             f"--mode dry-run runs the full-size step on fake tensors, --mode scaled a tiny twin for real")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if setup.gpus != world:
-        launcher = "deepspeed --num_gpus N --module" if setup.strategy.startswith("zero") else \
-            "torchrun --nproc_per_node N -m"
+        launcher = setup.strat.launcher
         raise InputError(f"gpus={setup.gpus} but this is {world} process(es): run one process per GPU with "
                          f"`{launcher} helpers measure --mode gpu --gpus N ...`")
 
@@ -62,9 +61,9 @@ def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -
     engines.refuse_unsupported(setup, "gpu")
     require_cuda(setup)
     m = models.spec(model)
-    m.check_lora_rank(setup.lora_rank)
+    m.check_lora_rank(setup.lora_rank, setup.lora_targets)
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if setup.strategy != "single":
+    if setup.strat.multi_gpu:
         procgroup.ensure("nccl", setup.gpus)
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
@@ -95,10 +94,10 @@ def measure(m: models.ModelSpec, setup: TrainSetup, device: torch.device, steps:
     try:
         with tracker:
             net = _build(m.path, setup, device)
-            if setup.strategy == "fsdp2":
-                from helpers.measure.fsdp_worker import FSDP2Engine
-                engine = FSDP2Engine(net, setup, tracker, device_type=device.type)
-            elif setup.strategy.startswith("zero"):
+            if setup.strat.processes_per_gpu:
+                from helpers.measure.fsdp_worker import ENGINES
+                engine = ENGINES[setup.strat.engine](net, setup, tracker, device_type=device.type)
+            elif setup.strat.deepspeed:
                 engine = DeepSpeedEngine(net, setup, tracker)
             else:
                 engine = TorchEngine(net, setup, tracker)

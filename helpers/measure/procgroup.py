@@ -23,6 +23,7 @@ def ensure(kind: str, world: int = 1) -> None:
         return
     if dist.is_initialized():
         dist.destroy_process_group()
+        _forget_cached_groups()
     if kind == "fake":
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -40,3 +41,16 @@ def launched() -> bool:
     """Whether this process was started by torchrun or the deepspeed launcher."""
     return "TORCHELASTIC_RUN_ID" in os.environ or ("LOCAL_RANK" in os.environ and "MASTER_PORT" in os.environ
                                                    and int(os.environ.get("WORLD_SIZE", "1")) > 1)
+
+
+def _forget_cached_groups() -> None:
+    """DeepSpeed caches the groups it made (`deepspeed.utils.groups`); once the default group is destroyed they are
+    stale ("Group ... is not registered"), so a later DeepSpeed run in this process must make them afresh."""
+    import sys
+
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is None:
+        return
+    for name, value in list(vars(groups).items()):
+        if name.startswith("_") and name.isupper() and name.endswith(("GROUP", "GROUP_RANKS")):
+            setattr(groups, name, {} if isinstance(value, dict) else None)

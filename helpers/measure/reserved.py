@@ -160,7 +160,7 @@ def recheck(model: str, setup, gpu: str | None = None, alloc_conf: str | None = 
     from helpers import estimate
     from helpers.measure import dryrun
 
-    has_dry = setup.strategy in dryrun.STEPS and setup.optimizer == "adamw"
+    has_dry = setup.strat.dry_run is not None and setup.optimizer == "adamw"      # (the registry says)
     r = result if result is not None else dryrun.run(model, setup, progress=False, gpu=gpu, alloc_conf=alloc_conf) \
         if has_dry else estimate.run(model, setup)
     if has_dry and r.gpu.reserved is None:

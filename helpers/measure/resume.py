@@ -115,7 +115,7 @@ def run(model, setup: TrainSetup, variants=VARIANTS, hidden: int = HIDDEN) -> di
     from helpers.measure import scaled
 
     setup = checked(setup)
-    if not (setup.strategy.startswith("zero") and setup.offload_optimizer) or setup.gpus != 1:
+    if not (setup.strat.deepspeed and setup.offload_optimizer) or setup.gpus != 1:
         raise InputError(f"a resume measurement runs DeepSpeed ZeRO with offload_optimizer on one rank; got "
                          f"strategy {setup.strategy!r}, offload_optimizer={setup.offload_optimizer}, gpus={setup.gpus} "
                          f"(the estimate covers the others: `estimate` with --resume)")

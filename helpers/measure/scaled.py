@@ -1,6 +1,6 @@
 """Scaled runs: the model's tiny twin (`models.scaled_config`) trained for real on this machine's CPU, through the
 set-up's own engine: torch (single, or DDP over gloo), DeepSpeed ZeRO-1/2/3 in this process (gloo, no launcher),
-or FSDP2 in one process per rank under torchrun (gloo).
+or FSDP2 or FSDP1 in one process per rank under torchrun (gloo).
 
 Memory is the tracker's census of the engine's real tensors. A CPU has one RAM, so each tensor is placed by its role:
 where the engine would keep it on a GPU machine (offloaded master weights, gradients and optimizer states on the
@@ -31,7 +31,7 @@ import torch
 from helpers import deepspeed_ops, estimate, models
 from helpers.errors import InputError, MeasurementError
 from helpers.estimate import states
-from helpers.measure import children, engines, procgroup, provenance
+from helpers.measure import children, engines, nf4, procgroup, provenance
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked
@@ -66,7 +66,7 @@ def scaled_setup(model, setup: TrainSetup, hidden: int = models.SCALE_HIDDEN) ->
 def guard(twin: Path, setup: TrainSetup) -> None:
     """Refuse, before it starts, a scaled run whose estimate would not fit in this machine's available RAM."""
     e = estimate.run(str(twin), setup)
-    processes = setup.gpus if setup.strategy == "fsdp2" else 1
+    processes = setup.gpus if setup.strat.processes_per_gpu else 1
     need = e.gpu.peak_bytes * processes + e.host.peak_bytes + PROCESS_OVERHEAD * processes
     available = psutil.virtual_memory().available
     if need > MAX_FRACTION * available:
@@ -82,23 +82,26 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
     setup = checked(setup)
     check_steps(steps)
     engines.refuse_unsupported(setup, "scaled")
-    models.spec(model).check_lora_rank(setup.lora_rank)
+    models.spec(model).check_lora_rank(setup.lora_rank, setup.lora_targets)
     twin, s = scaled_setup(model, setup)
-    if s.strategy == "fsdp2" and s.gpus > MAX_PROCESSES:
-        raise InputError(f"a scaled FSDP2 run starts one process per GPU; at most {MAX_PROCESSES} here, got gpus={s.gpus}")
-    if s.strategy.startswith("zero") and s.gpus > 1:
+    st = s.strat
+    if st.processes_per_gpu and s.gpus > MAX_PROCESSES:
+        raise InputError(f"a scaled {st.title} run starts one process per GPU; at most {MAX_PROCESSES} here, "
+                         f"got gpus={s.gpus}")
+    if st.deepspeed and s.gpus > 1:
         raise InputError(f"a scaled DeepSpeed run is one process (one rank), got gpus={s.gpus}: use gpus=1 here; "
                          f"the partitioning over several GPUs is in `estimate` and in `measure --mode dry-run`")
     guard(twin, s)
-    if s.strategy == "fsdp2":
+    if st.processes_per_gpu:
         return _pin_note(_run_torchrun(twin, s, steps), setup)
     started = time.perf_counter()
     torch.manual_seed(0)
     net = build_twin(twin, s)
     tracker = Tracker(default_device="gpu")
     with engines.torch_globals_restored(), tracker:
-        engine = (DeepSpeedEngine if s.strategy.startswith("zero") else TorchEngine)(net, s, tracker)
-        tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad], "parameters")
+        engine = (DeepSpeedEngine if st.deepspeed else TorchEngine)(net, s, tracker)
+        tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad]
+                      + nf4.state_tensors(net), "parameters")
         tracker.restart_peak("setup")
         losses, rss, times = train(engine, tracker, s, models.spec(str(twin)).vocab, steps, progress)
     r = result_from_census(twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe, ranks=1, times=times)
@@ -137,18 +140,22 @@ def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int,
     engines.watch_logits(engine.module, tracker)
     for i in tqdm(range(steps), desc=f"twin, {s.strategy}: training steps", leave=False, disable=not progress):
         forward, backward = ("forward", "backward") if i == 0 else ("steady", "steady")
-        started = time.perf_counter()
-        with tracker.phase(forward, activity="forward"):
-            loss = engine.forward(ids)
-        times["forward"].append(time.perf_counter() - started)
-        record(forward)
-        losses.append(float(loss.detach()))
-        started = time.perf_counter()
-        with tracker.phase(backward, activity="backward"):
-            engine.backward(loss)
-            del loss
-        times["backward"].append(time.perf_counter() - started)
-        record(backward)
+        for micro in range(s.grad_accum):      # micro batches: each phase keeps the worst of them
+            started = time.perf_counter()
+            with tracker.phase(forward, activity="forward"):
+                loss = engine.forward(ids)
+            times["forward"].append(time.perf_counter() - started)
+            record(forward)
+            if micro == 0:
+                losses.append(float(loss.detach()))
+            started = time.perf_counter()
+            with tracker.phase(backward, activity="backward"):
+                engine.backward(loss)
+                del loss
+                if micro < s.grad_accum - 1 and hasattr(engine, "micro_step"):
+                    engine.micro_step()
+            times["backward"].append(time.perf_counter() - started)
+            record(backward)
         started = time.perf_counter()
         with tracker.phase("step"):
             engine.step()
@@ -166,13 +173,13 @@ class TorchEngine:
         tracker.label(self.params, "parameters")
         self.model = net
         self.device_type = self.params[0].device.type
-        if s.strategy == "ddp":
+        if s.strat.gradient_buckets:            # DDP
             procgroup.ensure("nccl" if self.device_type == "cuda" else "gloo", s.gpus if self.device_type == "cuda" else 1)
             with tracker.made_as("comm_buffers"):
                 self.model = torch.nn.parallel.DistributedDataParallel(net)
         self.optimizer = engines.optimizer(self.params, s)
         self.describe = ("bitsandbytes AdamW8bit" if s.optimizer == "adamw-8bit" else f"torch AdamW ({s.adam})") + (", DistributedDataParallel over gloo, one rank (a replica's "
-                                                     "memory does not depend on the world size)" if s.strategy == "ddp" else "")
+                                                     "memory does not depend on the world size)" if s.strat.gradient_buckets else "")
 
     def forward(self, ids):
         ctx = (torch.autocast(self.device_type, dtype=torch.bfloat16) if self.s.precision == "bf16-mixed"
@@ -209,7 +216,7 @@ class DeepSpeedEngine:
         engine, optimizer, config = initialize_deepspeed(net, s)
         self.engine, self.opt = engine, optimizer
         self.host = "host" if s.offload_optimizer else "gpu"
-        self.describe = (f"DeepSpeed {deepspeed.__version__} ZeRO-{s.strategy[-1]} in one process (gloo), "
+        self.describe = (f"DeepSpeed {deepspeed.__version__} ZeRO-{zero_stage(s)} in one process (gloo), "
                          + adam_name(config))
         self._label_buffers()
         if hasattr(optimizer, "setup_buckets"):             # the ipg buckets, made by the first gradient hook
@@ -231,6 +238,11 @@ class DeepSpeedEngine:
         self.tracker.set_context("logits")
         self.engine.backward(loss)
         self.tracker.set_context(None)
+        self._label_buffers()
+
+    def micro_step(self):
+        """DeepSpeed's step() inside an accumulation window: it counts the micro step and updates nothing."""
+        self.engine.step()
         self._label_buffers()
 
     def step(self):
@@ -257,7 +269,7 @@ class DeepSpeedEngine:
 
     def _label_buffers(self):
         o, t, host = self.opt, self.tracker, self.host
-        if self.s.strategy == "zero3":
+        if "parameters" in self.s.strat.shards:          # ZeRO-3
             place = self._placement()
             t.label([p.ds_tensor for p in self.module.parameters() if hasattr(p, "ds_tensor")], "parameters",
                     "host" if self.s.offload_params else "gpu")
@@ -276,6 +288,7 @@ class DeepSpeedEngine:
                 t.label([g.grad] if g.grad is not None else [], "gradients", host)
                 t.label([v for v in o.optimizer.state.get(g, {}).values()
                          if isinstance(v, torch.Tensor) and v.numel() > 1], "optimizer_states", host)
+            t.label(list(getattr(o, "accumulated_grads_in_cpu", {}).values()), "gradients", host)
             gip = getattr(o, "grads_in_partition", None)
             t.label([gip] if gip is not None else [], "gradients", "gpu")
             for group in (getattr(o, "averaged_gradients", None) or {}).values():
@@ -291,18 +304,23 @@ class DeepSpeedEngine:
 
     def _label_step_grads(self, inner):
         """Just before Adam runs: the fp32 gradients DeepSpeed made for it, on the device of their sub-group."""
-        place = self._placement() if self.s.strategy == "zero3" else {}
+        place = self._placement() if "parameters" in self.s.strat.shards else {}
         for group in inner.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
                     self.tracker.label([p.grad], "gradients", place.get(id(p), self.host))
 
 
+def zero_stage(s: TrainSetup) -> int:
+    """DeepSpeed's ZeRO stage of a set-up: how many of optimizer states, gradients and parameters it shards."""
+    return len(s.strat.shards)
+
+
 def deepspeed_config(s: TrainSetup) -> dict:
     """The DeepSpeed configuration of a set-up (scaled sizes already applied)."""
-    zero = {"stage": int(s.strategy[-1]), "reduce_bucket_size": s.reduce_bucket_size,
+    zero = {"stage": zero_stage(s), "reduce_bucket_size": s.reduce_bucket_size,
             "allgather_bucket_size": s.reduce_bucket_size, "overlap_comm": s.overlap, "contiguous_gradients": True}
-    if s.strategy == "zero3":
+    if zero_stage(s) == 3:
         zero.update(sub_group_size=s.sub_group_size, stage3_prefetch_bucket_size=s.prefetch_bucket_size,
                     stage3_param_persistence_threshold=0, stage3_max_live_parameters=s.prefetch_bucket_size * 4)
     if s.offload_optimizer:
@@ -313,7 +331,7 @@ def deepspeed_config(s: TrainSetup) -> dict:
     adam = {"lr": 1e-3}
     if deepspeed_ops.torch_path(s.offload_optimizer, s.offload_ratio if s.offload_optimizer else None):
         adam.update(torch_adam=True, fused=True)     # torch's fused AdamW: in place, like DeepSpeed's own kernels
-    return {"train_micro_batch_size_per_gpu": s.batch, "gradient_accumulation_steps": 1,
+    return {"train_micro_batch_size_per_gpu": s.batch, "gradient_accumulation_steps": s.grad_accum,
             "bf16": {"enabled": s.precision == "bf16-mixed"}, "zero_optimization": zero,
             "optimizer": {"type": "AdamW", "params": adam},
             "steps_per_print": 10**9, "wall_clock_breakdown": False}
@@ -364,7 +382,7 @@ def _run_torchrun(twin: Path, s: TrainSetup, steps: int) -> Result:
                f"--master_port={procgroup.free_port()}", "-m", "helpers.measure.fsdp_worker", "--twin", str(twin),
                "--setup", json.dumps(dataclasses.asdict(s)), "--steps", str(steps), "--out", str(out)]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-        children.run(cmd, env, timeout=TORCHRUN_TIMEOUT_S, what="the FSDP2 run under torchrun")
+        children.run(cmd, env, timeout=TORCHRUN_TIMEOUT_S, what=f"the {s.strat.title} run under torchrun")
         if not out.exists():
-            raise MeasurementError("the FSDP2 run under torchrun exited without writing its result")
+            raise MeasurementError(f"the {s.strat.title} run under torchrun exited without writing its result")
         return Result.from_dict(json.loads(out.read_text()))

@@ -1,0 +1,173 @@
+"""The largest micro batch or the longest sequence that fits a capacity, found by search over the estimate.
+
+`largest(model, setup, "batch")` answers the reader's second question without a GPU: the largest micro batch per GPU
+(or, with "seq", the longest sequence) whose estimate fits `setup.gpu_gib` per GPU and `setup.host_gib` per node.
+The verdict is the one the report prints (`fits`, below): no phase of either device over its capacity
+(`Result.oom`), and where a `--gpu` preset names the GPU, also the device total of the tensors plus its CUDA context
+and NCCL's buffers (`helpers.gpus.pushed_over`, the rule `helpers.measure.reserved.recheck` applies to an estimate).
+
+The search doubles from the smallest value until a value does not fit, then halves the gap (memory grows with batch
+and with sequence: activations and logits are linear in tokens, attention's eager scores quadratic in seq): about
+2 log2(answer) estimates, each a few ms (`python -m helpers.bench fit` prints both). The answer is checked: it fits
+and the next value (one more sequence, or one more sequence step) does not; `Fit` keeps both results.
+
+Sequence lengths move in steps of SEQ_STEP = 64 tokens: the lengths real configs use are multiples of 64 (512, 2048,
+4096, 8192: the cases in data/cases.json, torchtitan's and LLaMA-Factory's examples), and a finer answer would claim a
+precision the estimate (within ~3% of the dry run, data/results/dryrun_vs_estimate.json) does not have; 64 tokens
+of a 4096-token sequence is 1.6%. Batch moves in whole sequences.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from helpers import estimate, gpus
+from helpers.errors import InputError
+from helpers.results import Result
+from helpers.training import MAX_TOKENS, TrainSetup, checked
+from helpers.units import to_gib
+from helpers.vocab import PHASE_LABELS
+
+VARY = ("batch", "seq")
+SEQ_STEP = 64
+
+
+@dataclass
+class Fit:
+    """The answer: `value` (0 when even the smallest does not fit), its estimate `result`, and the next value up
+    with its estimate (None at the limit batch x seq <= MAX_TOKENS)."""
+
+    vary: str
+    value: int
+    result: Result | None
+    next_value: int | None
+    next_result: Result | None
+    step: int = 1
+    """The granularity searched: 1 sequence for batch, SEQ_STEP tokens for seq."""
+    estimates: int = 0
+    """How many estimates the search ran."""
+    seconds: float = 0.0
+    """Wall time of the search."""
+    why: str = ""
+    """What stops the next value: its verdict, or the token limit; with value 0, what is too big at the smallest."""
+    setup: TrainSetup | None = None
+    """The set-up with the answer in place (None when value is 0)."""
+    limits: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        res = lambda r: None if r is None else {"gpu_peak_bytes": r.gpu.peak_bytes, "host_peak_bytes": r.host.peak_bytes,
+                                                 "oom": r.oom}
+        return {"vary": self.vary, "value": self.value, "step": self.step, "next_value": self.next_value,
+                "result": res(self.result), "next_result": res(self.next_result), "estimates": self.estimates,
+                "seconds": self.seconds, "why": self.why, "limits": self.limits}
+
+    def line(self) -> str:
+        """One line: 'largest micro batch that fits: 6 (7 does not: OOM on GPU at ...)'."""
+        what = "micro batch" if self.vary == "batch" else "sequence"
+        if self.value == 0:
+            return f"no {what} fits: {self.why}"
+        return (f"largest {what} that fits: {self.value}"
+                + (f" tokens (multiples of {self.step})" if self.vary == "seq" else "")
+                + f"; {self.next_value if self.next_value is not None else 'the next'} does not: {self.why}"
+                + f"   [{self.estimates} estimates, {self.seconds * 1000:.0f} ms]")
+
+
+def fits(result: Result, gpu: str | None = None) -> tuple[bool, str]:
+    """(fits, the verdict line): the report's verdict (no phase over its device's capacity), and with a GPU preset
+    also the device total (tensors + CUDA context + NCCL buffers) within the GPU's capacity."""
+    from helpers import report
+
+    if result.oom["device"] is not None:
+        return False, report.verdict(result)
+    cap = result.gpu.capacity_bytes
+    if gpu is not None and cap:
+        s = result.setup
+        parts = gpus.overhead(s["strategy"], s["gpus"], gpu)
+        peak = result.gpu.peak_bytes
+        part = gpus.pushed_over(peak, peak, parts, cap)
+        if part is not None:
+            return False, (f"OOM on GPU with the device total: {to_gib(peak + sum(parts.values())):.1f} GiB "
+                           f"(tensors {to_gib(peak):.1f} + CUDA context and NCCL {to_gib(sum(parts.values())):.1f}) "
+                           f"of {to_gib(cap):.1f} GiB: {gpus.PART_LABELS[part]} took it over")
+    return True, report.verdict(result)
+
+
+def too_big(result: Result) -> str:
+    """What does not fit: the verdict and the largest category at that device's failing phase, in GiB."""
+    from helpers import report
+
+    dev = result.oom["device"] or "gpu"
+    d = result.device(dev)
+    phase = result.oom["phase"] or d.peak_phase
+    cats = sorted(d.breakdown[phase].items(), key=lambda kv: -kv[1])[:2]
+    return (report.verdict(result) + "; largest there: "
+            + ", ".join(f"{c} {to_gib(v):.1f} GiB" for c, v in cats if v) + f" ({dev}, {PHASE_LABELS[phase]})")
+
+
+def largest(model, setup: TrainSetup, vary: str = "batch", gpu: str | None = None) -> Fit:
+    """The largest micro batch (vary='batch') or sequence (vary='seq', multiples of SEQ_STEP) whose estimate fits
+    the set-up's capacities; `gpu` (a helpers.gpus preset) adds the CUDA context and NCCL to the GPU's total.
+    InputError for an unknown `vary`, a set-up with no capacity, or a bad set-up."""
+    if vary not in VARY:
+        raise InputError(f"vary must be one of {', '.join(VARY)}, got {vary!r}")
+    setup = checked(setup)
+    if setup.gpu_gib is None and setup.host_gib is None:
+        raise InputError("fit needs a capacity to fit into: give gpu_gib (--gpu-gib X or --gpu NAME) and/or host_gib "
+                         "(--host-gib Y), got neither")
+    if gpu is not None:
+        gpus.preset(gpu)
+    started = time.perf_counter()
+    step = 1 if vary == "batch" else SEQ_STEP
+    other = setup.seq if vary == "batch" else setup.batch
+    most = (MAX_TOKENS // other) // step               # the limit, in steps (batch x seq <= MAX_TOKENS)
+    limits = {"max_tokens": MAX_TOKENS, "most": most * step}
+    if most < 1:
+        raise InputError(f"{'seq' if vary == 'batch' else 'batch'} {other} leaves no room for even one "
+                         f"{'sequence' if vary == 'batch' else f'{step}-token step'} under {MAX_TOKENS:,} tokens")
+    cache: dict[int, tuple[Result, bool, str]] = {}
+
+    def at(k: int) -> tuple[Result, bool, str]:
+        if k not in cache:
+            r = estimate.run(model, setup.replace(**{vary: k * step}))
+            cache[k] = (r, *fits(r, gpu))
+        return cache[k]
+
+    first = at(1)
+    if not first[1]:
+        return Fit(vary, 0, None, step, first[0], step, len(cache), time.perf_counter() - started,
+                   f"at {vary} {step}: {too_big(first[0])}", None, limits)
+    lo, hi = 1, None                                   # lo fits; hi (when known) does not
+    k = 1
+    while hi is None:
+        k = min(k * 2, most)
+        if at(k)[1]:
+            lo = k
+            if k == most:
+                break
+        else:
+            hi = k
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        if at(mid)[1]:
+            lo = mid
+        else:
+            hi = mid
+    if hi is None:                                     # everything up to the token limit fits
+        value_r = at(lo)[0]
+        return Fit(vary, lo * step, value_r, None, None, step, len(cache), time.perf_counter() - started,
+                   f"the limit: batch x seq at most {MAX_TOKENS:,} tokens per micro batch (TrainSetup.MAX_TOKENS)",
+                   setup.replace(**{vary: lo * step}), limits)
+    nxt = at(lo + 1)                                   # == hi here: the check that one more does not fit
+    return Fit(vary, lo * step, at(lo)[0], (lo + 1) * step, nxt[0], step, len(cache), time.perf_counter() - started,
+               nxt[2], setup.replace(**{vary: lo * step}), limits)
+
+
+def table(f: Fit) -> str:
+    """The answer as text: the line, and the GPU/host peaks of the answer and of the next value, in GiB."""
+    lines = [f.line()]
+    for label, value, r in (("answer", f.value, f.result), ("next", f.next_value, f.next_result)):
+        if r is not None:
+            lines.append(f"  {label:7s}{f.vary} {value}: GPU peak {to_gib(r.gpu.peak_bytes):.2f} GiB, host peak "
+                         f"{to_gib(r.host.peak_bytes):.2f} GiB per node")
+    return "\n".join(lines)

@@ -1,0 +1,260 @@
+"""Ways out of an out-of-memory: every single change a user could make to a set-up, its new peak, whether it fits,
+and what it costs (host RAM, pinned RAM, step time where that can be computed), ranked.
+
+`ways_out(model, setup)` tries each change on its own (checkpointing full or selective, a fused cross-entropy, a
+smaller micro batch with more accumulation, a higher ZeRO stage or FSDP2, optimizer / parameter offload, the
+smallest offload ratio that fits, pin_memory off, 8-bit AdamW, LoRA, the fewest GPUs that fit, flash attention).
+Which changes exist for a strategy is decided by `TrainSetup.validate` and the registry (`helpers.strategies`): a
+change they refuse is skipped (listed in `skipped` with the reason), never a crash. The verdict is `helpers.fit.fits`,
+the report's. Costs: host and pinned GiB from the estimate's host figures; step seconds from `helpers.step_cost`
+(recomputed FLOPs, PCIe bytes, host Adam, each at a stated rate with its source), or None where the change is not
+a matter of time (LoRA and 8-bit AdamW change what or how it trains, more GPUs cost money, a strategy change
+moves communication this package does not time): `cost_basis` says which. Ranked: fits first, then those with a
+time by the time added, then by host RAM added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from helpers import estimate, step_cost, strategies
+from helpers.errors import InputError
+from helpers.fit import fits as verdict_of
+from helpers.readers.base import modelled
+from helpers.results import Result
+from helpers.training import MAX_GRAD_ACCUM, TrainSetup, checked
+from helpers.units import to_gib
+
+LORA_RANK = 8                 # peft's LoraConfig default r (peft src/peft/tuners/lora/config.py, `r: int = 8`)
+RATIOS = tuple(round(0.05 * i, 2) for i in range(1, 20))     # offload ratios tried, 0.05 to 0.95
+MAX_GPUS_TRIED = 4096
+
+
+@dataclass
+class WayOut:
+    """One change and its outcome: `change` (TrainSetup fields), the changed `setup` and its estimate `result`; peak
+    per GPU in GiB; `fits` by the report's verdict; host and pinned GiB added per node; step seconds added (None
+    where not a matter of time, `cost_basis` says why) and how the cost was computed."""
+
+    name: str
+    change: dict
+    setup: TrainSetup
+    result: Result
+    peak_gib: float
+    fits: bool
+    host_gib_added: float
+    pinned_gib_added: float
+    step_seconds_added: float | None
+    cost_basis: str
+    verdict: str = ""
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "change": self.change, "peak_gib": self.peak_gib, "fits": self.fits,
+                "host_gib_added": self.host_gib_added, "pinned_gib_added": self.pinned_gib_added,
+                "step_seconds_added": self.step_seconds_added, "cost_basis": self.cost_basis, "verdict": self.verdict}
+
+
+def pinned_bytes(r: Result) -> int:
+    """Page-locked host bytes at the host's peak phase: pinned buffers and the pinned allocator's rounding."""
+    phase = r.host.peak_phase
+    return sum(i["bytes"] for i in r.items if i["device"] == "host" and phase in i["phases"]
+               and (i.get("pinned") or i["category"] == "pinned_overhead"))
+
+
+NO_TIME = {
+    "strategy": "a different engine/sharding: its communication per step (all-gathers, reduce-scatters) is not timed "
+                "here",
+    "optimizer": "8-bit AdamW changes the optimizer's numerics (block-quantised states); its kernel speed is not "
+                 "modelled",
+    "lora_rank": "LoRA changes what is trained (adapters, base frozen): not the same run at a different speed",
+    "base_weights": "a 4-bit base changes the model's numerics (bitsandbytes nf4) and dequantises in every matmul; "
+                    "its speed is not modelled",
+    "gpus": "more GPUs cost money, not step time (fewer tokens per GPU per global batch is not modelled)",
+    "attention": "FlashAttention recomputes the attention scores inside its backward kernel and is usually faster "
+                 "than eager; its speed is not modelled",
+}
+
+
+def _candidates(m, s: TrainSetup) -> list[tuple[str, dict]]:
+    """(name, change) for each single change that is not already in effect; validity is checked by the caller."""
+    st = s.strat
+    out = []
+    if s.ac != "full":
+        out.append(("checkpointing full", {"checkpointing": "full"}))
+    if s.ac != "selective":
+        out.append(("checkpointing selective", {"checkpointing": "selective"}
+                    | ({"grad_checkpointing": False} if s.grad_checkpointing else {})))
+    if not s.fused_ce:
+        out.append(("fused cross-entropy", {"fused_ce": True}))
+    if s.attention != "flash":
+        out.append(("flash attention", {"attention": "flash"}))
+    for name in strategies.names(lambda x: set(x.shards) > set(st.shards)):    # shards more (on one GPU too)
+        change = {"strategy": name}
+        if not strategies.get(name).torch_optimizer and s.adam_impl is not None:
+            change["adam_impl"] = None
+        out.append((f"strategy {name}", change))
+    both = st.offload_together
+    if "offload_optimizer" in st.offload and not s.offload_optimizer:
+        out.append(("optimizer offload", {"offload_optimizer": True} | ({"offload_params": True} if both else {})))
+    if "offload_params" in st.offload and not s.offload_params and not both:
+        out.append(("parameter offload", {"offload_params": True}))
+    if s.pin_memory and (s.offload_optimizer or s.offload_params):
+        out.append(("pin_memory off", {"pin_memory": False}))
+    if s.optimizer != "adamw-8bit":
+        out.append(("8-bit AdamW", {"optimizer": "adamw-8bit", "adam_impl": None}))
+    if s.lora_rank is None:
+        out.append((f"LoRA rank {LORA_RANK}", {"lora_rank": LORA_RANK}))
+    elif modelled("base_weights") and getattr(s, "base_weights", None) is None:
+        out.append(("QLoRA: 4-bit (nf4) base", {"base_weights": "nf4"}))
+    return out
+
+
+def ways_out(model, setup: TrainSetup, gpu: str | None = None, skipped: list | None = None) -> list[WayOut]:
+    """Every single change of `setup` with its estimate, verdict and cost, ranked (see the module's docstring).
+    `gpu`: a helpers.gpus preset (the CUDA context and NCCL count in the verdict). `skipped`, when given, receives
+    (name, reason) for each change the set-up's strategy does not allow."""
+    setup = checked(setup)
+    if setup.gpu_gib is None and setup.host_gib is None:
+        raise InputError("fixes needs a capacity to fit into: give gpu_gib (--gpu-gib X or --gpu NAME) and/or "
+                         "host_gib (--host-gib Y), got neither")
+    skipped = [] if skipped is None else skipped
+    base = estimate.run(model, setup)
+    ways: list[WayOut] = []
+
+    def attempt(name: str, change: dict) -> WayOut | None:
+        try:
+            new = setup.replace(**change)
+            r = estimate.run(model, new)
+        except InputError as exc:
+            skipped.append((name, str(exc)))
+            return None
+        return _way(model, name, change, setup, base, new, r, gpu)
+
+    def add(w: WayOut | None) -> None:
+        if w is not None:
+            ways.append(w)
+
+    for name, change in _candidates(model, setup):
+        add(attempt(name, change))
+    add(_smaller_batch(model, setup, base, gpu, skipped))
+    add(_offload_ratio(model, setup, base, gpu, skipped))
+    add(_more_gpus(model, setup, base, gpu, skipped))
+    ways.sort(key=lambda w: (not w.fits, w.step_seconds_added is None, w.step_seconds_added or 0.0, w.host_gib_added))
+    return ways
+
+
+def _way(model, name, change, before, base, after, r, gpu) -> WayOut:
+    ok, line = verdict_of(r, gpu)
+    untimed = [NO_TIME[k] for k in change if k in NO_TIME and change[k] != getattr(before, k)]
+    if untimed:
+        seconds, basis = None, "not a matter of step time: " + "; ".join(untimed)
+    else:
+        seconds, basis = step_cost.added(model, before, after)
+    return WayOut(name, dict(change), after, r, round(to_gib(r.gpu.peak_bytes), 3), ok,
+                  round(to_gib(r.host.peak_bytes - base.host.peak_bytes), 3),
+                  round(to_gib(pinned_bytes(r) - pinned_bytes(base)), 3), seconds, basis, line)
+
+
+def _first_fitting(model, setup, changes, gpu):
+    """The first change of `changes` whose estimate fits, else the last one tried: (change, setup, result) or None
+    when none is valid."""
+    last = None
+    for change in changes:
+        try:
+            new = setup.replace(**change)
+        except InputError:
+            continue
+        r = estimate.run(model, new)
+        last = (change, new, r)
+        if verdict_of(r, gpu)[0]:
+            break
+    return last
+
+
+def _smaller_batch(model, setup, base, gpu, skipped):
+    """A smaller micro batch (a divisor of it, the largest that fits) with the accumulation that keeps the global
+    batch: batch x grad_accum unchanged."""
+    name = "smaller micro batch, more accumulation"
+    if setup.batch == 1:
+        skipped.append((name, "micro batch is 1 already"))
+        return None
+    changes = [{"batch": b, "grad_accum": setup.grad_accum * setup.batch // b}
+               for b in range(setup.batch - 1, 0, -1) if setup.batch % b == 0
+               and setup.grad_accum * setup.batch // b <= MAX_GRAD_ACCUM]
+    got = _first_fitting(model, setup, changes, gpu)
+    if got is None:
+        skipped.append((name, f"no divisor of batch {setup.batch} keeps grad_accum within {MAX_GRAD_ACCUM}"))
+        return None
+    return _way(model, name, got[0], setup, base, got[1], got[2], gpu)
+
+
+def _offload_ratio(model, setup, base, gpu, skipped):
+    """The smallest partial optimizer offload (DeepSpeed's ratio, ZeRO-3) that fits, from 0.05 up in steps of 0.05:
+    less than a full offload where the host is what runs out (cases 2 and 3), more than none where the GPU does."""
+    name = "offload ratio (smallest that fits)"
+    if "offload_ratio" not in setup.strat.offload:
+        skipped.append((name, f"offload_ratio is honoured by {strategies.listing(lambda x: 'offload_ratio' in x.offload)}"
+                              f" only, not {setup.strategy!r}"))
+        return None
+    changes = [{"offload_optimizer": True, "offload_ratio": r} for r in RATIOS
+               if not setup.offload_optimizer or r != setup.ratio]
+    got = _first_fitting(model, setup, changes, gpu)
+    return _way(model, f"offload ratio {got[0]['offload_ratio']}", got[0], setup, base, got[1], got[2], gpu)
+
+
+def _more_gpus(model, setup, base, gpu, skipped):
+    """The fewest GPUs (world size) that fit, by doubling then halving the gap (memory per GPU falls with the world
+    size only where the strategy shards)."""
+    name = "more GPUs"
+    if not setup.strat.multi_gpu or not setup.strat.shards:
+        skipped.append((name, f"strategy {setup.strategy!r} {'runs on one GPU' if not setup.strat.multi_gpu else 'replicates every state: more GPUs do not lower the memory per GPU'}"))
+        return None
+
+    # world sizes in whole model-parallel groups where the set-up has them (issue 14's tensor/context parallel)
+    unit = getattr(setup, "tensor_parallel", 1) * getattr(setup, "context_parallel", 1)
+
+    def at(k):
+        new = setup.replace(gpus=k * unit)
+        r = estimate.run(model, new)
+        return new, r, verdict_of(r, gpu)[0]
+
+    most = MAX_GPUS_TRIED // unit
+    lo = k = setup.gpus // unit
+    hit = None
+    try:
+        while k < most:
+            k = min(k * 2, most)
+            got = at(k)
+            if got[2]:
+                hit = (k, got)
+                break
+            lo = k
+        if hit is None:
+            new, r, _ = at(most)
+            return _way(model, f"more GPUs ({most * unit}: none up to it fits)", {"gpus": most * unit}, setup, base,
+                        new, r, gpu)
+        hi, best = hit
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            got = at(mid)
+            if got[2]:
+                hi, best = mid, got
+            else:
+                lo = mid
+    except InputError as exc:
+        skipped.append((name, str(exc)))
+        return None
+    return _way(model, f"more GPUs ({hi * unit})", {"gpus": hi * unit}, setup, base, best[0], best[1], gpu)
+
+
+def table(ways: list[WayOut]) -> str:
+    """The ranked ways out as text: peak per GPU, fits, host and pinned GiB added per node, seconds added per step
+    (GiB = 2^30 bytes), each with its cost basis on the next line."""
+    lines = [f"{'#':>2s}  {'change':38s}{'peak GiB':>9s}  {'fits':5s}{'+host GiB':>10s}{'+pinned':>9s}{'+s/step':>9s}"]
+    for n, w in enumerate(ways, 1):
+        secs = "-" if w.step_seconds_added is None else f"{w.step_seconds_added:.3f}"
+        change = ", ".join(f"{k}={v}" for k, v in w.change.items())
+        lines.append(f"{n:2d}  {w.name[:38]:38s}{w.peak_gib:9.2f}  {'yes' if w.fits else 'no':5s}"
+                     f"{w.host_gib_added:10.2f}{w.pinned_gib_added:9.2f}{secs:>9s}")
+        lines.append(f"    {change}; cost: {w.cost_basis}")
+    return "\n".join(lines)

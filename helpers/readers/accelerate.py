@@ -1,0 +1,254 @@
+"""Reader of an accelerate config YAML (what `accelerate config` writes, `accelerate launch --config_file x.yaml`),
+alone or as the companion of a TRL YAML (`apply()`, which the TRL reader calls).
+
+Sources: accelerate 1.15.0 (installed): `commands/config/config_args.py` (ClusterConfig: distributed_type,
+num_processes -- all processes, over every machine --, num_machines, mixed_precision, deepspeed_config, fsdp_config),
+`utils/dataclasses.py` (DeepSpeedPlugin: zero_stage default 2, offload_*_device default "none",
+deepspeed_config_file; FullyShardedDataParallelPlugin: fsdp_version default 1, reshard_after_forward FULL_SHARD for
+version 1 and True for version 2, cpu_offload, activation_checkpointing). With transformers' Trainer (TRL), the
+TrainingArguments' bf16/fp16 set ACCELERATE_MIXED_PRECISION and win over the config's mixed_precision
+(transformers `training_args.py`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from helpers.readers import base, collect
+from helpers.readers.base import ConfigError, Imported
+from helpers.readers.deepspeed import Applied
+
+NAME = "accelerate"
+TOOL = "accelerate 1.15.0"
+SRC = "accelerate 1.15.0 utils/dataclasses.py"
+KINDS = {"NO": "single", "MULTI_GPU": "ddp", "DEEPSPEED": None, "FSDP": None}
+FULL = {"FULL_SHARD", "1", True, "true", 1}
+
+
+def claims(path: Path, data) -> bool:
+    """A YAML mapping with accelerate's own keys (distributed_type, compute_environment)."""
+    return (Path(path).suffix.lower() in (".yaml", ".yml") and isinstance(data, dict)
+            and bool({"distributed_type", "compute_environment"} & set(data)))
+
+
+def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
+    """An accelerate config alone: no model (the CLI asks for --model), its DeepSpeed file if it names one."""
+    c = collect.Collector(Path(path), lines)
+    applied, files = apply(path, data, lines, given, trainer=None, hidden=None)
+    c.merge(applied)
+    c.files += files
+    return c.finish(NAME, None, None)
+
+
+def apply(path: Path, data, lines: dict[str, int], given: list[Path], trainer: dict[str, tuple[Any, str]] | None,
+          hidden: int | None) -> tuple[Applied, list[str]]:
+    """What an accelerate config does to a set-up, and the files it read (its DeepSpeed config file).
+
+    trainer: the TrainingArguments values of the script's own config (see deepspeed.apply); when given, its
+    precision wins over mixed_precision (as transformers' Trainer does)."""
+    data = collect.read_yaml_mapping(path, data)
+    c = collect.Collector(Path(path), lines)
+    done = {"distributed_type", "num_processes", "num_machines", "mixed_precision", "deepspeed_config", "fsdp_config",
+            "parallelism_config"}
+    kind = data.get("distributed_type", "NO")
+    if not isinstance(kind, str):
+        hint = " (YAML reads an unquoted NO as false: write 'NO', as accelerate config does)" if kind is False else ""
+        raise ConfigError(path, f"distributed_type must be a name (NO, MULTI_GPU, DEEPSPEED, FSDP, ...), got "
+                                f"{kind!r}{hint}")
+    if "distributed_type" not in data:
+        c.default(TOOL, "distributed_type", "NO", "strategy=single", "accelerate config_args.py")
+    if kind not in KINDS and kind.startswith("MULTI_"):
+        c.unmodelled("distributed_type", kind, f"{kind}: data parallel on another accelerator; estimated as DDP on "
+                                               f"GPUs")
+        c.changes["strategy"] = "ddp"
+    elif kind not in KINDS:
+        c.unmodelled("distributed_type", kind, f"{kind} is not modelled (NO, MULTI_GPU, DEEPSPEED and FSDP are); "
+                                               f"estimated as one GPU")
+        kind = "NO"
+    elif KINDS[kind]:
+        c.set("distributed_type", kind, f"strategy={KINDS[kind]}", strategy=KINDS[kind])
+
+    # --- world size
+    procs, machines = data.get("num_processes"), data.get("num_machines", 1)
+    machines = c.integer("num_machines", machines)
+    if procs is not None and procs != -1:
+        procs = c.integer("num_processes", procs)
+        if procs % machines:
+            # accelerate launches num_processes // num_machines per machine (utils/launch.py, nproc_per_node)
+            raise ConfigError(path, f"num_processes {procs} is not a multiple of num_machines {machines}: accelerate "
+                                    f"starts num_processes // num_machines = {procs // machines} per machine")
+        per_node = procs // machines
+        c.set("num_processes", procs, f"gpus={procs} (all processes, every machine)", gpus=procs)
+        if "num_machines" in data:
+            c.set("num_machines", machines, f"gpus_per_node={per_node}", gpus_per_node=per_node)
+    else:
+        c.ignore("num_processes", procs)
+
+    # --- precision (the Trainer's bf16/fp16 win when a trainer config is given)
+    mp = data.get("mixed_precision", "no")
+    if mp not in ("no", "bf16", "fp16", "fp8"):
+        raise ConfigError(path, f"mixed_precision must be no, bf16, fp16 or fp8, got {mp!r}")
+    if trainer is not None:
+        c.set("mixed_precision", mp, "overridden by the training config's bf16/fp16 (TrainingArguments sets "
+                                     "ACCELERATE_MIXED_PRECISION, transformers training_args.py)")
+    elif mp in ("no", "bf16"):
+        c.set("mixed_precision", mp, f"precision={'fp32' if mp == 'no' else 'bf16-mixed'}",
+              precision="fp32" if mp == "no" else "bf16-mixed")
+    else:
+        c.set("mixed_precision", mp, "precision=bf16-mixed (same bytes)", precision="bf16-mixed")
+        c.unmodelled("mixed_precision", mp, f"{mp} mixed precision is not modelled: estimated as bf16-mixed")
+
+    files: list[str] = []
+    if kind == "DEEPSPEED":
+        files += _deepspeed(c, path, data.get("deepspeed_config") or {}, given, trainer, hidden)
+    elif data.get("deepspeed_config"):
+        c.ignore("deepspeed_config", data["deepspeed_config"])
+    if kind == "FSDP":
+        _fsdp(c, data.get("fsdp_config") or {})
+    elif data.get("fsdp_config"):
+        c.ignore("fsdp_config", data["fsdp_config"])
+    _parallelism(c, data.get("parallelism_config"))
+    for key, value in data.items():
+        if key not in done:
+            c.ignore(key, value)
+    return Applied(c.changes, c.settings, c.defaults, c.not_modelled, c.ignored), files
+
+
+def _parallelism(c: collect.Collector, par) -> None:
+    """accelerate's parallelism_config (accelerate 1.15.0 `parallelism_config.py` ParallelismConfig, keys
+    parallelism_config_{dp_replicate,dp_shard,tp,cp,sp}_size as `accelerate launch` writes them): tensor and context
+    parallel degrees where TrainSetup and the strategy take them; the rest listed."""
+    from helpers import strategies
+    from helpers.readers.base import modelled
+
+    if par is None:
+        return
+    if not isinstance(par, dict):
+        raise ConfigError(c.path, f"parallelism_config must be a mapping, got {par!r}")
+    p = "parallelism_config."
+    strategy = c.changes.get("strategy", "single")
+    for key, value in par.items():
+        short = key.removeprefix("parallelism_config_")
+        if short in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
+            n = c.integer(p + key, value)
+            field = {"tp_size": "tensor_parallel", "cp_size": "context_parallel"}.get(short)
+            if n == 1 or short == "dp_shard_size":
+                c.set(p + key, n, f"{short}={n}" + (" (FSDP shards over the data-parallel GPUs)" if n > 1 else ""))
+            elif field and modelled(field) and strategy in strategies.NAMES and strategy in ("ddp", "fsdp2"):
+                c.set(p + key, n, f"{field}={n}", **{field: n})
+            else:
+                c.unmodelled(p + key, n, {"dp_replicate_size": "replicated FSDP groups (HSDP): each shards over "
+                                                               "fewer GPUs; estimated as sharding over all",
+                                          "sp_size": "sequence parallelism (DeepSpeed Ulysses) splits activations "
+                                                     "over the GPUs; estimated without it"}.get(
+                    short, f"{short} {n} with strategy {strategy} is not modelled: estimated without it"))
+        else:
+            c.ignore(p + key, value)
+
+
+def _deepspeed(c: collect.Collector, path: Path, ds: dict, given, trainer, hidden) -> list[str]:
+    """accelerate's deepspeed_config: a DeepSpeed JSON (deepspeed_config_file) or its own few keys."""
+    from helpers.readers import deepspeed
+
+    if not isinstance(ds, dict):
+        raise ConfigError(path, f"deepspeed_config must be a mapping, got {ds!r}")
+    p = "deepspeed_config."
+    ref = ds.get("deepspeed_config_file")
+    if ref:
+        ds_path = base.companion(str(ref), Path(path), given, what="DeepSpeed config")
+        c.set(p + "deepspeed_config_file", ref, f"the DeepSpeed config {ds_path.name} (read below)")
+        data, lines = collect.load_deepspeed(ds_path, Path(path), p + "deepspeed_config_file")
+        applied = deepspeed.apply(ds_path, data, lines, trainer, hidden)
+        if trainer is None and not {"bf16", "bfloat16", "fp16"} & set(data):
+            # accelerate fills the missing section from mixed_precision (DeepSpeedPlugin.set_mixed_precision)
+            applied.changes.pop("precision", None)
+        c.merge(applied)
+        for key in ds:
+            if key != "deepspeed_config_file":
+                c.ignore(p + key, ds[key])
+        return [str(ds_path)]
+    stage = ds.get("zero_stage")
+    if stage is None:
+        c.default(TOOL, p + "zero_stage", 2, "strategy=zero2", SRC + " DeepSpeedPlugin.zero_stage", strategy="zero2")
+        stage = 2
+    else:
+        stage = deepspeed._stage(path, p + "zero_stage", stage)
+        c.set(p + "zero_stage", stage, f"strategy={deepspeed.STAGES[stage]}", strategy=deepspeed.STAGES[stage])
+    for key, flag in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_params")):
+        device = ds.get(key, "none")
+        if key not in ds:
+            continue
+        if not isinstance(device, str):
+            raise ConfigError(path, f"{p}{key} must be none, cpu or nvme, got {device!r}")
+        if device == "nvme":
+            c.unmodelled(p + key, device, "NVMe offload is not modelled")
+        elif device == "cpu" and flag == "offload_params" and stage != 3:
+            c.ignore(p + key, device)
+        elif device in ("cpu", "none"):
+            c.set(p + key, device, f"{flag}={device == 'cpu'}", **{flag: device == "cpu"})
+        else:
+            raise ConfigError(path, f"{p}{key} must be none, cpu or nvme, got {device!r}")
+    if "gradient_accumulation_steps" in ds:
+        n = c.integer(p + "gradient_accumulation_steps", ds["gradient_accumulation_steps"])
+        theirs = (trainer or {}).get("gradient_accumulation_steps")
+        if theirs is not None and theirs[0] != n:
+            c.set(p + "gradient_accumulation_steps", n, "overridden by the training config's "
+                                                        "gradient_accumulation_steps")
+        else:
+            c.set(p + "gradient_accumulation_steps", n, f"grad_accum={n}", grad_accum=n)
+    for key in ds:
+        if key not in ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_accumulation_steps"):
+            c.ignore(p + key, ds[key])
+    return []
+
+
+def _fsdp(c: collect.Collector, fsdp: dict) -> None:
+    """accelerate's fsdp_config: version, sharding, offload, activation checkpointing."""
+    from helpers.readers.base import modelled
+
+    p = "fsdp_config."
+    if not isinstance(fsdp, dict):
+        raise ConfigError(c.path, f"fsdp_config must be a mapping, got {fsdp!r}")
+    version = fsdp.get("fsdp_version")
+    if version is None:
+        c.default(TOOL, p + "fsdp_version", 1, "FSDP1", SRC + " FullyShardedDataParallelPlugin.fsdp_version")
+        version = 1
+    elif isinstance(version, bool) or version not in (1, 2):
+        raise ConfigError(c.path, f"{p}fsdp_version must be 1 or 2, got {version!r}")
+    if version == 2:
+        c.set(p + "fsdp_version", 2, "strategy=fsdp2", strategy="fsdp2")
+    elif modelled("fsdp1"):
+        c.set(p + "fsdp_version", 1, "strategy=fsdp1", strategy="fsdp1")
+    else:
+        c.changes["strategy"] = "fsdp2"
+        c.unmodelled(p + "fsdp_version", 1, "FSDP1 (FlatParameter) is not modelled yet: estimated as FSDP2, which "
+                                            "shards the same states")
+    shard_key = p + ("fsdp_reshard_after_forward" if "fsdp_reshard_after_forward" in fsdp else "fsdp_sharding_strategy")
+    shard = fsdp.get(shard_key[len(p):])
+    if shard is not None:
+        if shard in FULL or str(shard).upper() == "FULL_SHARD":
+            c.set(shard_key, shard, "parameters, gradients and optimizer states sharded (full shard)")
+        elif str(shard).upper() == "NO_SHARD":
+            c.set(shard_key, shard, "strategy=ddp (nothing sharded)", strategy="ddp")
+        else:
+            c.unmodelled(shard_key, shard, "parameters kept gathered between forward and backward "
+                                           "(SHARD_GRAD_OP / reshard_after_forward false) or sharded within a node "
+                                           "only (HYBRID_SHARD): estimated as full sharding")
+    offload = fsdp.get("fsdp_offload_params")
+    if offload is not None:
+        on = c.flag(p + "fsdp_offload_params", offload)
+        c.set(p + "fsdp_offload_params", on, f"offload_optimizer={on}, offload_params={on} (CPUOffload: parameters, "
+                                             f"gradients, optimizer states)", offload_optimizer=on, offload_params=on)
+    ac = fsdp.get("fsdp_activation_checkpointing")
+    if ac is not None:
+        on = c.flag(p + "fsdp_activation_checkpointing", ac)
+        if on:
+            c.set(p + "fsdp_activation_checkpointing", on, "grad_checkpointing=True", grad_checkpointing=True)
+        else:
+            c.set(p + "fsdp_activation_checkpointing", on, "FSDP's own checkpointing wrapper off (the trainer's "
+                                                           "gradient_checkpointing still applies)")
+    for key, value in fsdp.items():
+        if key not in ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy", "fsdp_offload_params",
+                       "fsdp_activation_checkpointing"):
+            c.ignore(p + key, value)

@@ -1,0 +1,496 @@
+"""axolotl's training YAML (`axolotl train run.yaml`), with the DeepSpeed JSON its `deepspeed:` key names.
+
+Source read (keys, defaults, how values are resolved): github:axolotl-ai-cloud/axolotl at 067b021c (v0.18.0-9,
+2026-07-24): `src/axolotl/utils/schemas/config.py` (sequence_len 512, bf16 "auto", gradient_checkpointing false and
+its "offload"/"offload_disk" variants, attn_implementation and the deprecated flash_attention/sdp_attention,
+deepspeed, fsdp/fsdp_config/fsdp_version, context_parallel_size, plugins), `schemas/training.py` (micro_batch_size 1,
+gradient_accumulation_steps 1, optimizer "adamw_torch_fused"), `schemas/peft.py` (adapter, lora_r,
+lora_target_modules, lora_target_linear, load_in_4bit/8bit), `schemas/fsdp.py` and `schemas/validation.py`
+(`check_fsdp_config_kwargs_prefix`: the old `fsdp_`-prefixed keys inside fsdp_config are the new keys without the
+prefix; `_resolve_fsdp_version`: 1 when neither fsdp_version nor fsdp_config.fsdp_version is given),
+`src/axolotl/loaders/adapter.py` (LoRA targets: lora_target_modules plus every linear layer with lora_target_linear),
+`integrations/liger/args.py` (liger_fused_linear_cross_entropy), `integrations/cut_cross_entropy/args.py`
+(cut_cross_entropy, default true once the plugin is on), `deepspeed_configs/zero3_bf16.json`. The older "unsloth"
+value of gradient_checkpointing is from v0.6.0's schema (`utils/config/models/input/v0_4_1`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import models
+from helpers.readers.base import ConfigError, Imported, companion, load_json, modelled
+from helpers.readers.draft import Draft, boolean, model_from, positive_int
+
+NAME = "axolotl"
+TOOL = "axolotl 0.18.0 (067b021c)"
+SRC = "github:axolotl-ai-cloud/axolotl src/axolotl/utils/schemas/{file} @067b021c"
+LIGER = "axolotl.integrations.liger.LigerPlugin"
+CCE = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
+ATTENTION = {"flash_attention_2": "flash", "flash_attention_3": "flash", "sdpa": "sdpa", "eager": "eager"}
+OPTIMIZERS = {"adamw_torch": ("adamw", "foreach"), "adamw_torch_fused": ("adamw", "fused"),
+              "adamw_hf": ("adamw", "for-loop"), "adamw_bnb_8bit": ("adamw-8bit", None),
+              "adamw_8bit": ("adamw-8bit", None), "paged_adamw_8bit": ("adamw-8bit", None),
+              "paged_adamw_32bit": ("adamw", None)}
+# keys a reader of memory needs: every one is read below; anything else is listed as ignored.
+FSDP_KEYS = ("offload_params", "activation_checkpointing", "sharding_strategy", "reshard_after_forward",
+             "cpu_offload_pin_memory", "fsdp_version", "version")
+
+
+def claims(path: Path, data) -> bool:
+    """A YAML mapping with axolotl's model key, base_model (LLaMA-Factory and TRL say model_name_or_path)."""
+    return Path(path).suffix.lower() in (".yaml", ".yml") and isinstance(data, dict) and "base_model" in data
+
+
+def _deepspeed(path: Path, ref, given: list[Path], trainer: dict, hidden: int | None, lines: dict):
+    """The DeepSpeed config the YAML names (a JSON path, or inline under `deepspeed:`), laid over axolotl's trainer
+    values by the DeepSpeed reader (`helpers.readers.deepspeed.apply`, shared by every reader whose tool hands a
+    DeepSpeed config to the HF Trainer). Returns the file it came from and what it changes."""
+    from helpers.readers import deepspeed
+
+    if isinstance(ref, dict):                                 # inline: the YAML's own lines, without the prefix
+        inline = {k[len("deepspeed."):]: n for k, n in lines.items() if k.startswith("deepspeed.")}
+        return Path(path), deepspeed.apply(path, ref, inline, trainer, hidden=hidden)
+    ds_path = companion(ref, path, given, "DeepSpeed config")
+    data, ds_lines = load_json(ds_path)
+    return ds_path, deepspeed.apply(ds_path, data, ds_lines, trainer, hidden=hidden)
+
+
+class _Reader:
+    def __init__(self, path: Path, data: dict, lines: dict, given: list[Path]):
+        self.path, self.data, self.lines, self.given = Path(path), data, lines, given
+        self.d = Draft(NAME, path)
+        self.used: set[str] = set()
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def take(self, key: str, default=None):
+        if key in self.data:
+            self.used.add(key)
+        return self.data.get(key, default) if self.data.get(key) is not None else default
+
+    def line(self, key):
+        return self.lines.get(key)
+
+    def at(self, key: str) -> str:
+        return f"{self.path.name} line {self.line(key)}" if self.line(key) else f"{self.path.name}"
+
+    def read(self) -> Imported:
+        d = self.d
+        model, named = self.model()
+        self.sizes()
+        self.precision()
+        strategy = self.parallel()
+        self.checkpointing()
+        self.attention()
+        self.lora(strategy)
+        self.optimizer(strategy)
+        self.plugins()
+        self.rl()
+        ds = self.take("deepspeed")
+        if ds is not None:
+            self.apply_deepspeed(ds, model)
+        elif "gpus" not in d.fields:
+            d.gpus_unknown()
+        for key, value in self.data.items():
+            if key not in self.used:
+                d.ignored(self.path, self.line(key), key, value)
+        return d.finish(model, named)
+
+    def model(self):
+        d, f = self.d, self.path
+        named = self.take("base_model")
+        if not isinstance(named, str) or not named:
+            raise ConfigError(f, f"base_model must be a hub id or a path, got {named!r}")
+        config = self.take("base_model_config")
+        model = model_from(config, f, "base_model_config") if isinstance(config, str) else None
+        model = model or model_from(named, f, "base_model")
+        d.setting(f, self.line("base_model"), "base_model", named,
+                  sets=f"model={model!r}" if model else "model=None (not in the catalogue: pass a config.json)")
+        if config is not None:
+            d.setting(f, self.line("base_model_config"), "base_model_config", config, sets=f"model={model!r}")
+        return model, named
+
+    def sizes(self):
+        d, f = self.d, self.path
+        for key, field, default, src in (("micro_batch_size", "batch", 1, "training.py"),
+                                         ("sequence_len", "seq", 512, "config.py"),
+                                         ("gradient_accumulation_steps", "grad_accum", 1, "training.py")):
+            if self.has(key):
+                v = positive_int(f, key, self.take(key))
+                d.setting(f, self.line(key), key, v, **{field: v})
+            else:
+                self.used.add(key)
+                d.default(TOOL, key, default, SRC.format(file=src), **{field: default})
+        self.micro = d.fields["batch"]
+        if self.has("batch_size"):
+            v = positive_int(f, "batch_size", self.take("batch_size"))
+            d.not_modelled(f, self.line("batch_size"), "batch_size", v, "the total batch (deprecated): axolotl "
+                           "derives gradient_accumulation_steps from it and the world size; give "
+                           "gradient_accumulation_steps instead")
+        if self.has("sample_packing"):
+            on = boolean(f, "sample_packing", self.take("sample_packing"))
+            d.setting(f, self.line("sample_packing"), "sample_packing", on,
+                      sets="modelled as micro_batch_size x sequence_len tokens (a packed bin holds at most that)"
+                      if on else "no packing (as modelled)")
+
+    def precision(self):
+        d, f = self.d, self.path
+        bf16 = self.take("bf16", "auto") if "bf16" in self.data else "auto"
+        fp16 = self.take("fp16")
+        pure_bf16 = self.take("bfloat16")
+        if "tf32" in self.data:
+            d.setting(f, self.line("tf32"), "tf32", self.take("tf32"), sets="matmul precision only: no memory effect")
+        if pure_bf16:
+            d.setting(f, self.line("bfloat16"), "bfloat16", True, precision="bf16")
+        elif fp16:
+            d.not_modelled(f, self.line("fp16"), "fp16", True, "fp16 mixed precision (loss scaling) is not modelled: "
+                                                               "estimated as bf16-mixed, the same sizes")
+            d.fields["precision"] = "bf16-mixed"
+        elif bf16 in (True, "auto", "full"):
+            if "bf16" in self.data:
+                d.setting(f, self.line("bf16"), "bf16", bf16, precision="bf16-mixed",
+                          sets="precision='bf16-mixed'" + (" (auto: bf16 on Ampere or newer GPUs)" if bf16 == "auto"
+                                                           else ""))
+            else:
+                d.default(TOOL, "bf16", "auto", SRC.format(file="config.py") + " (auto: bf16 where the GPU supports "
+                          "it, Ampere or newer)", precision="bf16-mixed")
+        elif bf16 is False:
+            d.setting(f, self.line("bf16"), "bf16", False, precision="fp32")
+        else:
+            raise ConfigError(f, f"bf16 must be true, false or auto, got {bf16!r}")
+        self.trainer_bf16 = (bool(bf16) if bf16 != "auto" else True, self.at("bf16") if "bf16" in self.data
+                             else f"{TOOL} default auto")
+        self.trainer_fp16 = (bool(fp16), self.at("fp16") if "fp16" in self.data else f"{TOOL} default")
+
+    def parallel(self) -> str:
+        """Strategy from fsdp/fsdp_config (DeepSpeed's comes later from its file); context and tensor parallel."""
+        d, f = self.d, self.path
+        old = self.take("fsdp")
+        cfg = self.take("fsdp_config") or {}
+        if not isinstance(cfg, dict):
+            raise ConfigError(f, f"fsdp_config must be a mapping, got {cfg!r}")
+        for key in ("context_parallel_size", "sequence_parallel_degree"):
+            if self.has(key):
+                v = positive_int(f, key, self.take(key))
+                d.maybe("context_parallel", f, self.line(key), key, v, v,
+                        f"context parallelism over {v} GPUs (ring attention) is not modelled yet")
+        if self.has("tensor_parallel_size"):
+            v = positive_int(f, "tensor_parallel_size", self.take("tensor_parallel_size"))
+            d.maybe("tensor_parallel", f, self.line("tensor_parallel_size"), "tensor_parallel_size", v, v,
+                    "tensor parallelism (DeepSpeed AutoTP) is not modelled yet")
+        self.world_size()
+        if self.has("fsdp_version"):
+            self.take("fsdp_version")
+        if not old and not cfg:
+            if not self.has("deepspeed"):
+                d.default(TOOL, "deepspeed / fsdp", None, "neither is set: one GPU, or torch DDP when launched on "
+                          "several (pass --gpus N --strategy ddp)", strategy="single")
+            return "single"
+        # both key styles: fsdp_offload_params (old, prefixed) and offload_params (new)
+        plain = {}
+        for key, value in cfg.items():
+            name = key[len("fsdp_"):] if key.startswith("fsdp_") and key != "fsdp_version" else key
+            plain[name] = (key, value)
+        in_config = plain.get("fsdp_version") or plain.get("version") or (None, None)
+        version = self.data.get("fsdp_version") or in_config[1]
+        vkey = "fsdp_version" if self.has("fsdp_version") else next(
+            (f"fsdp_config.{k}" for k in ("fsdp_version", "version") if k in cfg), None)
+        if version is None:
+            version = 1
+            d.default(TOOL, "fsdp_version", 1, SRC.format(file="validation.py") + " (_resolve_fsdp_version)",
+                      sets="FSDP1")
+        if str(version) not in ("1", "2"):
+            raise ConfigError(f, f"fsdp_version must be 1 or 2, got {version!r}")
+        if str(version) == "2":
+            strategy = "fsdp2"
+            if vkey:
+                d.setting(f, self.line(vkey), vkey, version, strategy="fsdp2")
+        elif modelled("fsdp1"):
+            strategy = "fsdp1"
+            if vkey:
+                d.setting(f, self.line(vkey), vkey, version, strategy="fsdp1")
+            else:
+                d.fields["strategy"] = "fsdp1"
+        else:
+            strategy = "fsdp2"
+            d.not_modelled(f, self.line(vkey) if vkey else None, vkey or "fsdp_version", version,
+                           "FSDP1 (flat parameters) is not modelled yet: estimated as FSDP2, which shards the same "
+                           "states per parameter")
+        d.fields["strategy"] = strategy
+        if old:
+            words = old if isinstance(old, list) else str(old).split()
+            d.setting(f, self.line("fsdp"), "fsdp", old, sets=f"strategy={strategy!r}")
+            if "offload" in words:
+                plain.setdefault("offload_params", ("fsdp: offload", True))
+            if "shard_grad_op" in words:
+                plain.setdefault("sharding_strategy", ("fsdp: shard_grad_op", "SHARD_GRAD_OP"))
+        ck = lambda k: f"fsdp_config.{k}"
+        if "offload_params" in plain:
+            key, v = plain["offload_params"]
+            v = boolean(f, key, v)
+            d.setting(f, self.line(ck(key)) or self.line("fsdp"), key if key.startswith("fsdp:") else ck(key), v,
+                      offload_optimizer=v, offload_params=v)
+        if "cpu_offload_pin_memory" in plain:
+            key, v = plain["cpu_offload_pin_memory"]
+            d.setting(f, self.line(ck(key)), ck(key), v, pin_memory=boolean(f, key, v))
+        if "activation_checkpointing" in plain:
+            key, v = plain["activation_checkpointing"]
+            if boolean(f, key, v):
+                d.setting(f, self.line(ck(key)), ck(key), True, grad_checkpointing=True)
+                self.fsdp_ac = True
+        if "sharding_strategy" in plain:
+            key, v = plain["sharding_strategy"]
+            name = str(v).upper().replace("SHARDINGSTRATEGY.", "")
+            if name.isdigit():
+                name = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYBRID_SHARD"}.get(name, name)
+            if name == "FULL_SHARD":
+                d.setting(f, self.line(ck(key)), ck(key), v, sets="every state sharded (as modelled)")
+            elif name in ("SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+                d.not_modelled(f, self.line(ck(key)) or self.line("fsdp"), key if key.startswith("fsdp:") else ck(key),
+                               v, f"FSDP sharding strategy {name} is not modelled: estimated as FULL_SHARD")
+            else:
+                raise ConfigError(f, f"fsdp_config.{key} must be FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD, "
+                                     f"got {v!r}")
+        if "reshard_after_forward" in plain:
+            key, v = plain["reshard_after_forward"]
+            if boolean(f, key, v):
+                d.setting(f, self.line(ck(key)), ck(key), v, sets="resharded after forward (as modelled)")
+            else:
+                d.not_modelled(f, self.line(ck(key)), ck(key), v, "parameters kept gathered from forward to backward "
+                                                                  "are not modelled")
+        for name, (key, value) in plain.items():
+            if name not in FSDP_KEYS:
+                d.ignored(f, self.line(ck(key)), ck(key), value)
+        return strategy
+
+    def world_size(self):
+        """gpus from dp_shard_size x dp_replicate_size x context_parallel_size x tensor_parallel_size when the file
+        gives dp_shard_size (axolotl's ND-parallel keys, schemas/config.py); else the launcher decides (not here)."""
+        d, f = self.d, self.path
+        if not self.has("dp_shard_size"):
+            return
+        shard = positive_int(f, "dp_shard_size", self.take("dp_shard_size"))
+        replicate = positive_int(f, "dp_replicate_size", self.take("dp_replicate_size", 1))
+        others = 1
+        for key in ("context_parallel_size", "sequence_parallel_degree", "tensor_parallel_size"):
+            if self.has(key):
+                others *= positive_int(f, key, self.data[key])
+        world = shard * replicate * others
+        d.setting(f, self.line("dp_shard_size"), "dp_shard_size", shard, gpus=world,
+                  sets=f"gpus={world} (dp_shard_size x dp_replicate_size x context/tensor parallel sizes)")
+        if replicate > 1:
+            d.not_modelled(f, self.line("dp_replicate_size"), "dp_replicate_size", replicate,
+                           "HSDP (replicas of a sharded group) is not modelled: estimated as sharding over all GPUs")
+
+    def checkpointing(self):
+        d, f = self.d, self.path
+        if not self.has("gradient_checkpointing"):
+            self.used.add("gradient_checkpointing")
+            if not d.fields.get("grad_checkpointing"):
+                d.default(TOOL, "gradient_checkpointing", False, SRC.format(file="config.py"),
+                          grad_checkpointing=False)
+        else:
+            v = self.take("gradient_checkpointing")
+            if v is True:
+                d.setting(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v, grad_checkpointing=True)
+            elif v is False:
+                d.setting(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v,
+                          **({} if d.fields.get("grad_checkpointing") else {"grad_checkpointing": False}))
+            elif v in ("unsloth", "offload", "offload_disk"):
+                d.setting(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v, grad_checkpointing=True)
+                d.not_modelled(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v,
+                               "the checkpointed layer inputs are offloaded to the CPU" + (" (to disk)" if v ==
+                               "offload_disk" else "") + ": not modelled, estimated as full checkpointing on the GPU "
+                               "(an upper bound)")
+            else:
+                raise ConfigError(f, f"gradient_checkpointing must be true, false, offload, offload_disk or unsloth, "
+                                     f"got {v!r}")
+        for key in ("activation_offloading", "layer_offloading", "selective_checkpointing"):
+            if self.has(key) and self.data[key]:
+                d.not_modelled(f, self.line(key), key, self.take(key), f"axolotl's {key.replace('_', ' ')} is not "
+                                                                       f"modelled")
+            elif key in self.data:
+                self.used.add(key)
+
+    def attention(self):
+        d, f = self.d, self.path
+        impl = self.take("attn_implementation")
+        if impl is not None and not isinstance(impl, str):
+            raise ConfigError(f, f"attn_implementation must be a name such as flash_attention_2 or sdpa, got {impl!r}")
+        if impl is not None:
+            if impl not in ATTENTION:
+                d.not_modelled(f, self.line("attn_implementation"), "attn_implementation", impl,
+                               f"attention {impl!r} is not modelled: estimated as sdpa")
+                d.fields["attention"] = "sdpa"
+            else:
+                d.setting(f, self.line("attn_implementation"), "attn_implementation", impl, attention=ATTENTION[impl])
+            return
+        for key, value in (("flash_attention", "flash"), ("sdp_attention", "sdpa"), ("eager_attention", "eager")):
+            if self.has(key) and self.data[key]:
+                d.setting(f, self.line(key), key, self.take(key), attention=value)
+                return
+            if key in self.data:
+                self.used.add(key)
+        for key in ("xformers_attention", "flex_attention", "sage_attention"):
+            if self.has(key) and self.data[key]:
+                d.not_modelled(f, self.line(key), key, self.take(key), f"{key} is not modelled: estimated as sdpa")
+                d.fields["attention"] = "sdpa"
+                return
+        d.default("transformers (from_pretrained)", "attn_implementation", "sdpa", "transformers picks sdpa when "
+                  "neither axolotl key names an attention (PreTrainedModel._check_and_adjust_attn_implementation)",
+                  attention="sdpa")
+
+    def lora(self, strategy: str):
+        d, f = self.d, self.path
+        adapter = self.take("adapter")
+        four, eight = bool(self.take("load_in_4bit")), bool(self.take("load_in_8bit"))
+        if adapter in (None, ""):
+            for key in ("lora_r", "lora_target_modules", "lora_target_linear", "lora_alpha", "lora_dropout"):
+                if key in self.data:
+                    self.take(key)
+                    d.ignored(f, self.line(key), key, self.data[key])
+            if four or eight:
+                d.not_modelled(f, self.line("load_in_4bit" if four else "load_in_8bit"),
+                               "load_in_4bit" if four else "load_in_8bit", True, "a quantised base without an adapter "
+                               "is not trained by axolotl; not modelled")
+            return
+        if adapter not in ("lora", "qlora"):
+            d.not_modelled(f, self.line("adapter"), "adapter", adapter, f"adapter {adapter!r} is not modelled: "
+                                                                        f"estimated as full fine-tuning")
+            return
+        rank = positive_int(f, "lora_r", self.take("lora_r"))
+        d.setting(f, self.line("adapter"), "adapter", adapter, sets="LoRA adapters on a frozen base")
+        d.setting(f, self.line("lora_r"), "lora_r", rank, lora_rank=rank)
+        targets = self.take("lora_target_modules")
+        linear = self.take("lora_target_linear")
+        if linear:
+            d.setting(f, self.line("lora_target_linear"), "lora_target_linear", True, lora_targets="all-linear")
+            if targets:
+                d.ignored(f, self.line("lora_target_modules"), "lora_target_modules", targets)
+        elif targets:
+            names = targets if isinstance(targets, list) else [targets]
+            if not all(isinstance(n, str) and n.isidentifier() for n in names):
+                d.not_modelled(f, self.line("lora_target_modules"), "lora_target_modules", targets,
+                               "regular-expression targets are not modelled: estimated on every linear layer")
+                d.fields["lora_targets"] = "all-linear"
+            else:
+                d.setting(f, self.line("lora_target_modules"), "lora_target_modules", targets,
+                          lora_targets=",".join(names))
+        else:
+            raise ConfigError(f, "adapter lora needs lora_target_modules or lora_target_linear: true (axolotl hands "
+                                 "PEFT an empty target list otherwise)")
+        if four:
+            d.maybe("base_weights", f, self.line("load_in_4bit"), "load_in_4bit", True, "nf4",
+                    "a bitsandbytes 4-bit (nf4) base is not modelled yet: estimated with a bf16 base")
+        if eight:
+            d.not_modelled(f, self.line("load_in_8bit"), "load_in_8bit", True, "a bitsandbytes 8-bit base is not "
+                                                                              "modelled: estimated with a bf16 base")
+
+    def optimizer(self, strategy: str):
+        d, f = self.d, self.path
+        name = self.take("optimizer")
+        key_given = name is not None
+        if key_given and not isinstance(name, str):
+            raise ConfigError(f, f"optimizer must be an optimizer name such as adamw_torch_fused, got {name!r}")
+        name = name or "adamw_torch_fused"
+        if name not in OPTIMIZERS:
+            d.not_modelled(f, self.line("optimizer"), "optimizer", name, f"optimizer {name!r} is not modelled: "
+                                                                        f"estimated as torch AdamW")
+            return
+        optimizer, impl = OPTIMIZERS[name]
+        fields = {"optimizer": optimizer}
+        sets = None
+        if self.has("deepspeed"):
+            fields = {}
+            sets = "DeepSpeed's own Adam under ZeRO (see the DeepSpeed config); torch's for stage 0"
+        elif impl:
+            fields["adam_impl"] = impl
+        (d.setting(f, self.line("optimizer"), "optimizer", name, sets=sets, **fields) if key_given else
+         d.default(TOOL, "optimizer", name, SRC.format(file="training.py"), sets=sets, **fields))
+        if name.startswith("paged_"):
+            d.not_modelled(f, self.line("optimizer"), "optimizer", name, "paged optimizer states (unified memory, "
+                                                                        "evicted to the host under pressure) are not "
+                                                                        "modelled: estimated on the GPU")
+
+    def plugins(self):
+        d, f = self.d, self.path
+        plugins = self.take("plugins") or []
+        if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+            raise ConfigError(f, f"plugins must be a list of plugin class paths, got {plugins!r}")
+        if plugins:
+            d.setting(f, self.line("plugins"), "plugins", plugins, sets="see the plugins' keys")
+        liger, cce = LIGER in plugins, CCE in plugins
+        for key in ("liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_swiglu", "liger_layer_norm",
+                    "liger_cross_entropy", "liger_fused_linear_cross_entropy", "cut_cross_entropy"):
+            if key not in self.data:
+                continue
+            value = self.take(key)
+            active = (liger if key.startswith("liger") else cce) and bool(value)
+            if not active:
+                d.ignored(f, self.line(key), key, value)
+            elif key in ("liger_fused_linear_cross_entropy", "cut_cross_entropy"):
+                d.setting(f, self.line(key), key, value, fused_ce=True)
+            else:
+                d.not_modelled(f, self.line(key), key, value, "Liger's kernel saves other activations than the "
+                                                              "eager modules: not modelled")
+        if cce and "cut_cross_entropy" not in self.data:
+            d.default(TOOL, "cut_cross_entropy", True, "github:axolotl-ai-cloud/axolotl src/axolotl/integrations/"
+                      "cut_cross_entropy/args.py @067b021c", fused_ce=True)
+        for p in plugins:
+            if p not in (LIGER, CCE):
+                d.not_modelled(f, self.line("plugins"), "plugins", p, "this plugin's memory effect is not modelled")
+
+    def rl(self):
+        d, f = self.d, self.path
+        rl = self.take("rl")
+        if rl is None:
+            return
+        if rl in ("dpo", "ipo"):
+            batch = d.fields.get("batch", 1)
+            d.setting(f, self.line("rl"), "rl", rl, batch=2 * batch,
+                      sets=f"batch={2 * batch} (chosen and rejected of each pair in one forward, TRL's "
+                           f"concatenated_forward)")
+            if d.fields.get("lora_rank") is None:
+                d.not_modelled(f, self.line("rl"), "rl", rl, "DPO's frozen reference model (a second copy of the "
+                                                            "weights) is not modelled")
+        else:
+            d.not_modelled(f, self.line("rl"), "rl", rl, f"rl {rl!r} (its extra models and sequences) is not "
+                                                        f"modelled: estimated as supervised fine-tuning")
+
+    def apply_deepspeed(self, ref, model: str | None):
+        d, f = self.d, self.path
+        if not isinstance(ref, (str, dict)):
+            raise ConfigError(f, f"deepspeed must be the path of a DeepSpeed JSON or the config itself, got {ref!r}")
+        trainer = {"per_device_train_batch_size": (self.micro, self.at("micro_batch_size")),
+                   "gradient_accumulation_steps": (d.fields.get("grad_accum", 1),
+                                                   self.at("gradient_accumulation_steps")),
+                   "bf16": self.trainer_bf16, "fp16": self.trainer_fp16}
+        hidden = models.spec(model).hidden if model else None
+        ds_path, applied = _deepspeed(f, ref, self.given, trainer, hidden, self.lines)
+        d.files.append(str(ds_path))
+        d.setting(f, self.line("deepspeed"), "deepspeed", ref if isinstance(ref, str) else "(inline)",
+                  sets=f"the DeepSpeed config {ds_path if isinstance(ref, str) else 'inline in ' + f.name}")
+        changes = dict(applied.changes)
+        if changes.get("strategy", "ddp") in ("zero1", "zero2", "zero3"):
+            d.fields.pop("adam_impl", None)                                   # DeepSpeed brings its own Adam
+        if d.fields.get("strategy") in ("fsdp1", "fsdp2") and "strategy" in changes:
+            raise ConfigError(f, "both deepspeed and fsdp are set: axolotl runs one of them")
+        if "batch" in changes and self.data.get("rl") in ("dpo", "ipo"):
+            changes["batch"] = 2 * changes["batch"]                           # the pair doubling stays
+        d.fields.update(changes)
+        d.settings += applied.settings
+        d.defaults += applied.defaults
+        d.not_modelled_ += applied.not_modelled
+        d.ignored_ += applied.ignored
+        if "gpus" not in d.fields:
+            d.gpus_unknown()
+
+
+def read(path: Path, data, lines: dict, given: list[Path]) -> Imported:
+    """The set-up an axolotl YAML describes, with its DeepSpeed companion when it names one."""
+    if not isinstance(data, dict):
+        raise ConfigError(path, f"an axolotl config must be a YAML mapping, got {type(data).__name__}")
+    return _Reader(path, data, lines, given).read()
+

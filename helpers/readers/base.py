@@ -1,0 +1,297 @@
+"""What every reader of a training config returns, and what they share: loading a file with line numbers, finding a
+file that another refers to, and one-line errors that name the file.
+
+A reader turns a tool's own config (a DeepSpeed JSON, an axolotl YAML, ...) into the model, a `TrainSetup`, and for
+every memory-relevant setting where it came from: a line of a file, or a documented default of the tool (with the
+tool and version whose default it is). Nothing that changes memory is dropped silently: what the package cannot
+model is listed in `not_modelled` with its value, and keys that do not matter for memory in `ignored`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from helpers.errors import InputError
+from helpers.training import TrainSetup
+
+
+class ConfigError(InputError):
+    """A config file that cannot be read: the message is one line, `FILE: problem`."""
+
+    def __init__(self, file: str | Path, problem: str):
+        super().__init__(f"{file}: {problem}")
+        self.file, self.problem = str(file), problem
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One value read from a file, and the TrainSetup field (or 'model') it sets."""
+
+    file: str
+    line: int | None
+    key: str
+    """The key as the tool spells it, dotted for nested keys (zero_optimization.stage)."""
+    value: Any
+    sets: str
+    """What it sets: a TrainSetup field with its value (`batch=4`), `model=...`, or several, comma-separated."""
+
+
+@dataclass(frozen=True)
+class Default:
+    """A setting the files leave out, and the tool's documented default that applies."""
+
+    tool: str
+    """The tool and version whose default it is (e.g. 'LLaMA-Factory 0.9.3')."""
+    key: str
+    value: Any
+    sets: str
+    source: str = ""
+    """Where that default is written (docs URL or source file)."""
+
+
+@dataclass(frozen=True)
+class NotModelled:
+    """A setting that changes memory but that the package does not model: listed with its value, never dropped."""
+
+    file: str
+    line: int | None
+    key: str
+    value: Any
+    why: str
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A key that does not matter for memory (learning rate, logging, ...)."""
+
+    file: str
+    line: int | None
+    key: str
+    value: Any
+
+
+@dataclass
+class Imported:
+    """What a reader returns: the model (catalogue name, config path, or None when the files name none the catalogue
+    knows), the set-up, and where each of its values came from."""
+
+    format: str
+    """Which reader read it ('deepspeed', 'axolotl', 'llamafactory', 'torchtitan', 'openrlhf', 'trl', 'accelerate')."""
+    model: str | None
+    setup: TrainSetup
+    files: list[str]
+    settings: list[Setting] = field(default_factory=list)
+    defaults: list[Default] = field(default_factory=list)
+    not_modelled: list[NotModelled] = field(default_factory=list)
+    ignored: list[Ignored] = field(default_factory=list)
+    model_named: str | None = None
+    """The model as the files name it (a hub id or path), also when the catalogue does not know it."""
+
+    def to_json(self) -> dict:
+        """The `imported` object of the CLI's JSON: files, settings, defaults, not_modelled, ignored."""
+        plain = lambda xs: [dataclasses.asdict(x) for x in xs]
+        return {"format": self.format, "model_named": self.model_named, "files": list(self.files),
+                "settings": plain(self.settings), "defaults": plain(self.defaults),
+                "not_modelled": plain(self.not_modelled), "ignored": plain(self.ignored)}
+
+
+# --- loading, with the line of each key ---------------------------------------------------------------------------
+
+def load_yaml(path: Path) -> tuple[Any, dict[str, int]]:
+    """The parsed YAML and the 1-based line of each dotted key; ConfigError (one line) if it is not valid YAML."""
+    import yaml
+
+    text = _text(path)
+    try:
+        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(path, f"not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(path, "nested too deeply to be a training config") from None
+    lines: dict[str, int] = {}
+    _node_lines(path, node, "", lines)
+    return data, lines
+
+
+def _node_lines(path: Path, node, prefix: str, lines: dict[str, int]) -> None:
+    """Each dotted key's line; ConfigError on a key given twice in one mapping. PyYAML (TRL, accelerate) silently
+    keeps the last, OmegaConf (LLaMA-Factory's `read_args`) and DeepSpeed (`dict_raise_error_on_duplicate_keys`,
+    runtime/config_utils.py) refuse it: a value given twice is refused here rather than guessed."""
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            line = key.start_mark.line + 1
+            if isinstance(key, yaml.ScalarNode) and key.value != "<<":
+                if key.value in seen:
+                    raise ConfigError(path, f"key {prefix + '.' if prefix else ''}{key.value} is given twice (lines "
+                                            f"{seen[key.value]} and {line}): keep one")
+                seen[key.value] = line
+            name = f"{prefix}.{key.value}" if prefix else str(key.value)
+            lines.setdefault(name, line)
+            _node_lines(path, value, name, lines)
+
+
+def load_json(path: Path) -> tuple[Any, dict[str, int]]:
+    """The parsed JSON and the 1-based line of each dotted key; ConfigError if it is not valid JSON."""
+    text = _text(path)
+    if text.startswith("\ufeff"):
+        raise ConfigError(path, "starts with a UTF-8 byte-order mark, which json.load refuses (transformers' and "
+                                "accelerate's HfDeepSpeedConfig load the file with it): save it without the BOM")
+    try:
+        data = json.loads(text, object_pairs_hook=lambda pairs: _unique(path, pairs))
+    except json.JSONDecodeError as e:
+        raise ConfigError(path, f"not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise ConfigError(path, "nested too deeply to be a training config") from None
+    try:                                     # JSON is YAML for all our purposes: its composer gives the lines
+        _, lines = load_yaml(path)
+    except ConfigError:
+        lines = {}
+    return data, lines
+
+
+def _unique(path: Path, pairs: list) -> dict:
+    """A JSON object with no key given twice: DeepSpeed refuses duplicates (runtime/config.py loads with
+    `dict_raise_error_on_duplicate_keys`, DeepSpeed 0.19.8), json.load keeps the last; refused here."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(path, f"key {key!r} is given twice in one object (DeepSpeed refuses duplicate keys): "
+                                    f"keep one")
+        out[key] = value
+    return out
+
+
+def load_toml(path: Path) -> tuple[dict, dict[str, int]]:
+    """The parsed TOML and the 1-based line of each dotted key (tables and `key =` lines); ConfigError if invalid."""
+    text = _text(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, f"not valid TOML: {e}") from None
+    lines: dict[str, int] = {}
+    table = ""
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if m := re.fullmatch(r"\[\[?\s*([^\]]+?)\s*\]\]?", line):
+            table = m.group(1).replace('"', "")
+            lines.setdefault(table, n)
+        elif m := re.match(r"([A-Za-z0-9_\-.\"]+)\s*=", line):
+            key = m.group(1).replace('"', "")
+            lines.setdefault(f"{table}.{key}" if table else key, n)
+    return data, lines
+
+
+MAX_BYTES = 1 << 20
+"""The largest config file read (1 MiB): real training configs are a few KiB; a bigger file is refused unread
+rather than parsed for minutes (PyYAML's pure-Python parser)."""
+
+
+def _text(path: Path) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(path, "no such file" if not path.exists() else
+                          "is a directory, not a config file" if path.is_dir() else "not a regular file")
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        raise ConfigError(path, f"{size / 2**20:,.1f} MiB is too large for a training config (at most "
+                                f"{MAX_BYTES // 2**20} MiB is read)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, f"not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(path, f"cannot be read: {e.strerror or e}") from None
+    if "\x00" in text:
+        raise ConfigError(path, f"not a text file (a NUL byte at character {text.index(chr(0))})")
+    return text
+
+
+def companion(ref: str, referring: Path, given: list[Path], what: str = "file") -> Path:
+    """The file that `referring` names as `ref` (e.g. an axolotl `deepspeed:` path, usually relative to the tool's own
+    repository): relative to the referring file, then among the other files given, by name; ConfigError if neither."""
+    if not ref.strip():
+        raise ConfigError(referring, f"its {what} is an empty path")
+    candidate = (Path(referring).parent / ref)
+    if candidate.is_dir() or (Path(ref).is_absolute() and Path(ref).is_dir()):
+        raise ConfigError(referring, f"its {what} {ref!r} is a directory, not a file")
+    if candidate.is_file() and candidate.resolve() == Path(referring).resolve():
+        raise ConfigError(referring, f"its {what} {ref!r} is this file itself")
+    if candidate.is_file():
+        return candidate
+    if Path(ref).is_absolute() and Path(ref).is_file():
+        return Path(ref)
+    for g in given:
+        if Path(g).name == Path(ref).name and Path(g).resolve() != Path(referring).resolve():
+            return Path(g)
+    if not Path(ref).is_absolute() and len(Path(ref).parts) > 1:
+        # A path with folders is usually relative to where the tool runs: the working directory, or the root of the
+        # tool's repository the file sits in (LLaMA-Factory's examples name examples/deepspeed/ds_z3_config.json).
+        for root in [Path.cwd(), *Path(referring).resolve().parents]:
+            if (root / ref).is_file() and (root / ref).resolve() != Path(referring).resolve():
+                return root / ref
+    raise ConfigError(referring, f"its {what} {ref!r} was found neither beside it ({candidate}) nor among the files "
+                                 f"given (pass it too: --from {Path(ref).name})")
+
+
+def get(data: dict, dotted: str, default=None):
+    """data['a']['b'] for 'a.b' (None-safe)."""
+    cur = data
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return default
+        cur = cur[part]
+    return cur
+
+
+def modelled(name: str) -> bool:
+    """Whether the package models a TrainSetup field or a strategy of this name yet (a reader sets it if so, and
+    lists the setting as not modelled otherwise): e.g. 'tensor_parallel', 'context_parallel', 'base_weights', 'fsdp1'."""
+    from helpers import strategies
+
+    return name in {f.name for f in dataclasses.fields(TrainSetup)} or name in strategies.NAMES
+
+
+# Settings the package models with some strategies only: (TrainSetup field, its off value, the registry's test).
+WITH_SOME_STRATEGIES = (
+    ("tensor_parallel", 1, "model_parallel", "torch's DTensor plan"),
+    ("context_parallel", 1, "model_parallel", "torch's context parallel"),
+    ("base_weights", None, "qlora", "a bitsandbytes 4-bit base"),
+)
+
+
+def only_where_modelled(fields: dict, settings: list[Setting]) -> list[NotModelled]:
+    """A setting read from a file that the package models only with some strategies (tensor/context parallel with
+    ddp and fsdp2; a 4-bit base with single and ddp), under a strategy without it (OpenRLHF's ring attention or a
+    QLoRA run over ZeRO): the field is reset to off, its Setting removed from `settings`, and the NotModelled entries
+    returned — the estimate runs without it, and says so, instead of refusing the whole file."""
+    from helpers import strategies
+
+    strategy = fields.get("strategy", "single")
+    if strategy not in strategies.NAMES:
+        return []
+    st = strategies.get(strategy)
+    out = []
+    for name, off, test, what in WITH_SOME_STRATEGIES:
+        if fields.get(name, off) == off or getattr(st, test, False):
+            continue
+        fields[name] = off
+        for s in [s for s in settings if f"{name}=" in s.sets]:
+            settings.remove(s)
+            out.append(NotModelled(s.file, s.line, s.key, s.value,
+                                   f"{what} under {strategy} is not modelled (it is with "
+                                   f"{strategies.listing(lambda x: getattr(x, test, False), 'and')}): estimated "
+                                   f"without it ({name}={off!r})"))
+    return out

@@ -1,0 +1,191 @@
+"""What the YAML readers (LLaMA-Factory, TRL, accelerate) share: a collector of TrainSetup changes with where each
+came from, and the HF TrainingArguments keys they all take (batch, accumulation, precision, optimizer).
+
+Sources: transformers (installed) `training_args.py` (TrainingArguments: per_device_train_batch_size 8,
+gradient_accumulation_steps 1, bf16/fp16 False, optim "adamw_torch_fused" with torch >= 2.8, else "adamw_torch") and
+`trainer.py` / `optimization` names (`OptimizerNames`: adamw_torch, adamw_torch_fused, adamw_bnb_8bit, adamw_8bit,
+paged_adamw_8bit, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from helpers.errors import InputError
+from helpers.readers import base
+from helpers.readers.base import ConfigError, Default, Ignored, Imported, NotModelled, Setting
+
+
+@dataclass
+class Collector:
+    """The TrainSetup changes read from one file, with a Setting/Default/NotModelled/Ignored for each."""
+
+    path: Path
+    lines: dict[str, int]
+    changes: dict[str, Any] = field(default_factory=dict)
+    settings: list[Setting] = field(default_factory=list)
+    defaults: list[Default] = field(default_factory=list)
+    not_modelled: list[NotModelled] = field(default_factory=list)
+    ignored: list[Ignored] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    def set(self, key: str, value, sets: str, **changes) -> None:
+        self.settings.append(Setting(str(self.path), self.lines.get(key), key, value, sets))
+        self.changes.update(changes)
+
+    def default(self, tool: str, key: str, value, sets: str, source: str, **changes) -> None:
+        self.defaults.append(Default(tool, key, value, sets, source))
+        self.changes.update(changes)
+
+    def unmodelled(self, key: str, value, why: str) -> None:
+        self.not_modelled.append(NotModelled(str(self.path), self.lines.get(key), key, value, why))
+
+    def ignore(self, key: str, value) -> None:
+        self.ignored.append(Ignored(str(self.path), self.lines.get(key), key, value))
+
+    def merge(self, applied) -> None:
+        """Take in what another file (a DeepSpeed or accelerate config) did: its changes override ours."""
+        self.changes.update(applied.changes)
+        self.settings += applied.settings
+        self.defaults += applied.defaults
+        self.not_modelled += applied.not_modelled
+        self.ignored += applied.ignored
+
+    def integer(self, key: str, value, least: int = 1) -> int:
+        """A whole number >= least, or a one-line ConfigError naming the file and the key."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(self.path, f"{key} must be an integer >= {least}, got {value!r}")
+        return value
+
+    def flag(self, key: str, value) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(self.path, f"{key} must be true or false, got {value!r}")
+        return value
+
+    def finish(self, fmt: str, model: str | None, named: str | None):
+        """The Imported result, its set-up validated (a bad combination is a one-line error naming the file)."""
+        from helpers.training import TrainSetup
+
+        self.not_modelled += base.only_where_modelled(self.changes, self.settings)
+        if "gpus" not in self.changes:
+            from helpers.readers.deepspeed import world_size_default
+
+            self.defaults.append(world_size_default())
+            self.changes["gpus"] = 1
+        try:
+            setup = TrainSetup().replace(**self.changes)
+        except InputError as e:
+            raise ConfigError(self.path, str(e)) from None
+        return Imported(fmt, model, setup, [str(self.path)] + self.files, self.settings, self.defaults,
+                        self.not_modelled, self.ignored, named)
+
+
+def transformers_default_optim() -> str:
+    """TrainingArguments' default `optim` with the installed torch (adamw_torch_fused from torch 2.8 on)."""
+    from transformers import TrainingArguments
+
+    return str(getattr(TrainingArguments.__dataclass_fields__["optim"].default, "value",
+                       TrainingArguments.__dataclass_fields__["optim"].default))
+
+
+EIGHT_BIT = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adam8bit")
+TORCH_ADAMW = {"adamw_torch": "foreach", "adamw_torch_fused": "fused", "adamw_hf": "foreach"}
+
+
+def optimizer(c: Collector, key: str, value, strategy: str, origin: str | None = None) -> None:
+    """transformers' `optim` name -> optimizer / adam_impl. Under ZeRO the estimate models DeepSpeed's Adam (the
+    strategy decides); an optimizer other than AdamW is listed as not modelled. origin: a default's tool, or None
+    when the file sets it."""
+    from helpers import strategies
+
+    if not isinstance(value, str):
+        raise ConfigError(c.path, f"{key} must be an optimizer name (e.g. adamw_torch), got {value!r}")
+    torch_opt = strategies.get(strategy).torch_optimizer
+    name = value.lower()
+    if name in TORCH_ADAMW:
+        changes = {"adam_impl": TORCH_ADAMW[name]} if torch_opt else {}
+        sets = (f"optimizer=adamw, adam_impl={TORCH_ADAMW[name]}" if torch_opt
+                else f"optimizer=adamw ({strategy}: DeepSpeed's Adam, two fp32 states)")
+    elif name in EIGHT_BIT and torch_opt:
+        changes, sets = {"optimizer": "adamw-8bit"}, "optimizer=adamw-8bit"
+        if name.startswith("paged"):
+            c.unmodelled(key, value, "paged: bitsandbytes may page the 8-bit states to host memory under pressure; "
+                                     "estimated as plain AdamW8bit on the GPU")
+    else:
+        c.unmodelled(key, value, f"optimizer {value!r} is not modelled with strategy {strategy} (modelled: AdamW, "
+                                 f"and bitsandbytes' AdamW8bit without DeepSpeed); estimated as AdamW")
+        return
+    if origin is None:
+        c.set(key, value, sets, **changes)
+    else:
+        c.default(origin, key, value, sets, "transformers/training_args.py TrainingArguments.optim", **changes)
+
+
+def read_yaml_mapping(path: Path, data) -> dict:
+    """The YAML's top-level mapping, or ConfigError naming the file."""
+    if not isinstance(data, dict):
+        raise ConfigError(path, f"expected a YAML mapping of option: value, got {type(data).__name__}")
+    return data
+
+
+def load_deepspeed(ds_path: Path, referring: Path, key: str):
+    """The DeepSpeed JSON another file names: a JSON object (transformers and accelerate json.load it), else a
+    one-line ConfigError naming both files."""
+    try:
+        data, lines = base.load_json(ds_path)
+    except ConfigError as e:
+        raise ConfigError(ds_path, f"{e.problem} (it is the DeepSpeed config that {Path(referring).name}'s {key} "
+                                   f"names)") from None
+    if not isinstance(data, dict):
+        raise ConfigError(ds_path, f"a DeepSpeed config must be a JSON object, got {type(data).__name__} (it is the "
+                                   f"DeepSpeed config that {Path(referring).name}'s {key} names)")
+    return data, lines
+
+
+def companion_deepspeed(c: Collector, ref, given: list[Path], trainer: dict, hidden: int | None, key: str = "deepspeed"):
+    """Read the DeepSpeed JSON that `key` names (relative to the file, then among the given files) and merge it."""
+    from helpers.readers import deepspeed
+
+    if not isinstance(ref, str):
+        raise ConfigError(c.path, f"{key} must be the path of a DeepSpeed JSON, got {ref!r}")
+    ds_path = base.companion(ref, c.path, given, what="DeepSpeed config")
+    c.set(key, ref, f"the DeepSpeed config {ds_path.name} (read below)")
+    data, lines = load_deepspeed(ds_path, c.path, key)
+    c.files.append(str(ds_path))
+    c.merge(deepspeed.apply(ds_path, data, lines, trainer, hidden))
+    return ds_path
+
+
+def trainer_sizes(c: Collector, take, name: str) -> dict:
+    """per_device_train_batch_size and gradient_accumulation_steps of an HF-Trainer YAML (LLaMA-Factory, TRL), or
+    TrainingArguments' defaults: set on `c`, and returned as the trainer values a DeepSpeed "auto" resolves to
+    ({key: (value, where it came from)})."""
+    from helpers.readers.deepspeed import HF_DEFAULTS, transformers_tool
+
+    hf = transformers_tool()
+    trainer: dict = {}
+    for key, field_ in (("per_device_train_batch_size", "batch"), ("gradient_accumulation_steps", "grad_accum")):
+        value = take(key)
+        if value is None:
+            value = HF_DEFAULTS[key]
+            c.default(hf, key, value, f"{field_}={value}", "transformers/training_args.py TrainingArguments",
+                      **{field_: value})
+            trainer[key] = (value, f"{hf} default")
+        else:
+            c.set(key, value, f"{field_}={c.integer(key, value)}", **{field_: value})
+            trainer[key] = (value, f"{name} line {c.lines.get(key)}")
+    return trainer
+
+
+def taker(data: dict):
+    """`take(key, default)` reading `data` and noting each key read in `done`, so a reader can list the rest as
+    ignored: (take, done)."""
+    done: set[str] = set()
+
+    def take(key, default=None):
+        done.add(key)
+        return data.get(key, default)
+
+    return take, done

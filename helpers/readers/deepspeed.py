@@ -1,0 +1,460 @@
+"""Reader of a DeepSpeed JSON config, alone or as the companion of a trainer's config (LLaMA-Factory, TRL, axolotl,
+accelerate): `read()` for the file alone, `apply()` for the other readers to lay a DeepSpeed config over what they read.
+
+Sources (read for this module):
+- DeepSpeed 0.19.8 (installed): `runtime/zero/config.py` (stage 0 default, reduce_bucket_size 5e8, sub_group_size
+  1e9, stage3_prefetch_bucket_size 5e7, overlap_comm None -> True for stage 3 only), `runtime/zero/offload_config.py`
+  (pin_memory default True for offload_param and offload_optimizer, ratio default 1.0).
+- transformers 5.x (installed), `integrations/deepspeed.py`, `HfTrainerDeepSpeedConfig.trainer_config_process`: an
+  "auto" train_micro_batch_size_per_gpu <- per_device_train_batch_size, gradient_accumulation_steps <- the same,
+  train_batch_size <- world_size x micro batch x accumulation, bf16.enabled <- args.bf16, fp16.enabled <- args.fp16;
+  a number that differs from the TrainingArguments value is a mismatch the Trainer refuses (ValueError);
+  `trainer_config_finalize`: reduce_bucket_size <- hidden_size^2, and for ZeRO-3 stage3_prefetch_bucket_size <-
+  int(0.9 x hidden_size^2), stage3_param_persistence_threshold <- 10 x hidden_size.
+- transformers `TrainingArguments` defaults (per_device_train_batch_size 8, gradient_accumulation_steps 1, bf16 False,
+  fp16 False): what "auto" becomes when the DeepSpeed file is given alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from helpers.readers.base import ConfigError, Default, Ignored, Imported, NotModelled, Setting
+
+NAME = "deepspeed"
+
+DS_VERSION = "DeepSpeed 0.19.8"
+DS_SOURCE = "deepspeed/runtime/zero/config.py, offload_config.py (DeepSpeed 0.19.8)"
+HF_SOURCE = "transformers/integrations/deepspeed.py, HfTrainerDeepSpeedConfig.trainer_config_process/_finalize"
+STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+
+# Keys that change memory but that the estimate does not model: listed with their value, never dropped.
+NOT_MODELLED = {
+    "zero_optimization.stage3_param_persistence_threshold":
+        "ZeRO-3 keeps parameters smaller than this gathered on every GPU (small: norms and biases)",
+    "zero_optimization.stage3_max_live_parameters": "ZeRO-3 cap on gathered parameters alive at once",
+    "zero_optimization.stage3_max_reuse_distance": "ZeRO-3 keeps a gathered parameter reused within this distance",
+    "zero_optimization.allgather_bucket_size": "ZeRO-1/2 all-gather bucket (elements)",
+    "zero_optimization.contiguous_gradients": "a contiguous buffer gradients are copied into as they are produced",
+    "zero_optimization.offload_optimizer.buffer_count": "number of pinned buffers for NVMe offload",
+    "zero_optimization.offload_param.buffer_count": "number of pinned buffers for NVMe offload",
+    "zero_optimization.offload_param.buffer_size": "size of the pinned buffers for NVMe offload",
+    "zero_optimization.offload_param.max_in_cpu": "parameters kept in CPU memory under NVMe offload",
+    "zero_optimization.zero_hpz_partition_size": "ZeRO++ hierarchical partitioning keeps a secondary copy",
+    "zero_optimization.zero_quantized_weights": "ZeRO++ quantised weight all-gather",
+    "zero_optimization.zero_quantized_gradients": "ZeRO++ quantised gradient reduce",
+    "zero_optimization.round_robin_gradients": "stage 1/2 gradient partition order",
+    "communication_data_type": "dtype of the reduced gradients",
+    "data_types.grad_accum_dtype": "dtype of the accumulated gradients",
+    "tensor_parallel": "DeepSpeed AutoTP tensor parallelism",
+    "pipeline": "pipeline parallelism",
+    "sequence_parallel_size": "Ulysses sequence parallelism",
+    "compression_training": "DeepSpeed compression",
+    "flops_profiler": "profiler buffers",
+    "zero_optimization.zenflow": "ZenFlow keeps the most important gradients' updates on the GPU and defers the rest "
+                                 "to the CPU optimizer",
+    "zero_optimization.offload_optimizer.super_offload": "SuperOffload (GPU-CPU hybrid optimizer step)",
+}
+# Keys read below (whole sub-trees for those ending in '.').
+READ = {"zero_optimization.stage", "zero_optimization.offload_optimizer.device",
+        "zero_optimization.offload_optimizer.pin_memory", "zero_optimization.offload_optimizer.ratio",
+        "zero_optimization.offload_param.device", "zero_optimization.offload_param.pin_memory",
+        "zero_optimization.reduce_bucket_size", "zero_optimization.sub_group_size",
+        "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.overlap_comm", "bf16.enabled",
+        "fp16.enabled", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+        "activation_checkpointing", "optimizer.type", "bfloat16.enabled"}
+CONTAINERS = {"zero_optimization", "zero_optimization.offload_optimizer", "zero_optimization.offload_param", "bf16",
+              "fp16", "bfloat16", "optimizer"}
+
+
+def transformers_tool() -> str:
+    """'transformers X.Y.Z', the installed version whose TrainingArguments defaults and DeepSpeed rules apply."""
+    import importlib.metadata
+
+    return f"transformers {importlib.metadata.version('transformers')}"
+
+
+# TrainingArguments fields an "auto" takes its value from, and their defaults (transformers training_args.py).
+HF_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "bf16": False, "fp16": False}
+
+
+@dataclass
+class Applied:
+    """What a DeepSpeed config does to a set-up: TrainSetup changes, and where each came from."""
+
+    changes: dict[str, Any] = field(default_factory=dict)
+    settings: list[Setting] = field(default_factory=list)
+    defaults: list[Default] = field(default_factory=list)
+    not_modelled: list[NotModelled] = field(default_factory=list)
+    ignored: list[Ignored] = field(default_factory=list)
+
+
+def claims(path: Path, data) -> bool:
+    """A JSON object with DeepSpeed's own top-level keys."""
+    keys = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "zero_allow_untested_optimizer",
+            "fp16", "bf16"}
+    return Path(path).suffix.lower() == ".json" and isinstance(data, dict) and bool(keys & set(data))
+
+
+def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
+    """A DeepSpeed JSON alone: no model (the CLI asks for --model), "auto" values from TrainingArguments' defaults,
+    the world size from train_batch_size when that is a number, else gpus=1 as a default."""
+    from helpers.training import TrainSetup
+
+    a = apply(path, data, lines)
+    defaults = list(a.defaults)
+    changes = dict(a.changes)
+    if "gpus" not in changes:
+        changes["gpus"] = 1
+        defaults.append(world_size_default())
+    setup = _setup(path, TrainSetup(), changes)
+    return Imported(NAME, None, setup, [str(path)], a.settings, defaults, a.not_modelled, a.ignored, None)
+
+
+def world_size_default() -> Default:
+    """gpus=1 when no file says the world size (the launcher's --num_gpus / --nproc_per_node does)."""
+    return Default("not in the files", "gpus", 1, "gpus=1",
+                   "the world size is set by the launcher, not these files: pass --gpus N")
+
+
+def _setup(path, setup, changes: dict):
+    """`setup` with the changes, validated; the validation's message as a one-line ConfigError naming the file."""
+    from helpers.errors import InputError
+
+    try:
+        return setup.replace(**changes)
+    except InputError as e:
+        raise ConfigError(path, str(e)) from None
+
+
+def _number(path, key: str, value, integer: bool = True, positive: bool = True):
+    """An int (DeepSpeed accepts 1e9 written as a float) or ConfigError naming the key."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(path, f"{key} must be a number or \"auto\", got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(path, f"{key} must be a finite number, got {value!r}")
+    if integer:
+        if value != int(value):
+            raise ConfigError(path, f"{key} must be a whole number, got {value!r}")
+        value = int(value)
+    if positive and value <= 0:
+        raise ConfigError(path, f"{key} must be positive, got {value!r}")
+    return value
+
+
+def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any, str]] | None = None,
+          hidden: int | None = None) -> Applied:
+    """Lay the DeepSpeed config `data` (read from `path`) over a trainer's values.
+
+    trainer: TrainingArguments values the referring tool sets, name -> (value, where it came from, e.g.
+    'run.yaml line 12' or 'LLaMA-Factory 0.9.6 default'): per_device_train_batch_size, gradient_accumulation_steps,
+    bf16, fp16. None: the DeepSpeed file is read alone, and its "auto" values take TrainingArguments' defaults.
+    hidden: the model's hidden size, for the "auto" bucket sizes (None: no model named; DeepSpeed's defaults stay
+    and the "auto" is listed as not modelled).
+    Raises ConfigError where a number differs from the trainer's value (the HF Trainer refuses that mismatch)."""
+    if not isinstance(data, dict):
+        raise ConfigError(path, f"a DeepSpeed config must be a JSON object, got {type(data).__name__}")
+    f = str(path)
+    out = Applied()
+    line = lines.get
+    hf = transformers_tool()
+
+    def setting(key, value, sets):
+        out.settings.append(Setting(f, line(key), key, value, sets))
+
+    def from_trainer(name: str, ds_key: str, render) -> Any:
+        """The trainer's value of `name` for an "auto" DeepSpeed key: recorded as a Setting of the DS file."""
+        if trainer is not None and name in trainer:
+            value, origin = trainer[name]
+            setting(ds_key, "auto", f"{render(value)} (auto -> {name} = {value!r} from {origin}; {HF_SOURCE})")
+            return value
+        value = HF_DEFAULTS[name]
+        setting(ds_key, "auto", f"{render(value)} (auto -> {name}, TrainingArguments default; {HF_SOURCE})")
+        out.defaults.append(Default(hf, name, value, render(value),
+                                    f"transformers/training_args.py TrainingArguments.{name} (the DeepSpeed file's "
+                                    f"{ds_key} is \"auto\" and no trainer config was given)"))
+        return value
+
+    def matches(name: str, ds_key: str, value):
+        if trainer is not None and name in trainer and trainer[name][0] != value:
+            raise ConfigError(path, f"{ds_key} is {value!r} but {name} is {trainer[name][0]!r} ({trainer[name][1]}): "
+                                    f"the HF Trainer refuses that mismatch; set one of them to \"auto\"")
+
+    # --- ZeRO stage -> strategy
+    zero = data.get("zero_optimization") or {}
+    if not isinstance(zero, dict):
+        raise ConfigError(path, f"zero_optimization must be an object, got {zero!r}")
+    stage = zero.get("stage", 0)
+    if stage == "auto":
+        # DeepSpeedConfigModel drops every "auto" value before validation (runtime/config_utils.py), so the default
+        # stage applies; transformers has no rule for the stage.
+        setting("zero_optimization.stage", stage, f"strategy=ddp (auto: DeepSpeed drops \"auto\" values of its "
+                                                  f"zero_optimization and takes its default, stage 0; {DS_SOURCE})")
+        stage = 0
+    elif "stage" in zero:
+        stage = _stage(path, "zero_optimization.stage", stage)
+        setting("zero_optimization.stage", zero["stage"], f"strategy={STAGES[stage]}")
+    else:
+        out.defaults.append(Default(DS_VERSION, "zero_optimization.stage", 0, "strategy=ddp", DS_SOURCE))
+    out.changes["strategy"] = STAGES[stage]
+
+    # --- offload
+    pins = []
+    for section, flag in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
+        sub = zero.get(section)
+        if sub is None:
+            continue
+        key = f"zero_optimization.{section}"
+        if not isinstance(sub, dict):
+            raise ConfigError(path, f"{key} must be an object, got {sub!r}")
+        device = sub.get("device", "none")
+        if device == "auto":                 # dropped by DeepSpeedConfigModel: the default, "none"
+            out.not_modelled.append(NotModelled(f, line(f"{key}.device"), f"{key}.device", device,
+                                                "auto: DeepSpeed drops it and takes its default, none (no offload)"))
+            device = "none"
+        if not isinstance(device, (str, type(None))) or device not in ("none", "cpu", "nvme", None):
+            raise ConfigError(path, f"{key}.device must be none, cpu or nvme, got {device!r}")
+        if device == "nvme":
+            out.not_modelled.append(NotModelled(f, line(f"{key}.device"), f"{key}.device", device,
+                                                "NVMe offload is not modelled (host memory would hold only buffers)"))
+            continue
+        if section == "offload_param" and stage != 3:
+            out.ignored.append(Ignored(f, line(f"{key}.device"), f"{key}.device", device))
+            continue
+        on = device == "cpu"
+        setting(f"{key}.device", device, f"{flag}={on}")
+        out.changes[flag] = on
+        if on:
+            if "pin_memory" in sub and sub["pin_memory"] != "auto":
+                if not isinstance(sub["pin_memory"], bool):
+                    raise ConfigError(path, f"{key}.pin_memory must be true or false, got {sub['pin_memory']!r}")
+                pins.append((f"{key}.pin_memory", sub["pin_memory"]))
+            else:
+                out.defaults.append(Default(DS_VERSION, f"{key}.pin_memory", True, "pin_memory=True", DS_SOURCE))
+                pins.append((None, True))
+            if section == "offload_optimizer" and "ratio" in sub and sub["ratio"] != "auto":
+                ratio = sub["ratio"]
+                if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+                    # NaN fails the comparison too; DeepSpeed's offload_config.py: ratio: float = Field(1.0, ge=0, le=1)
+                    raise ConfigError(path, f"{key}.ratio must be a number in [0, 1], got {ratio!r}")
+                if stage == 3:
+                    setting(f"{key}.ratio", ratio, f"offload_ratio={ratio}")
+                    out.changes["offload_ratio"] = float(ratio)
+                else:
+                    out.ignored.append(Ignored(f, line(f"{key}.ratio"), f"{key}.ratio", ratio))
+    for key, pin in pins:
+        if key is not None:
+            setting(key, pin, f"pin_memory={pin}")
+    if pins:
+        values = {p for _, p in pins}
+        out.changes["pin_memory"] = all(values)
+        if len(values) > 1:
+            out.not_modelled.append(NotModelled(f, None, "pin_memory", [p for _, p in pins],
+                                                "pinned for one offload and pageable for the other: estimated as "
+                                                "pageable for both"))
+
+    # --- bucket sizes ("auto": hidden-size rules of transformers' integration)
+    for key, name, rule in (("reduce_bucket_size", "reduce_bucket_size", (1.0, "hidden_size^2")),
+                            ("stage3_prefetch_bucket_size", "prefetch_bucket_size", (0.9, "int(0.9 x hidden_size^2)")),
+                            ("sub_group_size", "sub_group_size", None)):
+        if key not in zero:
+            continue
+        dotted, value = f"zero_optimization.{key}", zero[key]
+        if value == "auto" and rule is None:
+            n = getattr(_defaults(), name)
+            setting(dotted, value, f"{name}={n} (auto: DeepSpeed drops it and takes its default; {DS_SOURCE})")
+            continue
+        if value == "auto" and rule is not None:
+            if key.startswith("stage3") and stage != 3:
+                out.ignored.append(Ignored(f, line(dotted), dotted, value))
+                continue
+            if hidden is None:
+                out.not_modelled.append(NotModelled(
+                    f, line(dotted), dotted, value, f"auto = {rule[1]} of the model, and no model is named: "
+                    f"DeepSpeed's default {getattr(_defaults(), name):,} elements is estimated until --model is given"))
+                continue
+            n = int(rule[0] * hidden * hidden)
+            setting(dotted, value, f"{name}={n} (auto -> {rule[1]}, hidden_size {hidden}; {HF_SOURCE})")
+            out.changes[name] = n
+            continue
+        if key == "sub_group_size" and value == 0:      # DeepSpeed accepts 0 (Field(ge=0)); axolotl's zero3 files use it
+            setting(dotted, value, "sub_group_size=1 (0 and 1 both close a sub-group after every parameter in stage 3's "
+                                   "grouping: DeepSpeed 0.19.8 runtime/zero/stage3.py)")
+            out.changes[name] = 1
+            continue
+        n = _number(path, dotted, value)
+        from helpers.training import MAX_ELEMENTS
+
+        if name == "sub_group_size" and n > MAX_ELEMENTS:
+            # a sub-group larger than the partition is the whole partition in one group (transformers' own
+            # tests/deepspeed/ds_config_zero3.json sets 1e14): the same as any size above every model's count
+            setting(dotted, value, f"{name}={MAX_ELEMENTS} (any size above the partition's parameter count is one "
+                                   f"group; {n:,} elements is estimated as {MAX_ELEMENTS:,})")
+            out.changes[name] = MAX_ELEMENTS
+            continue
+        setting(dotted, value, f"{name}={n}")
+        out.changes[name] = n
+    if "overlap_comm" in zero and zero["overlap_comm"] != "auto":
+        v = zero["overlap_comm"]
+        if not isinstance(v, bool):
+            raise ConfigError(path, f"zero_optimization.overlap_comm must be true or false, got {v!r}")
+        setting("zero_optimization.overlap_comm", v, f"overlap_comm={v}")
+        out.changes["overlap_comm"] = v
+    elif stage in (1, 2, 3):
+        if "overlap_comm" in zero:            # "auto": dropped by DeepSpeedConfigModel, so its default applies
+            out.ignored.append(Ignored(f, line("zero_optimization.overlap_comm"), "zero_optimization.overlap_comm",
+                                       "auto (DeepSpeed's default below)"))
+        out.defaults.append(Default(DS_VERSION, "zero_optimization.overlap_comm", stage == 3,
+                                    f"overlap_comm={stage == 3}", DS_SOURCE + ": None -> True for stage 3 only"))
+
+    # --- precision
+    bf16 = _enabled(path, data, "bf16") if "bf16" in data else _enabled(path, data, "bfloat16")
+    bf16_key = "bf16.enabled" if "bf16" in data else "bfloat16.enabled"
+    fp16 = _enabled(path, data, "fp16")
+    if bf16 == "auto":
+        bf16 = from_trainer("bf16", bf16_key, lambda v: f"precision={'bf16-mixed' if v else 'fp32'}")
+    elif bf16 is not None:
+        matches("bf16", bf16_key, bf16)
+        setting(bf16_key, bf16, f"precision={'bf16-mixed' if bf16 else 'fp32'}")
+    elif trainer is not None and "bf16" in trainer:
+        bf16 = trainer["bf16"][0]
+    if fp16 == "auto":
+        fp16 = from_trainer("fp16", "fp16.enabled", lambda v: "fp16 (not modelled)" if v else "fp16 off")
+    elif fp16 is not None:
+        matches("fp16", "fp16.enabled", fp16)
+    elif trainer is not None and "fp16" in trainer:
+        fp16 = trainer["fp16"][0]
+    if fp16:
+        out.not_modelled.append(NotModelled(f, line("fp16.enabled"), "fp16.enabled", True,
+                                            "fp16 mixed precision (loss scaling) is not modelled: estimated as "
+                                            "bf16-mixed, which keeps the same bytes per value"))
+    out.changes["precision"] = "bf16-mixed" if (bf16 or fp16) else "fp32"
+
+    # --- sizes
+    micro = data.get("train_micro_batch_size_per_gpu")
+    if micro == "auto":
+        micro = from_trainer("per_device_train_batch_size", "train_micro_batch_size_per_gpu", lambda v: f"batch={v}")
+    elif micro is not None:
+        micro = _number(path, "train_micro_batch_size_per_gpu", micro)
+        matches("per_device_train_batch_size", "train_micro_batch_size_per_gpu", micro)
+        setting("train_micro_batch_size_per_gpu", micro, f"batch={micro}")
+    if micro is not None:
+        out.changes["batch"] = micro
+    accum = data.get("gradient_accumulation_steps")
+    if accum == "auto":
+        accum = from_trainer("gradient_accumulation_steps", "gradient_accumulation_steps", lambda v: f"grad_accum={v}")
+    elif accum is not None:
+        accum = _number(path, "gradient_accumulation_steps", accum)
+        matches("gradient_accumulation_steps", "gradient_accumulation_steps", accum)
+        setting("gradient_accumulation_steps", accum, f"grad_accum={accum}")
+    if accum is not None:
+        out.changes["grad_accum"] = accum
+    total = data.get("train_batch_size")
+    if total == "auto":
+        out.ignored.append(Ignored(f, line("train_batch_size"), "train_batch_size",
+                                   "auto (world size x micro batch x accumulation)"))
+    elif total is not None:
+        total = _number(path, "train_batch_size", total)
+        if micro is not None and accum is not None:
+            if total % (micro * accum):
+                raise ConfigError(path, f"train_batch_size {total} is not world size x micro batch {micro} x "
+                                        f"accumulation {accum}, as DeepSpeed requires")
+            gpus = total // (micro * accum)
+            setting("train_batch_size", total, f"gpus={gpus} (= {total} / ({micro} x {accum}), DeepSpeed's "
+                                               f"train_batch_size = world size x micro batch x accumulation)")
+            out.changes["gpus"] = gpus
+        elif micro is None and trainer is None:
+            # DeepSpeed derives the micro batch: train_batch_size / (accumulation x world size) (runtime/config.py
+            # _set_batch_related_parameters); alone, the world size is the gpus=1 default, so it is all one GPU's
+            steps = accum if accum is not None else 1
+            if total % steps:
+                raise ConfigError(path, f"train_batch_size {total} is not a multiple of gradient_accumulation_steps "
+                                        f"{steps}, as DeepSpeed requires")
+            micro = total // steps
+            setting("train_batch_size", total, f"batch={micro} (DeepSpeed's micro batch = train_batch_size / "
+                                               f"(accumulation {steps} x world size), world size 1: with N GPUs "
+                                               f"it is {total}/({steps} x N))")
+            out.changes["batch"] = micro
+            if accum is None:
+                out.changes["grad_accum"] = 1
+        else:
+            out.not_modelled.append(NotModelled(
+                f, line("train_batch_size"), "train_batch_size", total,
+                "with no train_micro_batch_size_per_gpu, DeepSpeed's micro batch is train_batch_size / (accumulation "
+                "x world size); the batch is estimated from the other files"))
+
+    # --- DeepSpeed's own activation checkpointing
+    if "activation_checkpointing" in data:
+        out.not_modelled.append(NotModelled(
+            f, line("activation_checkpointing"), "activation_checkpointing", data["activation_checkpointing"],
+            "configures deepspeed.checkpointing.checkpoint(), used only by model code that calls it (Megatron-style "
+            "models); a transformers model checkpoints through gradient_checkpointing instead, so this does not turn "
+            "checkpointing on; its partition_activations / cpu_checkpointing are not modelled"))
+
+    # --- optimizer
+    opt = data.get("optimizer")
+    if isinstance(opt, dict) and "type" in opt:
+        kind = str(opt["type"])
+        if kind.lower() in ("adam", "adamw", "fusedadam", "cpuadam"):
+            setting("optimizer.type", kind, "optimizer=adamw")
+        else:
+            out.not_modelled.append(NotModelled(f, line("optimizer.type"), "optimizer.type", kind,
+                                                "only Adam/AdamW (two states per parameter) is modelled"))
+
+    # --- the rest: not modelled (listed) or ignored
+    for key, value in _leaves(data):
+        if key in READ or any(key.startswith(k + ".") for k in ("activation_checkpointing",)):
+            continue
+        why = next((w for k, w in NOT_MODELLED.items() if key == k or key.startswith(k + ".")), None)
+        if why is not None:
+            if key.endswith("stage3_param_persistence_threshold") and value == "auto" and hidden and stage == 3:
+                why += f" (auto -> 10 x hidden_size = {10 * hidden:,} elements; {HF_SOURCE})"
+            out.not_modelled.append(NotModelled(f, line(key), key, value, why))
+        else:
+            out.ignored.append(Ignored(f, line(key), key, value))
+    return out
+
+
+def _defaults():
+    from helpers.training import TrainSetup
+
+    return TrainSetup()
+
+
+def _stage(path, key: str, value) -> int:
+    """A ZeRO stage 0-3. DeepSpeed validates it with pydantic in lax mode (runtime/zero/config.py `stage:
+    ZeroStageEnum`), which also takes "3" and 3.0 -- so do we; True/False (which pydantic would take as 1/0) and any
+    other value are refused."""
+    if isinstance(value, str) and value.strip() in ("0", "1", "2", "3"):
+        value = int(value)
+    elif isinstance(value, float) and value in (0, 1, 2, 3):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value not in STAGES:
+        raise ConfigError(path, f"{key} must be 0, 1, 2 or 3, got {value!r}")
+    return value
+
+
+def _enabled(path, data: dict, section: str):
+    """True/False/'auto' for `section.enabled` (None if the section is absent; DeepSpeed's default is off)."""
+    sub = data.get(section)
+    if sub is None:
+        return None
+    if not isinstance(sub, dict):
+        raise ConfigError(path, f"{section} must be an object with an 'enabled' key, got {sub!r}")
+    v = sub.get("enabled", False)
+    if v != "auto" and not isinstance(v, bool):
+        raise ConfigError(path, f"{section}.enabled must be true, false or \"auto\", got {v!r}")
+    return v
+
+
+def _leaves(data: dict, prefix: str = ""):
+    """(dotted key, value) of every leaf, sections that are whole values (lists) kept whole."""
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and (key in CONTAINERS or key.startswith("zero_optimization.")):
+            yield from _leaves(v, key)
+        else:
+            yield key, v

@@ -1,0 +1,240 @@
+"""Reader of a LLaMA-Factory training YAML (`llamafactory-cli train run.yaml`), with the DeepSpeed JSON its
+`deepspeed:` key names (looked up beside the YAML, then among the files given).
+
+Defaults and meanings are LLaMA-Factory's own, read from github:hiyouga/LLaMA-Factory at commit ff6d4d1 (2026-08-18,
+version 0.9.6.dev0):
+- `src/llamafactory/hparams/finetuning_args.py`: stage "sft", finetuning_type "lora", lora_rank 8, lora_target "all"
+  (every linear layer), pure_bf16 False, use_galore/use_apollo/use_badam False, freeze_trainable_layers 2;
+- `src/llamafactory/hparams/model_args.py`: flash_attn "auto" (transformers chooses: sdpa), disable_gradient_checkpointing
+  False, enable_liger_kernel False, use_unsloth False, quantization_bit None, quantization_type "nf4";
+- `src/llamafactory/hparams/data_args.py`: cutoff_len 2048, packing None (on for stage pt only, parser.py),
+  neat_packing False;
+- `src/llamafactory/model/model_utils/checkpointing.py` `prepare_model_for_training`: gradient checkpointing is enabled
+  unless disable_gradient_checkpointing ("if not model_args.disable_gradient_checkpointing: ...
+  gradient_checkpointing_enable");
+- `src/llamafactory/hparams/parser.py`: compute dtype bf16 when bf16 or pure_bf16, pure_bf16 refused with ZeRO-3.
+Training-loop keys (per_device_train_batch_size, gradient_accumulation_steps, bf16, fp16, optim, deepspeed) are
+transformers' TrainingArguments, whose defaults are the installed transformers'.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers.readers import base, collect, model_ref
+from helpers.readers.base import ConfigError, Imported
+from helpers.readers.deepspeed import transformers_tool
+
+NAME = "llamafactory"
+TOOL = "LLaMA-Factory 0.9.6.dev0 (commit ff6d4d1)"
+SRC = "github:hiyouga/LLaMA-Factory@ff6d4d1 src/llamafactory/hparams/"
+
+# Keys only LLaMA-Factory has: one of them in a YAML makes it LLaMA-Factory's.
+OWN_KEYS = {"finetuning_type", "cutoff_len", "lora_target", "template", "quantization_bit",
+            "disable_gradient_checkpointing",
+            "flash_attn", "enable_liger_kernel", "pure_bf16", "use_unsloth", "neat_packing", "freeze_trainable_layers",
+            "dataset_dir", "preprocessing_num_workers", "stage"}
+FULL_LIKE = {"full", "lora", "freeze", "oft"}
+STAGES = ("pt", "sft", "rm", "ppo", "dpo", "kto")
+ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash", "disabled": "eager"}
+
+NOT_MODELLED = {
+    "use_galore": "GaLore keeps low-rank projected optimizer states",
+    "use_apollo": "APOLLO optimizer states",
+    "use_badam": "BAdam updates one block at a time (optimizer states of one block only)",
+    "use_dora": "DoRA adds a magnitude vector and a weight-norm per adapted layer",
+    "use_unsloth": "unsloth's kernels and offloaded checkpointing",
+    "use_unsloth_gc": "unsloth's offloaded gradient checkpointing",
+    "additional_target": "extra modules trained in full beside LoRA",
+    "lora_alpha": None, "lora_dropout": "LoRA dropout keeps a dropped copy of each adapted layer's input",
+    "use_llama_pro": "LLaMA Pro expanded blocks", "train_mm_proj_only": "multimodal projector only",
+    "freeze_vision_tower": None, "image_max_pixels": "image tokens", "video_max_pixels": "video tokens",
+    "shift_attn": "S^2-attention", "rope_scaling": "RoPE scaling", "moe_aux_loss_coef": None,
+    "fsdp": "FSDP through transformers' Trainer (not read by this reader)",
+    "fsdp_config": "FSDP through transformers' Trainer (not read by this reader)",
+    "max_grad_norm": None, "torch_compile": "torch.compile changes which activations are kept",
+    "train_from_scratch": None,
+}
+
+
+def claims(path: Path, data) -> bool:
+    """A YAML mapping with keys only LLaMA-Factory has (finetuning_type, cutoff_len, template, ...)."""
+    return (Path(path).suffix.lower() in (".yaml", ".yml") and isinstance(data, dict)
+            and bool((OWN_KEYS - {"stage"}) & set(data)) and not {"base_model", "datasets"} & set(data))
+
+
+def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
+    data = collect.read_yaml_mapping(path, data)
+    c = collect.Collector(Path(path), lines)
+    take, done = collect.taker(data)
+
+    def lf_default(key, value, sets, file, **changes):
+        c.default(TOOL, key, value, sets, SRC + file, **changes)
+
+    # --- model
+    named = take("model_name_or_path")
+    if named is None:
+        raise ConfigError(path, "model_name_or_path is missing (LLaMA-Factory requires it)")
+    model, named = model_ref.resolve(named, path)
+    c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
+
+    # --- stage and fine-tuning method
+    stage = take("stage")
+    if stage is None:
+        lf_default("stage", "sft", "one model, one sequence per example", "finetuning_args.py")
+        stage = "sft"
+    elif not isinstance(stage, str) or stage not in STAGES:
+        raise ConfigError(path, f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
+    elif stage in ("pt", "sft"):
+        c.set("stage", stage, "one model, one sequence per example")
+    else:
+        c.unmodelled("stage", stage, {"dpo": "DPO runs a chosen and a rejected sequence per example (twice the "
+                                             "activations) and keeps a frozen reference model",
+                                      "kto": "KTO keeps a frozen reference model and its KL batch",
+                                      "rm": "a reward model: value head instead of the LM head's logits",
+                                      "ppo": "PPO keeps policy, value, reference and reward models"}[stage]
+                     + "; estimated as SFT of one model")
+    ft = take("finetuning_type")
+    if ft is None:
+        lf_default("finetuning_type", "lora", "LoRA (lora_rank, lora_target below)", "finetuning_args.py")
+        ft = "lora"
+    elif not isinstance(ft, str) or ft not in FULL_LIKE:
+        raise ConfigError(path, f"finetuning_type must be full, lora, freeze or oft, got {ft!r}")
+    else:
+        c.set("finetuning_type", ft, "full fine-tuning" if ft == "full" else ft)
+    if ft in ("freeze", "oft"):
+        c.unmodelled("finetuning_type", ft, "freeze: only the last freeze_trainable_layers layers train; oft: "
+                                            "orthogonal adapters; estimated as full fine-tuning")
+    rank, target = take("lora_rank"), take("lora_target")
+    if ft == "lora":
+        if rank is None:
+            lf_default("lora_rank", 8, "lora_rank=8", "finetuning_args.py", lora_rank=8)
+        else:
+            c.set("lora_rank", rank, f"lora_rank={c.integer('lora_rank', rank)}", lora_rank=rank)
+        if isinstance(target, list) and all(isinstance(t, str) for t in target):
+            target = ",".join(target)          # finetuning_args.py split_arg: a list is taken as it is
+        if target is not None and not isinstance(target, str):
+            raise ConfigError(path, f"lora_target must be module names separated by commas (or all), got {target!r}")
+        if target is None or str(target).strip() == "all":
+            targets = "all-linear"
+            if target is None:
+                lf_default("lora_target", "all", "lora_targets=all-linear", "finetuning_args.py")
+            else:
+                c.set("lora_target", target, "lora_targets=all-linear")
+        else:
+            targets = ",".join(t.strip() for t in str(target).split(",") if t.strip())
+            c.set("lora_target", target, f"lora_targets={targets}")
+        c.changes["lora_targets"] = targets
+    else:
+        for key, value in (("lora_rank", rank), ("lora_target", target)):
+            if value is not None:
+                c.ignore(key, value)
+
+    # --- quantisation
+    bits = take("quantization_bit")
+    if bits is not None:
+        if isinstance(bits, bool) or not isinstance(bits, int) or bits not in (2, 3, 4, 5, 6, 8):
+            raise ConfigError(path, f"quantization_bit must be 2, 3, 4, 5, 6 or 8, got {bits!r}")
+        method = take("quantization_method", "bnb")
+        qtype = take("quantization_type", "nf4")
+        if bits == 4 and method == "bnb" and qtype == "nf4" and base.modelled("base_weights"):
+            c.set("quantization_bit", bits, "base_weights=nf4 (bitsandbytes 4-bit NF4 base, QLoRA)", base_weights="nf4")
+        else:
+            c.unmodelled("quantization_bit", bits, f"{bits}-bit {method} {qtype} base weights are not modelled yet; "
+                                                   f"estimated with the base in the compute dtype")
+
+    # --- sizes
+    hf = transformers_tool()
+    trainer = collect.trainer_sizes(c, take, Path(path).name)
+    cutoff = take("cutoff_len")
+    if cutoff is None:
+        lf_default("cutoff_len", 2048, "seq=2048", "data_args.py", seq=2048)
+    else:
+        c.set("cutoff_len", cutoff, f"seq={c.integer('cutoff_len', cutoff)} (the longest sequence; shorter ones pad "
+                                    f"to the batch's longest)", seq=cutoff)
+    packing, neat = take("packing"), take("neat_packing")
+    for key, value in (("packing", packing), ("neat_packing", neat)):
+        if value is not None:
+            c.flag(key, value)
+    if packing or neat or (packing is None and stage == "pt"):
+        key = "neat_packing" if neat else "packing"
+        c.set(key, True if packing is None and not neat else (neat or packing),
+              "sequences packed to cutoff_len: every micro batch is full length (seq as above)")
+    elif packing is not None:
+        c.set("packing", packing, "no packing")
+
+    # --- precision
+    bf16, fp16, pure = take("bf16"), take("fp16"), take("pure_bf16")
+    for key, value in (("bf16", bf16), ("fp16", fp16), ("pure_bf16", pure)):
+        if value is not None:
+            c.flag(key, value)
+    if pure:
+        c.set("pure_bf16", True, "precision=bf16 (weights, gradients and Adam states in bf16, no fp32 master)",
+              precision="bf16")
+    elif bf16:
+        c.set("bf16", True, "precision=bf16-mixed", precision="bf16-mixed")
+    elif fp16:
+        c.set("fp16", True, "precision=bf16-mixed (same bytes)", precision="bf16-mixed")
+        c.unmodelled("fp16", True, "fp16 mixed precision (loss scaling) is not modelled: estimated as bf16-mixed, "
+                                   "which keeps the same bytes per value")
+    else:
+        c.default(hf, "bf16", False, "precision=fp32", "transformers/training_args.py TrainingArguments.bf16/fp16",
+                  precision="fp32")
+    for key, value in (("bf16", bf16 or pure), ("fp16", fp16)):
+        trainer[key] = (bool(value), f"{Path(path).name} line {lines.get(key)}" if key in data else f"{hf} default")
+
+    # --- checkpointing, kernels, attention
+    off = take("disable_gradient_checkpointing")
+    if off is None:
+        lf_default("disable_gradient_checkpointing", False, "grad_checkpointing=True (LLaMA-Factory enables it "
+                   "unless disabled: model/model_utils/checkpointing.py prepare_model_for_training)", "model_args.py",
+                   grad_checkpointing=True)
+    else:
+        on = not c.flag("disable_gradient_checkpointing", off)
+        c.set("disable_gradient_checkpointing", off, f"grad_checkpointing={on}", grad_checkpointing=on)
+    liger = take("enable_liger_kernel")
+    if liger is not None:
+        c.set("enable_liger_kernel", liger, f"fused_ce={c.flag('enable_liger_kernel', liger)} (Liger's fused linear "
+                                            f"cross-entropy: no full logits)", fused_ce=liger)
+    attn = take("flash_attn")
+    if attn is None:
+        lf_default("flash_attn", "auto", "attention=sdpa (auto: transformers' default implementation)", "model_args.py")
+    elif not isinstance(attn, str) or attn not in ATTENTION:
+        raise ConfigError(path, f"flash_attn must be auto, sdpa, fa2 or disabled, got {attn!r}")
+    else:
+        c.set("flash_attn", attn, f"attention={ATTENTION[str(attn)]}", attention=ATTENTION[str(attn)])
+
+    # --- DeepSpeed (after the trainer values it takes "auto" from)
+    ds = take("deepspeed")
+    if ds is not None:
+        collect.companion_deepspeed(c, ds, given, trainer, model_ref.hidden_size(model))
+        if pure and c.changes.get("strategy") == "zero3":
+            raise ConfigError(path, "pure_bf16 is incompatible with DeepSpeed ZeRO-3 (LLaMA-Factory refuses it, "
+                                    "hparams/parser.py)")
+        if pure:
+            from helpers import strategies
+
+            if strategies.get(c.changes.get("strategy", "single")).deepspeed:
+                c.unmodelled("pure_bf16", True, "DeepSpeed's bf16 mode keeps fp32 master weights and Adam states "
+                                                "whatever the model's dtype: estimated as bf16-mixed")
+                c.changes["precision"] = "bf16-mixed"
+            else:
+                c.changes["precision"] = "bf16"
+    strategy = c.changes.get("strategy", "single")
+
+    # --- optimizer
+    optim = take("optim")
+    if optim is None:
+        collect.optimizer(c, "optim", collect.transformers_default_optim(), strategy, origin=hf)
+    else:
+        collect.optimizer(c, "optim", optim, strategy)
+
+    # --- everything else
+    for key, value in data.items():
+        if key in done:
+            continue
+        if key in NOT_MODELLED and NOT_MODELLED[key]:
+            c.unmodelled(key, value, NOT_MODELLED[key])
+        else:
+            c.ignore(key, value)
+    return c.finish(NAME, model, named)

@@ -1,0 +1,48 @@
+"""The model a config file names (`model_name_or_path: ...`): a catalogue name, a local config, or neither.
+
+A hub id the catalogue knows (`helpers.models.hub_ids()`) becomes its catalogue name; a local path to a config.json or
+to a model directory (tried as written, then relative to the file that names it) becomes that path; anything else is
+kept only as `model_named` (model None), and the command line asks for --model. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import models
+from helpers.errors import InputError
+from helpers.readers.base import ConfigError
+
+
+def resolve(named, referring: Path, key: str = "model_name_or_path") -> tuple[str | None, str | None]:
+    """(model for the estimator or None, the model as the file names it). ConfigError when the value is not a string,
+    or looks like a local path (starts with '/', './', '../' or '~', or ends in .json) that holds no model config."""
+    if named is None:
+        return None, None
+    if not isinstance(named, str) or not named.strip():
+        raise ConfigError(referring, f"{key} must be a hub id or a path, got {named!r}")
+    text = named.strip()
+    if text in models.catalogue():
+        return text, text
+    if text.lower() in models.hub_ids():
+        return models.hub_ids()[text.lower()], text
+    for candidate in (Path(text).expanduser(), Path(referring).parent / text):
+        config = candidate / "config.json" if candidate.is_dir() else candidate
+        if config.suffix == ".json" and config.is_file():
+            try:
+                models.read_config_dict(config)
+            except InputError as e:
+                raise ConfigError(referring, f"{key} {text!r}: {e}") from None
+            return str(config), text
+    if text.startswith(("/", "./", "../", "~")) or text.endswith(".json"):
+        raise ConfigError(referring, f"{key} {text!r} is a path with no model config.json there: give a hub id the "
+                                     f"catalogue knows (python -m helpers models) or a local config.json")
+    return None, text
+
+
+def hidden_size(model: str | None) -> int | None:
+    """The model's hidden size (what transformers' DeepSpeed integration sizes its "auto" buckets by); None without
+    a model."""
+    if model is None:
+        return None
+    return models.spec(model).hidden

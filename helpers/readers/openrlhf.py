@@ -1,0 +1,503 @@
+"""OpenRLHF command lines: a pasted command or a .sh script that launches `openrlhf.cli.train_sft` (or train_dpo,
+train_rm, train_ppo_ray) under `deepspeed --module`, `torchrun -m`, `python -m` or `ray job submit ... --`.
+
+OpenRLHF has no config file: its DeepSpeed config is built in code from the flags, so this reader models the flags
+directly. Two flag styles exist and both are read:
+- classic (`--zero_stage 2 --adam_offload --micro_train_batch_size 4 --max_len 2048 --bf16 --flash_attn ...`), up to
+  v0.10.1 (the 2025 scripts of cases 1-3 are in this style);
+- dotted (`--ds.zero_stage 2 --train.micro_batch_size 2 --data.max_len 2048 --ds.param_dtype bf16 ...`), since
+  commit ed62d0e2 ("dotted config hierarchy", first released in v0.10.2) and the style of the current source.
+Sources read (github:OpenRLHF/OpenRLHF): `openrlhf/cli/train_sft.py`, `train_dpo.py`, `train_rm.py`,
+`train_ppo_ray.py` at v0.8.5 (classic, `--bf16`/`--flash_attn` era), at 76351db1 (classic, `--param_dtype` /
+`--attn_implementation` era) and at 3c3be623 (HEAD, 2026-08-13, dotted); `openrlhf/utils/deepspeed/deepspeed_utils.py`
+(`get_train_ds_config`: offload_optimizer pin_memory True, "auto" bucket sizes that DeepSpeed drops to its own
+defaults, overlap_comm only with the flag); `openrlhf/utils/deepspeed/deepspeed.py` (gradient accumulation = train
+batch x ring x TP // micro batch // world size); `openrlhf/trainer/dpo_trainer.py` (`concatenated_forward`: chosen and
+rejected in one forward); `openrlhf/models/actor.py` (log-probs from the full fp32 logits, no labels passed: Liger's
+fused linear cross-entropy never runs).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from helpers.readers.base import ConfigError, Imported
+from helpers.readers.draft import Draft, model_from, positive_int
+
+NAME = "openrlhf"
+MODULE_RE = re.compile(r"openrlhf\.cli\.(train_sft|train_dpo|train_rm|train_ppo_ray|train_kto|train_prm|train_kd)\b")
+CLASSIC = "OpenRLHF v0.8.5 (classic flags)"
+CLASSIC_NEW = "OpenRLHF 76351db1 (classic flags, --param_dtype era)"
+DOTTED = "OpenRLHF 3c3be623 (dotted flags)"
+SRC = "github:OpenRLHF/OpenRLHF openrlhf/cli/{module}.py @{ref}"
+DS_UTILS = "github:OpenRLHF/OpenRLHF openrlhf/utils/deepspeed/deepspeed_utils.py (get_train_ds_config)"
+
+# canonical name -> (classic flag, dotted flag); PPO's own spellings are added per module in _names.
+FLAGS = {
+    "pretrain": ("--pretrain", "--model.model_name_or_path"),
+    "zero_stage": ("--zero_stage", "--ds.zero_stage"),
+    "micro_batch": ("--micro_train_batch_size", "--train.micro_batch_size"),
+    "train_batch": ("--train_batch_size", "--train.batch_size"),
+    "max_len": ("--max_len", "--data.max_len"),
+    "bf16": ("--bf16", None),
+    "param_dtype": ("--param_dtype", "--ds.param_dtype"),
+    "flash_attn": ("--flash_attn", None),
+    "attn_implementation": ("--attn_implementation", "--ds.attn_implementation"),
+    "gradient_checkpointing": ("--gradient_checkpointing", "--model.gradient_checkpointing_enable"),
+    "adam_offload": ("--adam_offload", "--ds.adam_offload"),
+    "zpg": ("--zpg", "--ds.zpg"),
+    "ring_attn_size": ("--ring_attn_size", "--ds.ring_attn_size"),
+    "tensor_parallel": ("--ds_tensor_parallel_size", "--ds.tensor_parallel_size"),
+    "lora_rank": ("--lora_rank", "--ds.lora.rank"),
+    "target_modules": ("--target_modules", "--ds.lora.target_modules"),
+    "load_in_4bit": ("--load_in_4bit", "--ds.load_in_4bit"),
+    "packing_samples": ("--packing_samples", "--ds.packing_samples"),
+    "use_liger_kernel": ("--use_liger_kernel", "--ds.use_liger_kernel"),
+    "overlap_comm": ("--overlap_comm", "--ds.overlap_comm"),
+    "grad_accum_dtype": ("--grad_accum_dtype", "--ds.grad_accum_dtype"),
+    "deepcompile": ("--deepcompile", "--ds.deepcompile"),
+    "load_checkpoint": ("--load_checkpoint", "--ckpt.load_enable"),
+    "ref_pretrain": ("--ref_pretrain", "--ref.model_name_or_path"),
+    "ref_offload": ("--ref_offload", "--ref.offload"),
+    "prompt_max_len": ("--prompt_max_len", None),
+    "generate_max_len": ("--generate_max_len", None),
+    "actor_num_nodes": ("--actor_num_nodes", "--actor.num_nodes"),
+    "actor_num_gpus_per_node": ("--actor_num_gpus_per_node", "--actor.num_gpus_per_node"),
+    "critic_pretrain": ("--critic_pretrain", "--critic.model_name_or_path"),
+    "reward_pretrain": ("--reward_pretrain", "--reward.model_name_or_path"),
+}
+SWITCHES = {"bf16", "flash_attn", "gradient_checkpointing", "adam_offload", "load_in_4bit", "packing_samples",
+            "use_liger_kernel", "overlap_comm", "deepcompile", "load_checkpoint", "ref_offload"}
+# flags that take no value in any module (store_true), so a following token is never taken as their value
+OTHER_SWITCHES = {"--save_hf_ckpt", "--disable_ds_ckpt", "--use_ds_universal_ckpt",
+                  "--gradient_checkpointing_use_reentrant",
+                  "--disable_fast_tokenizer", "--pretrain_mode", "--multiturn", "--apply_chat_template", "--use_ms",
+                  "--full_determinism", "--ipo", "--colocate_all_models", "--vllm_enable_sleep",
+                  "--deepspeed_enable_sleep", "--enforce_eager", "--enable_prefix_caching", "--normalize_reward",
+                  "--colocate_actor_ref", "--colocate_critic_reward", "--ckpt.save_hf", "--ckpt.disable_ds",
+                  "--data.apply_chat_template", "--model.pretrain_mode_enable", "--data.multiturn",
+                  "--model.gradient_checkpointing_reentrant", "--data.disable_fast_tokenizer",
+                  "--ds.use_universal_ckpt",
+                  "--train.full_determinism_enable", "--model.ipo_enable", "--train.colocate_all",
+                  "--vllm.enable_sleep", "--ds.enable_sleep", "--vllm.enforce_eager"}
+# per module: (micro batch default, max_len default) in the classic (v0.8.5) and dotted (3c3be623) sources
+MODULE_DEFAULTS = {
+    "train_sft": {"classic": (8, 2048), "dotted": (8, 2048)},
+    "train_dpo": {"classic": (8, 512), "dotted": (8, 512)},
+    "train_rm": {"classic": (1, 512), "dotted": (1, 512)},
+    "train_ppo_ray": {"classic": (4, 2048), "dotted": (1, 2048)},
+}
+ATTENTION = {"flash_attention_2": "flash", "flash_attention_3": "flash", "sdpa": "sdpa", "eager": "eager"}
+
+
+def claims(path: Path, data) -> bool:
+    """A shell script or text whose command runs an openrlhf.cli.train_* module."""
+    return isinstance(data, str) and bool(MODULE_RE.search(_strip_comments(data)))
+
+
+def _strip_comments(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def _variables(text: str) -> dict[str, str]:
+    """Simple shell assignments (NAME=value, export NAME=value) for expanding $NAME in flag values."""
+    out = {}
+    for line in text.splitlines():
+        if m := re.match(r"\s*(?:export\s+)?([A-Za-z_]\w*)=(\S+)\s*$", line):
+            try:
+                out[m.group(1)] = shlex.split(m.group(2))[0] if m.group(2) else ""
+            except ValueError:
+                out[m.group(1)] = m.group(2)
+    return out
+
+
+def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]:
+    """(module, the launcher's tokens before it, the flag tokens after it, shell variables) of the first command that
+    runs an openrlhf.cli module. Line continuations are joined; a heredoc's lines (read -r -d '' cmd <<EOF) are read as
+    part of the command they build."""
+    code = _strip_comments(text)
+    joined = re.sub(r"\\\r?\n", " ", code)
+    for line in joined.splitlines():
+        m = MODULE_RE.search(line)
+        if not m:
+            continue
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as e:
+            raise ConfigError(path, f"cannot split the openrlhf command into words: {e}") from None
+        at = next((i for i, w in enumerate(words) if MODULE_RE.match(w)), None)
+        if at is None:
+            raise ConfigError(path, f"the openrlhf module is not a word of its own in {line.strip()[:80]!r} (expected "
+                                    f"e.g. `deepspeed --module openrlhf.cli.train_sft ...`)")
+        after = []
+        for w in words[at + 1:]:
+            if w in (";", "&&", "||", "|", ">", "2>&1", "&") or w.startswith((">", "2>")):
+                break
+            after.append(w)
+        return m.group(1), words[:at], after, _variables(code)
+    raise ConfigError(path, "no openrlhf.cli.train_* command found (expected e.g. `deepspeed --module "
+                            "openrlhf.cli.train_sft --pretrain ...`)")
+
+
+def _parse_flags(path, words: list[str], variables: dict[str, str]) -> dict[str, object]:
+    """--flag value / --flag (a switch) / --flag=value, in order; a flag given twice keeps its last value (argparse)."""
+    flags: dict[str, object] = {}
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if not w.startswith("--"):
+            i += 1                                                      # a stray word (e.g. a trailing $@)
+            continue
+        if "=" in w:
+            name, value = w.split("=", 1)
+            flags[name] = _expand(value, variables)
+            i += 1
+            continue
+        values = []
+        j = i + 1
+        while j < len(words) and not words[j].startswith("--"):
+            values.append(_expand(words[j], variables))
+            j += 1
+        if w in OTHER_SWITCHES or _canonical(w) in SWITCHES:
+            flags[w] = True
+            if values:                                           # a switch followed by words: they are not its own
+                j = i + 1
+        elif not values:
+            flags[w] = True
+        else:
+            flags[w] = values[0] if len(values) == 1 else values
+        i = j
+    return flags
+
+
+def _expand(value: str, variables: dict[str, str]) -> str:
+    return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: variables.get(m.group(1), m.group(0)), value)
+
+
+def _canonical(flag: str) -> str | None:
+    for name, spellings in FLAGS.items():
+        if flag in spellings:
+            return name
+    return None
+
+
+def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, str]:
+    """World size from the launcher's own flags (deepspeed --num_gpus/--num_nodes/--include, torchrun
+    --nproc_per_node/--nnodes), also on a separate `deepspeed --module $cmd` line of the script."""
+    words = list(launcher)
+    for line in re.sub(r"\\\r?\n", " ", _strip_comments(script)).splitlines():
+        if re.match(r"\s*(deepspeed|torchrun)\b", line) and "$" in line:
+            try:
+                words += shlex.split(line, comments=True)
+            except ValueError:
+                pass
+
+    def value(*names):
+        for k, w in enumerate(words):
+            for n in names:
+                if w == n and k + 1 < len(words):
+                    return words[k + 1]
+                if w.startswith(n + "="):
+                    return w.split("=", 1)[1]
+        return None
+    per_node = value("--num_gpus", "--num-gpus", "--nproc_per_node", "--nproc-per-node")
+    include = value("--include", "-i")
+    nodes = value("--num_nodes", "--num-nodes", "--nnodes")
+    if per_node is None and include:                                     # localhost:0,1,2,3
+        per_node = str(len(include.split(":", 1)[-1].split(",")))
+    if per_node is None:
+        return None, ""
+    n = positive_int(path, "the launcher's GPUs per node", per_node)
+    m = positive_int(path, "the launcher's nodes", nodes) if nodes else 1
+    return n * m, f"launcher: {n} GPU{'' if n == 1 else 's'} per node" + (f" x {m} nodes" if nodes else "")
+
+
+class _Reader:
+    def __init__(self, path: Path, text: str, flag_lines: dict[str, int] | None = None):
+        self.path, self.text = Path(path), text
+        self.module, launcher, words, variables = _tokens(path, text)
+        self.flags = _parse_flags(path, words, variables)
+        self.launcher = launcher
+        self.style = "dotted" if any(f.startswith(("--ds.", "--train.", "--data.", "--model.", "--ckpt."))
+                                     for f in self.flags) else "classic"
+        newer = any(f in self.flags for f in ("--param_dtype", "--attn_implementation"))
+        self.tool = DOTTED if self.style == "dotted" else (CLASSIC_NEW if newer else CLASSIC)
+        ref = {DOTTED: "3c3be623", CLASSIC_NEW: "76351db1", CLASSIC: "v0.8.5"}[self.tool]
+        self.source = SRC.format(module=self.module, ref=ref)
+        self.d = Draft(NAME, path)
+        self.used: set[str] = set()
+
+    def line(self, flag: str) -> int | None:
+        pattern = re.compile(rf"(?<![\w.-]){re.escape(flag)}(?![\w.-])")
+        for n, raw in enumerate(self.text.splitlines(), 1):
+            if not raw.lstrip().startswith("#") and pattern.search(raw):
+                return n
+        return None
+
+    def get(self, name: str):
+        """(flag as written, value) or (None, None)."""
+        for spelled in FLAGS[name]:
+            if spelled and spelled in self.flags:
+                self.used.add(spelled)
+                return spelled, self.flags[spelled]
+        return None, None
+
+    def read(self) -> Imported:
+        d, f = self.d, self.path
+        if self.module not in MODULE_DEFAULTS:
+            raise ConfigError(f, f"openrlhf.cli.{self.module} is not read by this package: train_sft, train_dpo, "
+                                 f"train_rm and train_ppo_ray are")
+        model, named = self.model()
+        world = self.world()
+        tp = self.degree("tensor_parallel", "tensor_parallel", "DeepSpeed AutoTP")
+        ring = self.degree("ring_attn_size", "context_parallel", "ring attention (context parallel)")
+        self.strategy()
+        self.sizes(world, tp, ring)
+        self.precision()
+        self.attention()
+        self.switches()
+        self.lora()
+        self.others()
+        for flag, value in self.flags.items():
+            if flag not in self.used:
+                d.ignored(f, self.line(flag), flag, value)
+        return d.finish(model, named)
+
+    def model(self):
+        d, f = self.d, self.path
+        name = "pretrain"
+        if self.module == "train_ppo_ray" and self.style == "dotted":
+            k, v = "--actor.model_name_or_path", self.flags.get("--actor.model_name_or_path")
+            if v is not None:
+                self.used.add(k)
+            else:
+                k = None
+        else:
+            k, v = self.get(name)
+        if k is None or v is True:
+            raise ConfigError(f, f"the command names no model: give {FLAGS[name][0 if self.style == 'classic' else 1]}"
+                                 f" HUB_ID_OR_PATH")
+        model = model_from(str(v), f, k)
+        d.setting(f, self.line(k), k, v, sets=f"model={model!r}" if model else
+                  "model=None (not in the catalogue: pass a config.json)")
+        return model, str(v)
+
+    def world(self) -> int:
+        d, f = self.d, self.path
+        if self.module == "train_ppo_ray":
+            kn, nodes = self.get("actor_num_nodes")
+            kg, per = self.get("actor_num_gpus_per_node")
+            nodes = positive_int(f, kn or "actor_num_nodes", nodes if kn else 1)
+            per = positive_int(f, kg or "actor_num_gpus_per_node", per if kg else 8)
+            for k, v, key, dv in ((kn, nodes, "actor_num_nodes", 1), (kg, per, "actor_num_gpus_per_node", 8)):
+                (d.setting(f, self.line(k), k, v, sets=f"gpus={nodes * per} (actor)") if k else
+                 d.default(self.tool, key, dv, self.source, sets=f"gpus={nodes * per} (actor)"))
+            d.fields.update(gpus=nodes * per, gpus_per_node=per)
+            return nodes * per
+        gpus, how = _launcher_gpus(f, self.launcher, self.text)
+        if gpus is None:
+            d.gpus_unknown()
+            return 1
+        d.setting(f, None, "launcher", how, gpus=gpus)
+        return gpus
+
+    def degree(self, name: str, field: str, what: str) -> int:
+        d, f = self.d, self.path
+        k, v = self.get(name)
+        if k is None:
+            return 1
+        v = positive_int(f, k, v)
+        d.maybe(field, f, self.line(k), k, v, v, f"{what} of degree {v} is not modelled yet")
+        return v
+
+    def strategy(self):
+        d, f = self.d, self.path
+        k, stage = self.get("zero_stage")
+        stage = positive_int(f, k, stage) if k and str(stage) != "0" else (0 if k else 2)
+        if stage not in (0, 1, 2, 3):
+            raise ConfigError(f, f"{k} must be 0, 1, 2 or 3 (a DeepSpeed ZeRO stage), got {stage!r}")
+        strategy = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
+        if stage == 0:
+            d.not_modelled(f, self.line(k), k, stage, "ZeRO stage 0 under DeepSpeed (its own optimizer, no sharding) "
+                                                      "is modelled as torch DDP")
+        (d.setting(f, self.line(k), k, stage, strategy=strategy) if k else
+         d.default(self.tool, FLAGS["zero_stage"][self.style == "dotted"], 2, self.source, strategy=strategy))
+        d.default("OpenRLHF get_train_ds_config", "reduce_bucket_size, stage3_prefetch_bucket_size, sub_group_size",
+                  "auto", f"{DS_UTILS}: 'auto', which DeepSpeed's config model drops (DeepSpeedConfigModel "
+                  f"ignores 'auto' values), so DeepSpeed's own defaults apply", sets="DeepSpeed's defaults")
+        self.zero = stage
+
+    def sizes(self, world: int, tp: int, ring: int):
+        d, f = self.d, self.path
+        style = "dotted" if self.style == "dotted" else "classic"
+        micro_default, len_default = MODULE_DEFAULTS[self.module][style]
+        k, micro = self.get("micro_batch")
+        micro = positive_int(f, k or "micro batch", micro if k else micro_default)
+        pairs = self.module in ("train_dpo", "train_rm")
+        batch = 2 * micro if pairs else micro
+        why = " (chosen and rejected sequences of each pair in one forward: concatenated_forward)" if pairs else ""
+        (d.setting(f, self.line(k), k, micro, sets=f"batch={batch}{why}", batch=batch) if k else
+         d.default(self.tool, FLAGS["micro_batch"][style == "dotted"], micro_default, self.source,
+                   sets=f"batch={batch}{why}", batch=batch))
+        if self.module == "train_ppo_ray" and style == "classic":
+            kp, prompt = self.get("prompt_max_len")
+            kg, gen = self.get("generate_max_len")
+            prompt = positive_int(f, kp or "--prompt_max_len", prompt if kp else 1024)
+            gen = positive_int(f, kg or "--generate_max_len", gen if kg else 1024)
+            for kk, v, key, dv in ((kp, prompt, "--prompt_max_len", 1024), (kg, gen, "--generate_max_len", 1024)):
+                (d.setting(f, self.line(kk), kk, v, sets=f"seq={prompt + gen} (prompt + generated)") if kk else
+                 d.default(self.tool, key, dv, self.source, sets=f"seq={prompt + gen} (prompt + generated)"))
+            d.fields["seq"] = prompt + gen
+        else:
+            k, seq = self.get("max_len")
+            seq = positive_int(f, k or "max_len", seq if k else len_default)
+            (d.setting(f, self.line(k), k, seq, seq=seq) if k else
+             d.default(self.tool, FLAGS["max_len"][style == "dotted"], len_default, self.source, seq=seq))
+        k, total = self.get("train_batch")
+        total = positive_int(f, k or "train batch", total if k else 128)
+        dp_micro = micro * max(world // (tp * ring), 1)
+        accum = max(total // dp_micro, 1)
+        sets = (f"grad_accum={accum} (train batch {total} // (micro batch {micro} x data-parallel "
+                f"{max(world // (tp * ring), 1)}))")
+        (d.setting(f, self.line(k), k, total, sets=sets, grad_accum=accum) if k else
+         d.default(self.tool, FLAGS["train_batch"][style == "dotted"], 128, self.source, sets=sets, grad_accum=accum))
+
+    def precision(self):
+        d, f = self.d, self.path
+        kb, bf16 = self.get("bf16")
+        kp, dtype = self.get("param_dtype")
+        if kp:
+            if dtype not in ("bf16", "fp16"):
+                raise ConfigError(f, f"{kp} must be bf16 or fp16, got {dtype!r}")
+            if dtype == "fp16":
+                d.not_modelled(f, self.line(kp), kp, dtype, "fp16 training (loss scaling, fp16 copies) is not "
+                                                            "modelled: estimated as bf16-mixed, the same sizes")
+            d.setting(f, self.line(kp), kp, dtype, precision="bf16-mixed")
+        elif kb:
+            d.setting(f, self.line(kb), kb, True, precision="bf16-mixed")
+        elif self.tool == CLASSIC:
+            d.default(self.tool, "--bf16", False, self.source + " (store_true; DeepSpeed bf16.enabled false: fp32)",
+                      precision="fp32")
+        else:
+            d.default(self.tool, FLAGS["param_dtype"][self.style == "dotted"], "bf16", self.source,
+                      precision="bf16-mixed")
+
+    def attention(self):
+        d, f = self.d, self.path
+        kf, flash = self.get("flash_attn")
+        ka, impl = self.get("attn_implementation")
+        if ka:
+            if impl not in ATTENTION and not str(impl).startswith("kernels-community/"):
+                raise ConfigError(f, f"{ka} must be one of {', '.join(ATTENTION)} (or a kernels-community/ hub "
+                                     f"kernel), got {impl!r}")
+            d.setting(f, self.line(ka), ka, impl, attention=ATTENTION.get(impl, "flash"))
+        elif kf:
+            d.setting(f, self.line(kf), kf, True, attention="flash")
+        elif self.tool == CLASSIC:
+            d.default(self.tool, "--flash_attn", False, self.source + " (openrlhf/models/actor.py: eager unless "
+                      "--flash_attn)", attention="eager")
+        else:
+            d.default(self.tool, FLAGS["attn_implementation"][self.style == "dotted"], "flash_attention_2",
+                      self.source, attention="flash")
+
+    def switches(self):
+        d, f = self.d, self.path
+        k, on = self.get("gradient_checkpointing")
+        (d.setting(f, self.line(k), k, True, grad_checkpointing=True) if k else
+         d.default(self.tool, FLAGS["gradient_checkpointing"][self.style == "dotted"], False, self.source,
+                   grad_checkpointing=False))
+        k, on = self.get("adam_offload")
+        if k:
+            d.setting(f, self.line(k), k, True, offload_optimizer=True)
+            d.default("OpenRLHF get_train_ds_config", "zero_optimization.offload_optimizer.pin_memory", True,
+                      f"{DS_UTILS}: written as true in code, no flag changes it", pin_memory=True)
+        k, on = self.get("overlap_comm")
+        if k:
+            d.setting(f, self.line(k), k, True, overlap_comm=True)
+        else:
+            d.default("OpenRLHF get_train_ds_config", "zero_optimization.overlap_comm", "not written",
+                      f"{DS_UTILS}: overlap_comm only with the flag; DeepSpeed's default then applies (on for "
+                      f"ZeRO-3)", overlap_comm=None)
+        k, on = self.get("load_checkpoint")
+        if k:
+            d.setting(f, self.line(k), k, True, resume=True,
+                      sets="resume=True (the checkpoint in ckpt_path is loaded when one exists)")
+        k, on = self.get("packing_samples")
+        if k:
+            d.setting(f, self.line(k), k, True, sets="modelled as batch x seq tokens: a packed row holds at most "
+                                                     "micro batch x max_len tokens")
+
+    def lora(self):
+        d, f = self.d, self.path
+        k, rank = self.get("lora_rank")
+        rank = int(rank) if k and str(rank).lstrip("-").isdigit() else (rank if k else 0)
+        if k and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise ConfigError(f, f"{k} must be 0 (full fine-tuning) or a positive integer, got {self.flags[k]!r}")
+        if k:
+            d.setting(f, self.line(k), k, rank, lora_rank=rank or None)
+        kt, targets = self.get("target_modules")
+        if kt and rank:
+            targets = targets if isinstance(targets, list) else [targets]
+            joined = "all-linear" if targets == ["all-linear"] else ",".join(targets)
+            d.setting(f, self.line(kt), kt, targets, lora_targets=joined)
+        elif kt:
+            d.ignored(f, self.line(kt), kt, targets)
+        elif rank:
+            d.default(self.tool, FLAGS["target_modules"][self.style == "dotted"], "all-linear", self.source,
+                      lora_targets="all-linear")
+        k, on = self.get("load_in_4bit")
+        if k:            # OpenRLHF always trains through DeepSpeed, and a 4-bit base is modelled without ZeRO only
+            d.not_modelled(f, self.line(k), k, True, "a bitsandbytes 4-bit (nf4) base under DeepSpeed ZeRO is not "
+                           "modelled (QLoRA is, with strategies single and ddp): estimated with a bf16 base")
+
+    def others(self):
+        d, f = self.d, self.path
+        for name, why in (("zpg", "ZeRO++ hierarchical partitioning (a secondary copy of the parameters per node "
+                                  "group) is not modelled"),
+                          ("grad_accum_dtype", "a separate gradient-accumulation dtype buffer is not modelled"),
+                          ("deepcompile", "DeepSpeed's deepcompile is not modelled"),
+                          ("use_liger_kernel", "Liger's RMSNorm/SwiGLU/RoPE kernels are not modelled; its fused "
+                                               "linear cross-entropy never runs in OpenRLHF (the Actor computes "
+                                               "log-probs from the full logits)")):
+            k, v = self.get(name)
+            if k is None or (name == "zpg" and str(v) == "1"):
+                if k:
+                    d.setting(f, self.line(k), k, v, sets="off (as modelled)")
+                continue
+            d.not_modelled(f, self.line(k), k, v, why)
+        if self.module == "train_dpo":
+            k, ref = self.get("ref_pretrain")
+            ko, off = self.get("ref_offload")
+            named = ref if k else "the --pretrain model (ref_pretrain defaults to it)"
+            d.not_modelled(f, self.line(k) if k else None, k or FLAGS["ref_pretrain"][self.style == "dotted"], named,
+                           "DPO's frozen reference model (a second copy of the weights"
+                           + (", offloaded to the CPU by --ref_offload" if ko else
+                              ", ZeRO-3-sharded when zero_stage is 3, else whole on every GPU")
+                           + ") is not modelled: the estimate has no frozen-copy term")
+        if self.module == "train_ppo_ray":
+            for name in ("critic_pretrain", "reward_pretrain"):
+                k, v = self.get(name)
+                if k:
+                    d.not_modelled(f, self.line(k), k, v, "PPO's other models (critic, reward, reference, vLLM "
+                                                          "engines) run on their own GPUs or colocated: not modelled; "
+                                                          "the estimate is the actor's training")
+            d.not_modelled(f, None, "PPO reference model and vLLM engines", "(always loaded)",
+                           "PPO's reference model and rollout engines are not modelled: the estimate is the actor's "
+                           "training step alone")
+
+
+def read(path: Path, data, lines: dict, given: list[Path]) -> Imported:
+    """The set-up of the openrlhf command in a .sh script or a text file."""
+    if not isinstance(data, str):
+        raise ConfigError(path, "not an OpenRLHF command line or shell script")
+    return _Reader(path, data).read()
+
+
+def read_command(text: str, path: str | Path = "<command>") -> Imported:
+    """The set-up of a pasted OpenRLHF command (one string; line continuations allowed). `files` holds `path`."""
+    if not isinstance(text, str) or not MODULE_RE.search(text):
+        raise ConfigError(path, "no openrlhf.cli.train_* command in the text (expected e.g. `deepspeed --module "
+                                "openrlhf.cli.train_sft --pretrain ...`)")
+    return _Reader(Path(path), text).read()

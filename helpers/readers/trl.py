@@ -1,0 +1,268 @@
+"""Reader of a TRL command-line YAML (`trl sft --config run.yaml`, or a script parsed with TrlParser): the keys of
+TrainingArguments / SFTConfig (or DPOConfig) and ModelConfig in one mapping; with its `deepspeed:` JSON, and with the
+accelerate config it is launched under (`accelerate launch --config_file acc.yaml`).
+
+Pairing with accelerate: `helpers.readers.read(["run.yaml", "acc.yaml"])` (either order) reads the TRL file as the
+run's config and takes every given accelerate YAML as its companion: the accelerate file gives the strategy
+(distributed_type, its DeepSpeed or FSDP section) and the world size (num_processes); the TRL file gives the model,
+sizes and precision (TrainingArguments' bf16/fp16 win over accelerate's mixed_precision, as in transformers).
+
+Defaults, read from github:huggingface/trl at commit f2cd577 (2026-07-24, version 1.10.0.dev0):
+- `trl/trainer/base_config.py`: gradient_checkpointing True (TRL's own default; transformers' is off), bf16 None ->
+  True unless fp16, use_liger_kernel False;
+- `trl/trainer/sft_config.py`: max_length 1024, packing False, padding_free False;
+- `trl/trainer/model_config.py` (ModelConfig): dtype "float32", attn_implementation None (transformers chooses:
+  sdpa), use_peft False, lora_r 16, lora_target_modules None (peft's default for the model type: q_proj and v_proj
+  for llama, mistral, qwen2, gemma -- peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING),
+  load_in_4bit False with bnb_4bit_quant_type "nf4", load_in_8bit False;
+- per_device_train_batch_size 8, gradient_accumulation_steps 1, optim: transformers' TrainingArguments (installed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers.readers import accelerate, base, collect, model_ref
+from helpers.readers.base import ConfigError, Imported
+from helpers.readers.deepspeed import transformers_tool
+
+NAME = "trl"
+TOOL = "TRL 1.10.0.dev0 (commit f2cd577)"
+SRC = "github:huggingface/trl@f2cd577 trl/trainer/"
+TRAINING_KEYS = {"model_name_or_path", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
+                 "max_seq_length", "use_peft", "lora_r", "dataset_name", "output_dir", "gradient_checkpointing",
+                 "learning_rate", "num_train_epochs"}
+ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "flash", "flash_attention_3": "flash",
+             "kernels-community/flash-attn": "flash", "kernels-community/flash-attn3": "flash",
+             "kernels-community/vllm-flash-attn3": "flash"}
+PEFT_QV = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2"}
+DPO_KEYS = {"beta", "loss_type", "max_prompt_length", "precompute_ref_log_probs", "ref_model_init_kwargs",
+            "rpo_alpha", "reference_free", "sync_ref_model"}
+NOT_MODELLED = {
+    "use_dora": "DoRA adds a magnitude vector and a weight-norm per adapted layer",
+    "lora_modules_to_save": "modules trained in full beside LoRA",
+    "lora_dropout": "LoRA dropout keeps a dropped copy of each adapted layer's input",
+    "torch_compile": "torch.compile changes which activations are kept",
+    "gradient_checkpointing_kwargs": "checkpointing options (use_reentrant)",
+    "activation_offloading": "activations offloaded to host memory",
+    "tp_size": "tensor parallelism", "context_parallel_size": "context parallelism",
+}
+
+
+def claims(path: Path, data) -> bool:
+    """A YAML mapping of TrainingArguments / ModelConfig keys, not accelerate's own file."""
+    return (Path(path).suffix.lower() in (".yaml", ".yml") and isinstance(data, dict)
+            and not {"distributed_type", "compute_environment"} & set(data)
+            and not {"base_model", "sequence_len", "micro_batch_size"} & set(data)      # axolotl's own keys
+            and bool(TRAINING_KEYS & set(data)))
+
+
+def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
+    data = collect.read_yaml_mapping(path, data)
+    c = collect.Collector(Path(path), lines)
+    take, done = collect.taker(data)
+    name = Path(path).name
+
+    def trl_default(key, value, sets, file, **changes):
+        c.default(TOOL, key, value, sets, SRC + file, **changes)
+
+    named = take("model_name_or_path")
+    model, named = model_ref.resolve(named, path)
+    if named is None:
+        c.unmodelled("model_name_or_path", None, "no model named (a script may pass one itself): pass --model")
+    else:
+        c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
+
+    dpo = sorted(DPO_KEYS & set(data))
+    if dpo:
+        c.unmodelled(dpo[0], data[dpo[0]], "DPO keys: a chosen and a rejected sequence per example (twice the "
+                                           "activations) and a frozen reference model; estimated as SFT of one model")
+
+    # --- sizes
+    hf = transformers_tool()
+    trainer = collect.trainer_sizes(c, take, name)
+    seq_key = "max_length" if "max_length" in data or "max_seq_length" not in data else "max_seq_length"
+    seq = take(seq_key)
+    done.add("max_seq_length")
+    if seq is None and seq_key == "max_length" and "max_length" in data:
+        c.unmodelled("max_length", None, "no truncation: sequences as long as the data's longest; estimated at 1024")
+        c.changes["seq"] = 1024
+    elif seq is None:
+        trl_default("max_length", 1024, "seq=1024", "sft_config.py SFTConfig", seq=1024)
+    else:
+        c.set(seq_key, seq, f"seq={c.integer(seq_key, seq)}", seq=seq)
+    for key in ("packing", "padding_free"):
+        value = take(key)
+        if value:
+            c.set(key, value, "sequences packed / flattened: micro batches are full length (seq as above)")
+        elif value is not None:
+            c.ignore(key, value)
+
+    # --- precision (decided after the strategy: DeepSpeed keeps fp32 masters in its bf16 mode)
+    bf16, fp16 = take("bf16"), take("fp16")
+    for key, value in (("bf16", bf16), ("fp16", fp16)):
+        if value is not None:
+            c.flag(key, value)
+    if bf16 is None:
+        bf16 = not fp16
+        trl_default("bf16", None, f"bf16={bf16} (None -> not fp16)", "base_config.py")
+    trainer["bf16"] = (bool(bf16), f"{name} line {lines.get('bf16')}" if "bf16" in data else f"{TOOL} default")
+    trainer["fp16"] = (bool(fp16), f"{name} line {lines.get('fp16')}" if "fp16" in data else f"{hf} default")
+    dtype_key = "dtype" if "dtype" in data or "torch_dtype" not in data else "torch_dtype"
+    dtype = take(dtype_key)
+    done.add("torch_dtype")
+    if dtype == "auto" and model is not None:
+        from helpers import models
+
+        raw = models.read_config_dict(model)
+        dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+    if dtype is None:
+        trl_default("dtype", "float32", "weights loaded in fp32", "model_config.py ModelConfig")
+        dtype = "float32"
+
+    # --- checkpointing, kernels, attention
+    gc = take("gradient_checkpointing")
+    if gc is None:
+        trl_default("gradient_checkpointing", True, "grad_checkpointing=True", "base_config.py",
+                    grad_checkpointing=True)
+    else:
+        c.set("gradient_checkpointing", gc, f"grad_checkpointing={c.flag('gradient_checkpointing', gc)}",
+              grad_checkpointing=gc)
+    liger = take("use_liger_kernel")
+    if liger is not None:
+        c.set("use_liger_kernel", liger, f"fused_ce={c.flag('use_liger_kernel', liger)}", fused_ce=liger)
+    attn = take("attn_implementation")
+    if attn is None:
+        trl_default("attn_implementation", None, "attention=sdpa (transformers' default)", "model_config.py")
+    elif not isinstance(attn, str):
+        raise ConfigError(path, f"attn_implementation must be a name (sdpa, eager, flash_attention_2, ...), "
+                                f"got {attn!r}")
+    elif attn in ATTENTION:
+        c.set("attn_implementation", attn, f"attention={ATTENTION[str(attn)]}", attention=ATTENTION[str(attn)])
+    else:
+        c.unmodelled("attn_implementation", attn, "attention kernel not modelled: estimated as sdpa")
+
+    # --- LoRA and quantisation
+    peft = take("use_peft")
+    rank, targets = take("lora_r"), take("lora_target_modules")
+    if peft:
+        c.set("use_peft", peft, "LoRA (lora_r, lora_target_modules below)")
+        if rank is None:
+            trl_default("lora_r", 16, "lora_rank=16", "model_config.py", lora_rank=16)
+        else:
+            c.set("lora_r", rank, f"lora_rank={c.integer('lora_r', rank)}", lora_rank=rank)
+        if targets is None:
+            from helpers import models
+
+            mtype = models.spec(model).model_type if model else None
+            if mtype in PEFT_QV:
+                c.default("peft", "lora_target_modules", None, f"lora_targets=q_proj,v_proj (peft's default for "
+                          f"{mtype})", "peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING",
+                          lora_targets="q_proj,v_proj")
+            else:
+                c.unmodelled("lora_target_modules", None, f"peft's default targets for model type {mtype!r} are not "
+                                                          f"known here: estimated on every linear layer")
+        else:
+            if not isinstance(targets, str) and not (isinstance(targets, list)
+                                                     and all(isinstance(t, str) for t in targets)):
+                raise ConfigError(path, f"lora_target_modules must be module names (a list or comma-separated) or "
+                                        f"all-linear, got {targets!r}")
+            if isinstance(targets, str):
+                targets = [t for t in targets.split(",")] if targets != "all-linear" else ["all-linear"]
+            joined = ",".join(str(t).strip() for t in targets)
+            c.set("lora_target_modules", targets, f"lora_targets={joined}", lora_targets=joined)
+    elif peft is not None or rank is not None or targets is not None:
+        for key, value in (("use_peft", peft), ("lora_r", rank), ("lora_target_modules", targets)):
+            if value is not None:
+                c.ignore(key, value)
+    q4, q8 = take("load_in_4bit"), take("load_in_8bit")
+    if q4:
+        qtype = take("bnb_4bit_quant_type", "nf4")
+        if qtype == "nf4" and base.modelled("base_weights"):
+            c.set("load_in_4bit", True, "base_weights=nf4 (bitsandbytes 4-bit, QLoRA)", base_weights="nf4")
+        else:
+            c.unmodelled("load_in_4bit", True, f"4-bit {qtype} base weights are not modelled yet: estimated with the "
+                                               f"base in the compute dtype")
+    if q8:
+        c.unmodelled("load_in_8bit", True, "8-bit base weights are not modelled: estimated in the compute dtype")
+
+    # --- launcher and engine: the accelerate config, then a DeepSpeed file the TRL config names
+    hidden = model_ref.hidden_size(model)
+    launcher: Path | None = None
+    for other in given:
+        other = Path(other)
+        if other.resolve() == Path(path).resolve() or other.suffix.lower() not in (".yaml", ".yml"):
+            continue
+        odata, olines = base.load_yaml(other)
+        if accelerate.claims(other, odata):
+            if launcher is not None and launcher.resolve() != other.resolve():
+                raise ConfigError(other, f"a second accelerate config (with {launcher.name}): `accelerate launch "
+                                         f"--config_file` takes one; give the one this run is launched with")
+            launcher = other
+            applied, files = accelerate.apply(other, odata, olines, given, trainer, hidden)
+            c.merge(applied)
+            c.files += [str(other)] + files
+    ds = take("deepspeed")
+    if ds is not None:
+        collect.companion_deepspeed(c, ds, given, trainer, hidden)
+    fsdp = take("fsdp")
+    if fsdp:
+        _fsdp(c, fsdp, take("fsdp_config") or {})
+    strategy = c.changes.get("strategy", "single")
+
+    from helpers import strategies
+
+    if fp16:
+        c.changes["precision"] = "bf16-mixed"
+        c.unmodelled("fp16", True, "fp16 mixed precision is not modelled: estimated as bf16-mixed (same bytes)")
+    elif bf16 and dtype in ("bfloat16", "bf16") and strategies.get(strategy).torch_optimizer:
+        c.set(dtype_key, dtype, "precision=bf16 (bf16 weights, gradients and AdamW states; no fp32 master)",
+              precision="bf16")
+    else:
+        if dtype_key in data:
+            c.set(dtype_key, data[dtype_key], f"weights loaded in {dtype}")
+        c.changes.setdefault("precision", "bf16-mixed" if bf16 else "fp32")
+        if strategies.get(strategy).engine != "deepspeed":
+            c.changes["precision"] = "bf16-mixed" if bf16 else "fp32"
+
+    optim = take("optim")
+    if optim is None:
+        collect.optimizer(c, "optim", collect.transformers_default_optim(), strategy, origin=hf)
+    else:
+        collect.optimizer(c, "optim", optim, strategy)
+
+    for key, value in data.items():
+        if key in done or key in DPO_KEYS:
+            continue
+        if key in NOT_MODELLED:
+            c.unmodelled(key, value, NOT_MODELLED[key])
+        else:
+            c.ignore(key, value)
+    return c.finish(NAME, model, named)
+
+
+def _fsdp(c: collect.Collector, fsdp, config: dict) -> None:
+    """transformers' own FSDP options (`fsdp: "full_shard auto_wrap"`, `fsdp_config: {version: 2, ...}`)."""
+    from helpers.readers.base import modelled
+
+    if not isinstance(fsdp, (str, list)) or (isinstance(fsdp, list) and not all(isinstance(w, str) for w in fsdp)):
+        raise ConfigError(c.path, f"fsdp must be FSDP options as a string or a list (e.g. \"full_shard auto_wrap\"), "
+                                  f"got {fsdp!r}")
+    words = fsdp.split() if isinstance(fsdp, str) else list(fsdp)
+    if not isinstance(config, dict):
+        raise ConfigError(c.path, f"fsdp_config must be a mapping, got {config!r}")
+    version = config.get("version", config.get("fsdp_version", 1))
+    if "full_shard" not in words:
+        c.unmodelled("fsdp", fsdp, "FSDP sharding other than full_shard is not modelled: estimated as full shard")
+    if version == 2:
+        c.set("fsdp", fsdp, "strategy=fsdp2 (fsdp_config version 2)", strategy="fsdp2")
+    elif modelled("fsdp1"):
+        c.set("fsdp", fsdp, "strategy=fsdp1", strategy="fsdp1")
+    else:
+        c.changes["strategy"] = "fsdp2"
+        c.unmodelled("fsdp", fsdp, "FSDP1 is not modelled yet: estimated as FSDP2, which shards the same states")
+    if "offload" in words:
+        c.set("fsdp", fsdp, "offload_optimizer=True, offload_params=True (offload)", offload_optimizer=True,
+              offload_params=True)
+    if config.get("activation_checkpointing"):
+        c.set("fsdp_config.activation_checkpointing", True, "grad_checkpointing=True", grad_checkpointing=True)

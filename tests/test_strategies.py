@@ -1,0 +1,67 @@
+"""The strategy registry: every strategy is one object, and the CLI, the explorer, the validation and the engines
+take their choices from it."""
+
+import pytest
+
+from helpers import strategies
+from helpers.errors import InputError
+from helpers.estimate import states
+from helpers.measure import dryrun
+from helpers.training import STRATEGIES, TrainSetup
+
+
+def test_every_strategy_has_its_memory_items_and_dry_run_or_a_reason():
+    for s in strategies.REGISTRY.values():
+        assert s.states in states.MODEL_STATES, s.name
+        assert set(s.shards) <= set(strategies.SHARDABLE) and list(s.shards) == sorted(
+            s.shards, key=strategies.SHARDABLE.index), s.name
+        assert (s.dry_run is not None and s.states in dryrun.STEPS) or (s.dry_run is None and s.no_dry_run), s.name
+        assert set(s.offload) <= {"offload_optimizer", "offload_params", "offload_ratio"}
+        assert s.engine in ("torch", "deepspeed", "fsdp2", "fsdp1")
+
+
+def test_choices_come_from_the_registry():
+    assert STRATEGIES == tuple(strategies.REGISTRY) == strategies.NAMES
+    assert strategies.listing(lambda s: s.deepspeed) == "zero1, zero2 or zero3"
+    with pytest.raises(InputError, match=r"unknown strategy 'zero4': allowed are single, ddp, zero1, zero2, zero3, fsdp2, fsdp1"):
+        strategies.get("zero4")
+
+
+def test_cli_and_explorer_offer_the_registry():
+    import argparse
+
+    from helpers import __main__ as cli, explore
+
+    p = argparse.ArgumentParser()
+    cli.setup_parser(p)
+    action = next(a for a in p._actions if a.dest == "strategy")
+    assert action.metavar == "{" + ",".join(strategies.NAMES) + "}"
+    assert all(s.title in action.help for s in strategies.REGISTRY.values())
+    ex = explore.Explorer("llama-3-8b", TrainSetup(gpu_gib=80))
+    assert tuple(ex.controls["strategy"].options) == strategies.NAMES
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(strategy="single", offload_optimizer=True), "offload needs zero1, zero2, zero3, fsdp2 or fsdp1"),
+    (dict(strategy="zero2", offload_params=True), "offload_params needs zero3, fsdp2 or fsdp1"),
+    (dict(strategy="fsdp2", gpus=2, offload_optimizer=True, offload_params=True, offload_ratio=0.5), "honoured only by DeepSpeed ZeRO-3 \(partial offload; strategy zero3\)"),
+    (dict(strategy="single", gpus=2), "use ddp, zero1, zero2, zero3, fsdp2 or fsdp1"),
+    (dict(strategy="fsdp2", lora_rank=8), "lora_rank is modelled with strategies single, ddp, zero1, zero2 and zero3"),
+    (dict(strategy="zero1", adam_impl="fused"), r"strategies single, ddp, fsdp2 or fsdp1\)"),
+    (dict(strategy="fsdp2", optimizer="adamw-8bit"), "strategies single and ddp"),
+])
+def test_validation_messages_list_what_the_registry_allows(options, message):
+    with pytest.raises(InputError, match=message):
+        TrainSetup(**options).validate()
+
+
+def test_each_property_decides_what_it_says():
+    """Two strategies that differ in one property only would differ in that item; here: ZeRO-1 vs ZeRO-2 differ
+    in sharding gradients, and the estimate's gradient items follow `shards`."""
+    from helpers import estimate
+
+    one = estimate.run("llama-3-8b", TrainSetup(strategy="zero1", gpus=8, seq=128))
+    two = estimate.run("llama-3-8b", TrainSetup(strategy="zero2", gpus=8, seq=128))
+    full = next(i for i in one.items if i["name"].startswith("gradients (bf16, full)"))
+    part = next(i for i in two.items if i["name"].startswith("gradient partition"))
+    assert full["bytes"] == 8 * part["bytes"] or abs(full["bytes"] - 8 * part["bytes"]) < 16
