@@ -75,7 +75,7 @@ FIELDS = {"--batch": "batch", "--seq": "seq", "--precision": "precision", "--ada
           "--offload-optimizer": "offload_optimizer", "--offload-params": "offload_params",
           "--offload-ratio": "offload_ratio", "--pin-memory": "pin_memory", "--no-pin-memory": "pin_memory",
           "--grad-checkpointing": "grad_checkpointing", "--checkpointing": "checkpointing",
-          "--grad-accum": "grad_accum", "--fused-ce": "fused_ce", "--attention": "attention", "--gpu-gib": "gpu_gib",
+          "--checkpoint-every": "checkpoint_every", "--grad-accum": "grad_accum", "--fused-ce": "fused_ce", "--attention": "attention", "--gpu-gib": "gpu_gib",
           "--gpu": "gpu_gib", "--host-gib": "host_gib", "--resume": "resume"}
 S = argparse.SUPPRESS
 
@@ -129,6 +129,9 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
     ckpt.add_argument("--checkpointing", default=S, metavar="{" + ",".join(CHECKPOINTING) + "}",
                       help="activation checkpointing of every decoder layer: none (default), full, or selective "
                            "(torchtitan's op-level policy: every other matmul's output and the attention kernel's saved)")
+    p.add_argument("--checkpoint-every", type=integer, default=S, metavar="N",
+                   help="with --checkpointing full: only every Nth decoder layer (torchtitan's selective_ac_option "
+                        "= N; default 1, every layer)")
     p.add_argument("--grad-accum", type=integer, default=S, metavar="N",
                    help="gradient accumulation: N micro batches per optimizer step (default 1)")
     p.add_argument("--fused-ce", action="store_true", default=S, help="fused/chunked linear cross-entropy")
@@ -152,6 +155,8 @@ def given(a: argparse.Namespace) -> dict:
         out["checkpointing"] = None
     elif "checkpointing" in out:
         out["grad_checkpointing"] = False
+        if out["checkpointing"] != "full" and "checkpoint_every" not in out:
+            out["checkpoint_every"] = 1                 # a file's every-Nth layer goes with its full checkpointing
     return out
 
 

@@ -74,6 +74,11 @@ GRID = [
     ("llama-3-8b", T(strategy="fsdp2", gpus=8, batch=2, seq=8192, checkpointing="selective")),
     ("llama-3.2-3b", T(precision="fp32", seq=1024, checkpointing="selective")),
     ("qwen2.5-32b", T(precision="bf16", adam_impl="fused", seq=1024, checkpointing="selective")),
+    # layer-level selective checkpointing: full checkpointing of every Nth layer (torchtitan's selective_ac_option)
+    ("llama-3.2-3b", T(precision="bf16", adam_impl="fused", batch=2, seq=4096, checkpointing="full", checkpoint_every=2,
+                       fused_ce=True, attention="flash")),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, seq=2048, checkpointing="full", checkpoint_every=2)),
+    ("qwen3-8b", T(precision="bf16-mixed", adam_impl="fused", seq=1024, checkpointing="full", checkpoint_every=3)),
     # tensor parallelism (torchtitan's plan; DTensor on a 2-D fake mesh); context parallelism has no dry run
     ("llama-3-8b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, tensor_parallel=2, adam_impl="fused", seq=256)),
     ("llama-3-8b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, tensor_parallel=2, precision="bf16", adam_impl="fused",
@@ -110,6 +115,7 @@ def _label(name: str, s: T) -> str:
     opts = [s.strategy + (f"x{s.gpus}" if s.gpus > 1 else ""), s.precision, s.adam, f"b{s.batch}", f"s{s.seq}", s.attention]
     opts += [f"tp{s.tensor_parallel}"] * (s.tensor_parallel > 1) + [f"cp{s.context_parallel}"] * (s.context_parallel > 1)
     opts += [{"none": "", "full": "ckpt", "selective": "sac"}[s.ac]] * (s.ac != "none")
+    opts += [f"every{s.checkpoint_every}"] * (s.checkpoint_every > 1)
     opts += [f"accum{s.grad_accum}"] * (s.grad_accum > 1)
     opts += [("offload-opt+params" if s.offload_params and not s.strat.offload_together else "offload")] * s.offload_optimizer
     opts += [f"ratio{s.offload_ratio}"] * (s.offload_ratio is not None)

@@ -69,6 +69,10 @@ class Explorer:
             "use_ratio": w.Checkbox(s.offload_ratio is not None, description="partial offload (ratio)"),
             "pin_memory": w.Checkbox(s.pin_memory, description="pin memory"),
             "checkpointing": w.Dropdown(options=CHECKPOINTING, value=s.ac, description="checkpointing"),
+            "checkpoint_every": w.SelectionSlider(options=sorted({1, 2, 3, 4, s.checkpoint_every}),
+                                                  value=s.checkpoint_every, description="ckpt every",
+                                                  tooltip="with checkpointing full: every Nth layer only",
+                                                  continuous_update=False),
             "grad_accum": w.SelectionSlider(options=sorted(set(GRAD_ACCUMS + [s.grad_accum])), value=s.grad_accum,
                                             description="grad accum", tooltip="micro batches per optimizer step",
                                             continuous_update=False),
@@ -107,6 +111,7 @@ class Explorer:
             offload_ratio=c["offload_ratio"] if c["use_ratio"] else None, pin_memory=c["pin_memory"],
             grad_checkpointing=c["checkpointing"] == "full",     # none/full as grad_checkpointing, so a case's
             checkpointing="selective" if c["checkpointing"] == "selective" else None,   # set-up compares equal
+            checkpoint_every=c["checkpoint_every"] if c["checkpointing"] == "full" else 1,
             grad_accum=c["grad_accum"], fused_ce=c["fused_ce"], attention=c["attention"],
             gpu_gib=c["gpu_gib"] or None, host_gib=c["host_gib"] or None,
         ).validate()
@@ -185,14 +190,14 @@ class Explorer:
             grid_template_columns="repeat(3, 285px)", grid_gap="2px 4px"))
         main = grid(["model", "strategy", "gpus", "batch", "seq", "precision", "offload_optimizer", "offload_params",
                      "checkpointing"])
-        rest = grid(["tensor_parallel", "context_parallel", "grad_accum", "adam_impl", "optimizer", "lora_rank",
+        rest = grid(["tensor_parallel", "context_parallel", "checkpoint_every", "grad_accum", "adam_impl", "optimizer", "lora_rank",
                      "lora_targets", "base_weights", "attention", "fused_ce", "pin_memory", "use_ratio", "offload_ratio",
                      "gpu_gib", "host_gib"])
         if "google.colab" in sys.modules:    # Colab's widget manager does not open an Accordion (colabtools #3571)
             more = w.VBox([w.HTML("<b>more options</b>"), rest])
         else:
             more = w.Accordion([rest], selected_index=None,
-                               titles=("more options: TP/CP, accumulation, AdamW, 8-bit, LoRA, QLoRA, attention, "
+                               titles=("more options: TP/CP, every Nth layer, accumulation, AdamW, 8-bit, LoRA, QLoRA, attention, "
                                        "fused CE, pinning, ratio, capacities",))
         head = [main, more, w.HBox([self.reset_button, self.verdict])]
         canvas = self.curve.fig.canvas

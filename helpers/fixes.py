@@ -81,8 +81,10 @@ def _candidates(m, s: TrainSetup) -> list[tuple[str, dict]]:
     out = []
     if s.ac != "full":
         out.append(("checkpointing full", {"checkpointing": "full"}))
+    elif s.checkpoint_every > 1:
+        out.append(("checkpointing every layer", {"checkpoint_every": 1}))
     if s.ac != "selective":
-        out.append(("checkpointing selective", {"checkpointing": "selective"}
+        out.append(("checkpointing selective", {"checkpointing": "selective", "checkpoint_every": 1}
                     | ({"grad_checkpointing": False} if s.grad_checkpointing else {})))
     if not s.fused_ce:
         out.append(("fused cross-entropy", {"fused_ce": True}))

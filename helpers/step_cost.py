@@ -89,7 +89,8 @@ def _layer_matmuls(m: models.ModelSpec) -> list[int]:
 def recompute_flops(model, setup: TrainSetup) -> float:
     """Forward FLOPs per optimizer step per GPU that backward recomputes under the set-up's checkpointing: 'full'
     recomputes each layer's forward; 'selective' (torchtitan's op policy, helpers.measure.checkpointing) recomputes
-    every second matmul of each layer and keeps the attention kernel's output; 'none' recomputes nothing. Tensor and
+    every second matmul of each layer and keeps the attention kernel's output; 'none' recomputes nothing; with
+    checkpoint_every N only every Nth layer is recomputed. Tensor and
     context parallelism split each layer's work over tp x cp GPUs."""
     m = models.spec(model)
     if setup.ac == "none":
@@ -100,7 +101,8 @@ def recompute_flops(model, setup: TrainSetup) -> float:
     if setup.ac == "selective":
         return 2.0 * tokens * sum(mm[1::2]) * m.layers / split
     attention = 4.0 * setup.batch * setup.seq ** 2 * m.q_width * setup.grad_accum
-    return (2.0 * tokens * sum(mm) + attention) * m.layers / split
+    recomputed = m.layers // setup.checkpoint_every                 # every Nth layer only (1: each of them)
+    return (2.0 * tokens * sum(mm) + attention) * recomputed / split
 
 
 def _trainable(m: models.ModelSpec, setup: TrainSetup) -> int:

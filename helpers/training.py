@@ -21,6 +21,7 @@ ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
 BASE_WEIGHTS = ("nf4",)       # QLoRA: bitsandbytes 4-bit NormalFloat base (None: the base in the compute dtype)
 MAX_GRAD_ACCUM = 4096         # micro batches per optimizer step (real runs use 1 to a few hundred)
+MAX_LAYERS = 1024              # decoder layers (checkpoint_every); the largest models have about 128
 
 # Limits beyond which no real training run goes; past them a figure would be meaningless (or overflow 64-bit sizes
 # in a dry run), so they are refused with the allowed range in the message.
@@ -86,6 +87,11 @@ class TrainSetup:
     """Activation checkpointing: 'none', 'full' (each decoder layer recomputed in backward) or 'selective'
     (torchtitan's op-level policy: each layer keeps the outputs of its attention kernel and of every other matmul,
     recomputes the rest). None: 'full' if grad_checkpointing else 'none'."""
+    checkpoint_every: int = 1
+    """With checkpointing 'full': checkpoint every Nth decoder layer only (the Nth, 2Nth, ... counted from 1: layers
+    N-1, 2N-1, ... from 0), the others keep their activations; torchtitan's layer-level selective checkpointing
+    (`mode = "selective"`, `selective_ac_option = "N"`, torchtitan/distributed/activation_checkpoint.py). 1: every
+    layer."""
     grad_accum: int = 1
     """Gradient accumulation: micro batches per optimizer step (the gradients of the first stay alive through the
     forward and backward of the others)."""
@@ -178,7 +184,7 @@ class TrainSetup:
                            ("gpus_per_node", MAX_GPUS_PER_NODE), ("reduce_bucket_size", MAX_ELEMENTS),
                            ("sub_group_size", MAX_ELEMENTS), ("prefetch_bucket_size", MAX_ELEMENTS),
                            ("grad_accum", MAX_GRAD_ACCUM), ("tensor_parallel", MAX_GPUS),
-                           ("context_parallel", MAX_GPUS)):
+                           ("context_parallel", MAX_GPUS), ("checkpoint_every", MAX_LAYERS)):
             _integer(name, getattr(self, name), most)
         if self.batch * self.seq > MAX_TOKENS:
             raise InputError(f"batch x seq must be at most {MAX_TOKENS:,} tokens per micro batch (2^24; no real run "
@@ -195,6 +201,10 @@ class TrainSetup:
         if self.grad_checkpointing and self.checkpointing not in (None, "full"):
             raise InputError(f"grad_checkpointing=True means checkpointing 'full', got checkpointing "
                              f"{self.checkpointing!r}: give one of them")
+        if self.checkpoint_every != 1 and self.ac != "full":
+            raise InputError(f"checkpoint_every {self.checkpoint_every} (checkpoint every Nth layer) needs checkpointing "
+                             f"'full', got checkpointing {self.ac!r}: torchtitan's layer-level option checkpoints whole "
+                             f"layers")
         if not isinstance(self.lora_targets, str) or not re.fullmatch(r"all-linear|\w+(,\w+)*", self.lora_targets):
             raise InputError(f"lora_targets must be all-linear or linear module names separated by commas "
                              f"(e.g. q_proj,v_proj or q,v), got {self.lora_targets!r}")

@@ -133,9 +133,10 @@ def test_torchtitan_defaults(tmp_path):
                 "optimizer.implementation", "training.enable_cpu_offload"):
         assert key in defaults and "torchtitan" in defaults[key].tool, key
     assert defaults["activation_checkpoint.selective_ac_option"].value == "2"
-    # every 2nd layer checkpointed is not modelled: listed with its value, estimated without checkpointing
-    nm = keyed(i.not_modelled)
-    assert nm["activation_checkpoint.selective_ac_option"].value == "2" and s.ac == "none"
+    # torchtitan's default layer-level option: full checkpointing of every 2nd layer
+    assert (s.ac, s.checkpoint_every) == ("full", 2)
+    assert "activation_checkpoint.selective_ac_option" not in keyed(i.not_modelled)
+    assert defaults["activation_checkpoint.selective_ac_option"].sets.startswith("checkpointing='full', checkpoint_every=2")
 
 
 def test_torchtitan_2024_keys_and_not_modelled(tmp_path):

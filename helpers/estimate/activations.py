@@ -149,6 +149,12 @@ def sequence_parallel_saving(m: ModelSpec, setup, tokens: int) -> int:
     return own - own // tp
 
 
+def moe_layer_indices(m: ModelSpec) -> set[int]:
+    """Indices of the decoder layers whose MLP is a mixture of experts (those holding expert weights)."""
+    return {int(t.group.split(".")[1]) for t in m.tensors
+            if t.group.startswith("layer.") and ".experts." in f".{t.name}"}
+
+
 def add_activations(b: Builder, m: ModelSpec) -> None:
     """Saved activations (forward end, backward start) and, under checkpointing, one recomputed layer.
 
@@ -184,6 +190,24 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               f"(every other matmul's output, the attention kernel's output and logsumexp)")
         b.gpu("one layer recomputed in backward", "activations", max(per_dense, per_moe),
               BWD_END, "the ops the policy did not save are re-run before the layer's backward")
+    elif s.ac == "full" and s.checkpoint_every > 1:
+        every, moe = s.checkpoint_every, moe_layer_indices(m)
+        ckpt = [i for i in range(m.layers) if (i + 1) % every == 0]
+        whole = sum(per_moe if i in moe else per_dense for i in range(m.layers) if (i + 1) % every)
+        b.gpu(f"inputs of the {len(ckpt)} checkpointed layers (every {every}th)", "activations", len(ckpt) * stream,
+              FORWARDS | BWD_START | BWD_HEAD, "one residual-stream tensor per checkpointed layer (torchtitan's "
+              f"layer-level selective checkpointing: layers {every - 1}, {2 * every - 1}, ... counted from 0)")
+        b.gpu(f"saved activations of the {m.layers - len(ckpt)} layers not checkpointed", "activations",
+              whole + final_norm, FORWARDS | BWD_START | BWD_HEAD,
+              f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else ""))
+        if m.layers % every == 0:
+            last = per_moe if m.layers - 1 in moe else per_dense
+            b.gpu("the last layer recomputed while every other layer's activations are kept", "activations",
+                  last - stream, BWD_HEAD, "the last layer is checkpointed: its forward is re-run at the start of "
+                  "backward, beside what the layers not checkpointed saved (its input is counted above); counted at the head's "
+                  "backward, whose own buffers are in fact freed by then (up to 2.5% over the dry run on the grid)")
+        b.gpu("activations of the first layer (not checkpointed), not yet freed", "activations",
+              max(per_dense, per_moe), BWD_END, "backward frees each layer's saved tensors as it passes")
     elif s.ac == "full":
         b.gpu("layer inputs kept by checkpointing", "activations", m.layers * stream + final_norm,
               FORWARDS | BWD_START | BWD_HEAD, "one residual-stream tensor per layer (torch.utils.checkpoint)")

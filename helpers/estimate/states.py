@@ -180,10 +180,18 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
               "embedding or norms); matmuls save it for backward")
     elif s.precision == "bf16-mixed":
         head = m.group_params["embed"] if m.tied else m.lm_head_params
-        layer = max(sum(t.numel for t in m.tensors if t.group == g and t.ndim >= 2) for g in m.group_params
-                    if g.startswith("layer."))
+        weights = {g: sum(t.numel for t in m.tensors if t.group == g and t.ndim >= 2) for g in m.group_params
+                   if g.startswith("layer.")}
+        layer, every = max(weights.values()), s.checkpoint_every
         b.gpu("bf16 weight copies of the layers (autocast cache)", "temporaries", (m.matmul_params - head) * 2, FORWARDS,
               "cached while autocast is on; checkpointed layers save none for backward, so they go when forward ends")
+        if every > 1:
+            kept = sum(n for g, n in weights.items() if (int(g.split(".")[1]) + 1) % every)
+            b.gpu("bf16 weight copies of the layers not checkpointed, saved for backward", "temporaries", kept * 2,
+                  BWD_START | BWD_HEAD, f"checkpointing every {every}th layer: the others' matmuls keep their casts")
+            if m.layers % every == 0:
+                b.gpu("bf16 weight copies of the last layer, recomputed", "temporaries", layer * 2, BWD_HEAD,
+                      "the last layer is checkpointed: its recomputation casts its weights again")
         b.gpu("bf16 copy of the output head's weight, saved for backward", "temporaries", head * 2,
               FORWARDS | BWD_START | BWD_HEAD, "the head is not checkpointed: its matmul keeps the cast")
         b.gpu("bf16 weight copies of the layer being recomputed", "temporaries", layer * 2, BWD_END,

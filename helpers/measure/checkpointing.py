@@ -50,9 +50,14 @@ def selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def enable(net, mode: str) -> None:
-    """Checkpoint every decoder layer of a Hugging Face model: 'full' (recompute all) or 'selective' (the policy)."""
+def enable(net, mode: str, every: int = 1) -> None:
+    """Checkpoint the decoder layers of a Hugging Face model: 'full' (recompute all) or 'selective' (the policy).
+    With `every` N > 1 ('full' only) just every Nth layer, as torchtitan's layer-level option wraps them: the Nth,
+    2Nth, ... counted from 1; transformers' GradientCheckpointingLayer reads each layer's own flag."""
     if mode == "full":
         net.activation_checkpointing_enable()
+        if every > 1:
+            for i, layer in enumerate(net.get_decoder().layers):
+                layer.gradient_checkpointing = (i + 1) % every == 0
     elif mode == "selective":
         net.activation_checkpointing_enable({"use_reentrant": False, "context_fn": selective_context})

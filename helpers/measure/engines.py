@@ -67,7 +67,7 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
     net.config.use_cache = False
     from helpers.measure import checkpointing
 
-    checkpointing.enable(net, setup.ac)
+    checkpointing.enable(net, setup.ac, setup.checkpoint_every)
     if setup.base_weights == "nf4":
         from helpers.measure import nf4
 

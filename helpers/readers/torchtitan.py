@@ -289,10 +289,8 @@ class _Reader:
                 where(checkpointing="full", sets="checkpointing='full' (every layer)")
             elif option.isdigit() and int(option) > 1:
                 add(sets="selective: see selective_ac_option")
-                where(checkpointing="none", sets="checkpointing='none' (an upper bound)")
-                d.not_modelled(f, self.line(ko), ko or "activation_checkpoint.selective_ac_option", option,
-                               f"checkpointing every {option}th layer is not modelled: estimated without "
-                               f"checkpointing (an upper bound; 'full' would be the lower bound)")
+                where(checkpointing="full", checkpoint_every=int(option),
+                      sets=f"checkpointing='full', checkpoint_every={int(option)} (every {int(option)}th layer)")
             else:
                 raise ConfigError(f, f"activation_checkpoint.selective_ac_option must be 'op' or a positive integer "
                                      f"(every Nth layer), got {option!r}")
