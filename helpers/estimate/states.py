@@ -21,7 +21,7 @@ import math
 from helpers.estimate import quantized
 from helpers.estimate.items import (
     ALWAYS, BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARD_INIT, FORWARDS, FWD_BWD, GATHER, GRADS, LOSS, MOMENTS,
-    STATES, STEP, STEP_PREPARE, Item,
+    START, STATES, STEP, STEP_PREPARE, Item,
 )
 from helpers.estimate.parallel import shard_degree
 from helpers.models import ModelSpec, Tensor
@@ -310,13 +310,28 @@ def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
           "the adapters' own dim-0 shards (_init_sharded_param)" + ("; CPUOffloadPolicy: on the host" if off else ""),
           pinned=off and s.pin_memory, blocks=[n * storage for n in shards])
     gather = max(2 * g + prev for prev, g in zip([0] + order[:-1], order))
-    b.gpu("all-gather of a group, frozen base and adapters (buffer + unsharded copy), beside the previous group",
-          "temporaries", gather * compute, GATHER,
-          "foreach_all_gather's output and its copy-out coexist; frozen weights are gathered like trainable ones")
+    if base.tied:        # the group of embedding and head stays unsharded until the head has run
+        gather = first + max(2 * g + prev for prev, g in zip([0] + layers[:-1], layers))
+        b.gpu("the first block's all-gather (buffer + unsharded copy) beside the embedding and head's group: its "
+              "all-gather output and its unsharded copy", "temporaries", (2 * first + 2 * layers[0]) * compute, START,
+              "a forward's start, nothing saved yet: the group of a tied embedding (embedding, norm, head) runs its "
+              "post-forward reshard only after the head; its all-gather output is released only when the next "
+              "all-gather is issued (comm_ctx.all_gather_state)")
+    b.gpu("all-gather of a group, frozen base and adapters (buffer + unsharded copy), beside the previous group's "
+          "all-gather output" + (" and the unsharded embedding and head" if base.tied else ""), "temporaries",
+          gather * compute, GATHER,
+          "foreach_all_gather's output and its copy-out coexist, and the previous group's output is released only "
+          "when the next all-gather is issued (comm_ctx.all_gather_state); frozen weights are gathered like "
+          "trainable ones")
     b.gpu("unsharded output head", "temporaries", head * compute, LOSS, "the head's group while the loss is computed")
     b.gpu("output head gathered again for its backward (buffer + unsharded copy)", "temporaries", 2 * head * compute,
           BWD_HEAD, "reshard_after_forward freed it; the input gradient (grad_logits @ W) needs the whole weight, "
           "and a frozen head makes no weight gradient and no reduce-scatter")
+    if not s.fused_ce:
+        E = s.batch * s.seq * base.vocab
+        b.gpu("gradient of the logits, read by the head's backward", "logits", E * compute, BWD_HEAD,
+              "the loss's backward hands the head a batch x seq x vocab gradient in the compute dtype; it is alive "
+              "while the head's group is gathered again, this strategy's backward peak")
     b.gpu("unsharded first block (frozen base and adapters)", "temporaries", layer * compute, BWD_END,
           "the first block's backward")
     b.gpu("reduce-scatter input of a block's adapters", "comm_buffers", adapters_rs, BWD_END | BWD_DONE,
