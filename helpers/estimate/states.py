@@ -323,7 +323,10 @@ def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
           "foreach_all_gather's output and its copy-out coexist, and the previous group's output is released only "
           "when the next all-gather is issued (comm_ctx.all_gather_state); frozen weights are gathered like "
           "trainable ones")
-    b.gpu("unsharded output head", "temporaries", head * compute, LOSS, "the head's group while the loss is computed")
+    b.gpu("all-gather output of the last group gathered in forward (" + ("the last block" if base.tied else "the head")
+          + ")", "temporaries", (layers[-1] if base.tied else head) * compute, LOSS,
+          "the head's group is resharded by its post-forward hook before the loss is computed, but the last "
+          "all-gather's output is held until the next all-gather is issued (comm_ctx.all_gather_state)")
     b.gpu("output head gathered again for its backward (buffer + unsharded copy)", "temporaries", 2 * head * compute,
           BWD_HEAD, "reshard_after_forward freed it; the input gradient (grad_logits @ W) needs the whole weight, "
           "and a frozen head makes no weight gradient and no reduce-scatter")
