@@ -113,6 +113,11 @@ def test_scaled_run_under_torchrun_reduces_only_the_adapters(options):
     e = estimate.run(str(twin), ts)
     for dev in ("gpu", "host"):
         for phase, got in r.device(dev).phases.items():
+            # gloo's reduce-scatters run on their own thread: at times one's buffer is still being freed when the
+            # step starts (seen: 72,704 bytes of comm_buffers in one run of three); on a GPU the root's
+            # post-backward callback waits for them (reduce_scatter_states) before the step
+            if phase == "step":
+                got -= r.device(dev).breakdown["step"].get("comm_buffers", 0)
             assert e.device(dev).phases[phase] == pytest.approx(got, rel=0.03, abs=BUFFERS_FLOOR), (dev, phase)
 
 
