@@ -91,6 +91,12 @@ GRID = [
     ("qwen2.5-7b", T(strategy="fsdp1", gpus=4, gpus_per_node=4, precision="bf16", adam_impl="fused", seq=512)),
     ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, precision="fp32", seq=256, grad_checkpointing=True)),
     ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, seq=256, grad_accum=2)),
+    # LoRA under FSDP2 (peft before fully_shard): untied and tied embeddings, bf16 and bf16-mixed, CPU offload
+    ("llama-3-8b", T(strategy="fsdp2", gpus=8, precision="bf16", adam_impl="fused", lora_rank=32, seq=2048,
+                     grad_checkpointing=True, attention="flash")),
+    ("llama-3.2-3b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, lora_rank=32, lora_targets="q,v", seq=1024)),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, lora_rank=32, seq=512, grad_checkpointing=True,
+                     offload_params=True, **OFF)),
     # QLoRA: bitsandbytes' NF4 base on fake tensors (its own quantize_4bit and default 4-bit matmul)
     ("llama-3-8b", T(precision="bf16", lora_rank=16, base_weights="nf4", seq=2048)),
     ("qwen2.5-7b", T(lora_rank=16, lora_targets="q,k,v,o", base_weights="nf4", batch=2, seq=1024,

@@ -110,7 +110,7 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
     Strategy("fsdp2", "torch FSDP2 fully_shard", shards=SHARDABLE, engine="fsdp2", states="fsdp2",
              dry_run="FSDP2 fully_shard on a fake process group, rank 0's view",
              offload=("offload_optimizer", "offload_params"), offload_together=True, fake_process_group=True,
-             model_parallel=True),
+             model_parallel=True, lora=True),
     Strategy("fsdp1", "torch FSDP1 FullyShardedDataParallel, FULL_SHARD", shards=SHARDABLE, engine="fsdp1",
              states="fsdp1", dry_run="FSDP1 FullyShardedDataParallel (FULL_SHARD, a unit per decoder layer) on a fake "
              "process group, rank 0's view", offload=("offload_optimizer", "offload_params"), offload_together=True,

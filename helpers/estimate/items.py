@@ -9,17 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MOMENTS = (
-    "setup", "resume", "forward_init", "forward_gather", "forward", "backward_start", "backward_head", "backward_end", "backward_done",
-    "step_prepare", "step", "steady_forward_gather", "steady_forward", "steady_backward_start", "steady_backward_head",
-    "steady_backward_end", "steady_backward_done",
+    "setup", "resume", "forward_init", "forward_start", "forward_gather", "forward", "backward_start", "backward_head",
+    "backward_end", "backward_done", "step_prepare", "step", "steady_forward_start", "steady_forward_gather",
+    "steady_forward", "steady_backward_start", "steady_backward_head", "steady_backward_end", "steady_backward_done",
 )
 PHASE_MOMENTS = {
     "setup": ("setup",),
     "resume": ("resume",),
-    "forward": ("forward_init", "forward_gather", "forward"),
+    "forward": ("forward_init", "forward_start", "forward_gather", "forward"),
     "backward": ("backward_start", "backward_head", "backward_end", "backward_done"),
     "step": ("step_prepare", "step"),
-    "steady": ("steady_forward_gather", "steady_forward", "steady_backward_start", "steady_backward_head",
+    "steady": ("steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start", "steady_backward_head",
                "steady_backward_end", "steady_backward_done"),
 }
 
@@ -27,13 +27,14 @@ ALWAYS = frozenset(MOMENTS)
 LOSS = frozenset({"forward", "steady_forward"})                    # the loss being computed: logits alive
 GATHER = frozenset({"forward_gather", "steady_forward_gather"})     # the output head's parameters being gathered
 FORWARDS = LOSS | GATHER
+START = frozenset({"forward_start", "steady_forward_start"})      # a forward's first groups, nothing saved yet
 BWD_START = frozenset({"backward_start", "steady_backward_start"})  # the loss's backward, every activation saved
 BWD_HEAD = frozenset({"backward_head", "steady_backward_head"})     # the output head's backward, activations saved
 BWD_END = frozenset({"backward_end", "steady_backward_end"})        # backward of the first layer (the last to run)
 BWD_DONE = frozenset({"backward_done", "steady_backward_done"})     # every gradient made
-FWD_BWD = FORWARDS | BWD_START | BWD_HEAD | BWD_END
+FWD_BWD = FORWARDS | START | BWD_START | BWD_HEAD | BWD_END
 GRADS = BWD_END | BWD_DONE | {"step"}                      # made in backward, freed after the step
-STATES = frozenset({"step", "steady_forward_gather", "steady_forward", "steady_backward_start",
+STATES = frozenset({"step", "steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start",
                     "steady_backward_head", "steady_backward_end", "steady_backward_done"})
 STEP = frozenset({"step"})
 STEP_PREPARE = frozenset({"step_prepare"})                  # before the update: gradients flattened, cast to fp32

@@ -21,7 +21,7 @@ import math
 from helpers.estimate import quantized
 from helpers.estimate.items import (
     ALWAYS, BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARD_INIT, FORWARDS, FWD_BWD, GATHER, GRADS, LOSS, MOMENTS,
-    STATES, STEP, STEP_PREPARE, Item,
+    START, STATES, STEP, STEP_PREPARE, Item,
 )
 from helpers.estimate.parallel import shard_degree
 from helpers.models import ModelSpec, Tensor
@@ -80,10 +80,17 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
         compute, _ = dtype_bytes(s)
         dt = "fp32" if compute == 4 else "bf16"
         place = b.host if s.offload_params else b.gpu
-        place(f"frozen base partitions ({dt})", "parameters", sum(math.ceil(t.numel / s.gpus) for t in m.tensors) * compute,
-              ALWAYS, "ZeRO-3 partitions every parameter, frozen ones too (1/N each)" +
-              ("; offload_param: on the host" if s.offload_params else ""),
-              pinned=s.offload_params and s.pin_memory, blocks=[math.ceil(t.numel / s.gpus) * compute for t in m.tensors])
+        if s.strat.engine == "fsdp2":
+            part = [fsdp2_shard(t, s.gpus) for t in m.tensors]
+            why = ("fully_shard shards every parameter, frozen ones too: each rank keeps a dim-0 chunk padded to "
+                   "ceil(rows/N) rows (_fsdp_param.py _init_sharded_param), in the dtype the base was loaded in"
+                   + ("; CPUOffloadPolicy: on the host" if s.offload_params else ""))
+        else:
+            part = [math.ceil(t.numel / s.gpus) for t in m.tensors]
+            why = "ZeRO-3 partitions every parameter, frozen ones too (1/N each)" + \
+                ("; offload_param: on the host" if s.offload_params else "")
+        place(f"frozen base partitions ({dt})", "parameters", sum(part) * compute, ALWAYS, why,
+              pinned=s.offload_params and s.pin_memory, blocks=[n * compute for n in part])
         b.base = m
         m = lora_adapters(m, s.lora_rank, s.lora_targets)
     elif s.lora_rank:
@@ -106,6 +113,15 @@ def _embedding_backward_tp(b: Builder, m: ModelSpec) -> None:
           m.vocab * tp * m.hidden * storage, BWD_DONE,
           f"embedding_dense_backward with the global vocabulary ({m.vocab * tp:,} rows), before this rank's "
           f"{m.vocab:,} rows are kept")
+
+
+def fsdp2_shard(t: Tensor, world: int) -> int:
+    """Elements of one rank's shard of `t` under FSDP2: torch.chunk along dim 0, every shard padded to the first
+    chunk's ceil(rows / world) rows (`_fsdp_param.py` `_init_sharded_param`: padded_sharded_param_size); a LoRA A of
+    rank 8 on 16 ranks keeps one whole row per rank, not half of one."""
+    if not t.shape:
+        return math.ceil(t.numel / world)
+    return math.ceil(t.shape[0] / world) * (t.numel // t.shape[0])
 
 
 def lora_adapters(m: ModelSpec, rank: int, targets: str = "all-linear") -> ModelSpec:
@@ -214,6 +230,8 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
 def _fsdp2(b: Builder, m: ModelSpec) -> None:
     """FSDP2 as torchtitan groups it: the embedding, each block, norm + output head (a tied head shares the
     embedding's group). Each moment below was located in dry runs."""
+    if b.base is not None:
+        return _fsdp2_lora(b, m)
     s, P, G = b.setup, m.params, shard_degree(b.setup)     # (with TP, `m` is one TP rank's share)
     compute, storage = dtype_bytes(s)
     off = s.offload_params
@@ -265,6 +283,82 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
           "its group runs backward last", pinned=off and s.pin_memory, blocks=first_blocks)
     place("AdamW exp_avg + exp_avg_sq (sharded)", "optimizer_states", 2 * shard * storage, STATES,
           "torch AdamW on the shards" + ("; the step runs on the CPU" if off else ""))
+    _adam_temporary(b, m, shard, storage, "host" if off else "gpu")
+
+
+def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
+    """LoRA under FSDP2: peft's adapters added before fully_shard (as torchtune's distributed LoRA recipes and
+    accelerate + peft do), grouped as `_fsdp2` says; `m` is the adapters, `b.base` the whole model, whose frozen
+    shards add_model_states placed. Sources, torch 2.13 `torch/distributed/fsdp/_fully_shard/`: a group all-gathers
+    every parameter it holds, frozen or not (`_fsdp_param_group.py` unshard), in forward and again in backward
+    (reshard_after_forward); only parameters with a gradient are reduce-scattered (post_backward collects
+    `unsharded_param.grad`), so the frozen embedding and head make no reduce-scatter and no sharded gradient.
+    Dtypes: the base is loaded in the compute dtype, the adapters are fp32 under bf16-mixed
+    (helpers.measure.engines.fp32_adapters) and MixedPrecisionPolicy casts their shards to bf16 for the all-gather
+    (`_fsdp_param.py` all_gather_inputs), so every all-gather input of a group has one dtype and none is sent as
+    uint8 (`_fsdp_collectives.py` `_get_param_all_gather_inputs`). Each moment below was located in dry runs."""
+    s, G, base = b.setup, b.setup.gpus, b.base
+    compute, storage = dtype_bytes(s)
+    off = s.offload_params
+    r = 4 if s.precision != "bf16" else 2                    # reduce dtype: fp32 under MixedPrecisionPolicy
+    place = b.host if off else b.gpu
+    shards = [fsdp2_shard(t, G) for t in m.tensors]
+    shard = sum(shards)
+    padded = lambda model, g: sum(fsdp2_shard(t, G) * G for t in model.tensors if t.group == g)
+    group = lambda g: padded(base, g) + padded(m, g)          # what a group all-gathers: base and adapters
+    layer_names = [k for k in base.group_params if k.startswith("layer.")]
+    layers = [group(k) for k in layer_names]
+    first = group("embed") + (group("head") if base.tied else 0)
+    head = first if base.tied else group("head")
+    order = [first] + layers + [head]                         # the order groups are gathered in forward
+    layer = max(layers)
+    adapters_rs = max(padded(m, k) for k in layer_names) * r  # a block's reduce-scatter input: its adapters only
+    adt = "fp32" if storage == 4 else "bf16"
+    place(f"sharded LoRA adapters ({adt})", "parameters", shard * storage, ALWAYS,
+          "the adapters' own dim-0 shards (_init_sharded_param)" + ("; CPUOffloadPolicy: on the host" if off else ""),
+          pinned=off and s.pin_memory, blocks=[n * storage for n in shards])
+    gather = max(2 * g + prev for prev, g in zip([0] + order[:-1], order))
+    if base.tied:        # the group of embedding and head stays unsharded until the head has run
+        gather = first + max(2 * g + prev for prev, g in zip([0] + layers[:-1], layers))
+        b.gpu("the first block's all-gather (buffer + unsharded copy) beside the embedding and head's group: its "
+              "all-gather output and its unsharded copy", "temporaries", (2 * first + 2 * layers[0]) * compute, START,
+              "a forward's start, nothing saved yet: the group of a tied embedding (embedding, norm, head) runs its "
+              "post-forward reshard only after the head; its all-gather output is released only when the next "
+              "all-gather is issued (comm_ctx.all_gather_state)")
+    b.gpu("all-gather of a group, frozen base and adapters (buffer + unsharded copy), beside the previous group's "
+          "all-gather output" + (" and the unsharded embedding and head" if base.tied else ""), "temporaries",
+          gather * compute, GATHER,
+          "foreach_all_gather's output and its copy-out coexist, and the previous group's output is released only "
+          "when the next all-gather is issued (comm_ctx.all_gather_state); frozen weights are gathered like "
+          "trainable ones")
+    b.gpu("all-gather output of the last group gathered in forward (" + ("the last block" if base.tied else "the head")
+          + ")", "temporaries", (layers[-1] if base.tied else head) * compute, LOSS,
+          "the head's group is resharded by its post-forward hook before the loss is computed, but the last "
+          "all-gather's output is held until the next all-gather is issued (comm_ctx.all_gather_state)")
+    b.gpu("output head gathered again for its backward (buffer + unsharded copy)", "temporaries", 2 * head * compute,
+          BWD_HEAD, "reshard_after_forward freed it; the input gradient (grad_logits @ W) needs the whole weight, "
+          "and a frozen head makes no weight gradient and no reduce-scatter")
+    if not s.fused_ce:
+        E = s.batch * s.seq * base.vocab
+        b.gpu("gradient of the logits, read by the head's backward", "logits", E * compute, BWD_HEAD,
+              "the loss's backward hands the head a batch x seq x vocab gradient in the compute dtype; it is alive "
+              "while the head's group is gathered again, this strategy's backward peak")
+    b.gpu("unsharded first block (frozen base and adapters)", "temporaries", layer * compute, BWD_END,
+          "the first block's backward")
+    b.gpu("reduce-scatter input of a block's adapters", "comm_buffers", adapters_rs, BWD_END | BWD_DONE,
+          f"only the adapters have gradients to reduce, in {'fp32' if r == 4 else 'bf16'} (reduce_dtype); the last "
+          f"one is kept until the root's post-backward callback (reduce_scatter_states)")
+    if not base.tied:
+        b.gpu("embedding all-gathered in backward and never used (buffer + unsharded copy)", "temporaries",
+              2 * first * compute, BWD_DONE,
+              "the first block's pre_backward prefetches the group before it (_backward_prefetch), but a frozen "
+              "embedding's output needs no gradient, so its group runs no backward: finalize_backward drops it")
+    place(f"sharded gradients of the adapters ({adt})", "gradients", shard * storage, GRADS,
+          "reduce-scattered into 1/N shards, in the adapters' dtype" + ("; copied to the host" if off else ""),
+          pinned=off and s.pin_memory, blocks=[n * storage for n in shards])
+    place(f"AdamW exp_avg + exp_avg_sq of the adapters (sharded, {adt})", "optimizer_states", 2 * shard * storage,
+          STATES, "torch AdamW on the adapters' shards; the frozen base has none" +
+          ("; the step runs on the CPU" if off else ""))
     _adam_temporary(b, m, shard, storage, "host" if off else "gpu")
 
 

@@ -91,8 +91,8 @@ class FSDP2Step(SingleStep):
     def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
         engines.shard_fsdp2(model, setup, mesh, pin_memory=False)
         self.model, self.setup, self.tracker = model, setup, tracker
-        self.params = list(model.parameters())
-        tracker.label(self.params, "parameters")
+        tracker.label(list(model.parameters()), "parameters")
+        self.params = [p for p in model.parameters() if p.requires_grad]        # LoRA: the adapters only
         self.optimizer = engines.adamw(self.params, setup.adam, lr=1e-5)
 
     def forward(self, ids):
@@ -100,7 +100,7 @@ class FSDP2Step(SingleStep):
             return self.model(input_ids=ids, labels=ids).loss
 
     def backward(self, loss):
-        with engines.fsdp_buffers_counted(self.tracker):
+        with engines.fsdp_buffers_counted(self.tracker), fakegpu.accelerator_stream():
             super().backward(loss)
 
 

@@ -117,9 +117,19 @@ def torch_globals_restored():
             torch.nn.Module.smart_apply = saved["smart_apply"]
 
 
+def fp32_adapters(setup: TrainSetup) -> bool:
+    """LoRA adapters are kept in fp32 beside a bf16 base where bf16-mixed means fp32 trainable weights computed in
+    bf16: torch autocast (single, ddp), and FSDP2's MixedPrecisionPolicy (param_dtype bf16, reduce_dtype fp32; as
+    accelerate does, which upcasts trainable low-precision parameters to fp32 under FSDP mixed precision). FSDP2
+    requires a uniform original dtype among the trainable parameters of a group only (`_fsdp_param_group.py`
+    `_init_mp_dtypes`), so fp32 adapters may share a group with the bf16 frozen base. DeepSpeed's bf16 mode casts the
+    whole module, adapters included, to bf16 (its fp32 master weights are its own)."""
+    return setup.precision == "bf16-mixed" and (setup.strat.autocast or setup.strat.engine == "fsdp2")
+
+
 def add_lora(net, setup: TrainSetup):
     """peft LoRA adapters of the set-up's rank on its lora_targets ("all-linear": every linear but the head); adapters
-    are fp32 under torch's bf16-mixed (peft's autocast_adapter_dtype), in the base's dtype otherwise."""
+    are fp32 where `fp32_adapters` says (peft's autocast_adapter_dtype), in the base's dtype otherwise."""
     from peft import LoraConfig, get_peft_model
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -130,14 +140,13 @@ def add_lora(net, setup: TrainSetup):
     names = models.lora_modules(setup.lora_targets)
     config = LoraConfig(r=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_dropout=0.0,
                         target_modules="all-linear" if names is None else sorted(names))
-    # fp32 adapters under torch autocast; DeepSpeed's bf16 mode casts the whole module, adapters included, to bf16
-    fp32_adapters = setup.precision == "bf16-mixed" and setup.strat.autocast
+    fp32 = fp32_adapters(setup)
     if not isinstance(next(net.parameters()), FakeTensor):
-        return get_peft_model(net, config, autocast_adapter_dtype=fp32_adapters)
+        return get_peft_model(net, config, autocast_adapter_dtype=fp32)
     original = torch.nn.Module.to
     torch.nn.Module.to = _recreate_to               # fake tensors cannot be swapped in place by Module.to
     try:
-        return get_peft_model(net, config, autocast_adapter_dtype=fp32_adapters)
+        return get_peft_model(net, config, autocast_adapter_dtype=fp32)
     finally:
         torch.nn.Module.to = original
 
@@ -168,7 +177,9 @@ def optimizer(params, setup: TrainSetup, lr: float = 1e-3):
 
 def shard_fsdp2(model, setup: TrainSetup, mesh, pin_memory: bool) -> None:
     """fully_shard as torchtitan groups a decoder: the embedding, each block, norm + output head (a tied head shares
-    the embedding's group), then the root; MixedPrecisionPolicy for bf16-mixed, CPUOffloadPolicy with offload."""
+    the embedding's group), then the root; MixedPrecisionPolicy for bf16-mixed, CPUOffloadPolicy with offload.
+    A peft model (LoRA, applied before fully_shard as torchtune's and accelerate's FSDP2 recipes do) is grouped the
+    same way: each block's group holds its frozen base weights and its adapters."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kw = {"mesh": mesh}
@@ -176,9 +187,10 @@ def shard_fsdp2(model, setup: TrainSetup, mesh, pin_memory: bool) -> None:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if setup.offload_params:
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
-    inner = model.base_model
-    head = [inner.norm, model.get_output_embeddings()]
-    tied = model.get_output_embeddings().weight is inner.embed_tokens.weight
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model     # under peft's PeftModel
+    inner = hf.base_model
+    head = [inner.norm, hf.get_output_embeddings()]
+    tied = hf.get_output_embeddings().weight is inner.embed_tokens.weight
     if not tied:
         fully_shard(inner.embed_tokens, **kw)
     for layer in inner.layers:

@@ -208,6 +208,19 @@ def _grouped_mm_as_on_cuda() -> None:
     moe._can_use_grouped_mm = can_use
 
 
+@contextlib.contextmanager
+def accelerator_stream():
+    """torch.accelerator.current_stream() answering for the fake device (a stream that does nothing): FSDP2's
+    finalize_backward waits through it on an all-gather that was prefetched and never used (LoRA's frozen
+    embedding, whose group runs no backward), and the PrivateUse1 backend registered in Python cannot serve it."""
+    original = torch.accelerator.current_stream
+    torch.accelerator.current_stream = lambda device=None: _Stream()
+    try:
+        yield
+    finally:
+        torch.accelerator.current_stream = original
+
+
 def device() -> torch.device:
     """The fake GPU device (installs the backend on first use)."""
     install()

@@ -24,11 +24,12 @@ class FSDP2Engine:
         self.s, self.tracker, self.module, self.model = s, tracker, net, net
         pin = s.pin_memory and device_type == "cuda"             # a CPU-only machine cannot pin
         engines.shard_fsdp2(net, s, init_device_mesh(device_type, (s.gpus,)), pin_memory=pin)
-        self.params = list(net.parameters())
         self.where = "host" if s.offload_params else "gpu"
-        tracker.label(self.params, "parameters", self.where)
+        tracker.label(list(net.parameters()), "parameters", self.where)
+        self.params = [p for p in net.parameters() if p.requires_grad]         # LoRA: the adapters only
         self.optimizer = engines.adamw(self.params, s.adam)
-        self.describe = f"FSDP2 fully_shard over gloo, {s.gpus} processes under torchrun, torch AdamW ({s.adam})"
+        self.describe = f"FSDP2 fully_shard over gloo, {s.gpus} processes under torchrun, torch AdamW ({s.adam})" + \
+            (f", peft LoRA r={s.lora_rank} on {s.lora_targets} applied before fully_shard" if s.lora_rank else "")
 
     def forward(self, ids):
         with engines.fsdp_buffers_counted(self.tracker):
