@@ -10,6 +10,7 @@ search took, and the ways out of cases 1 and 2)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import statistics
 import time
@@ -74,6 +75,10 @@ GRID = [
     ("llama-3-8b", T(strategy="fsdp2", gpus=8, batch=2, seq=8192, checkpointing="selective")),
     ("llama-3.2-3b", T(precision="fp32", seq=1024, checkpointing="selective")),
     ("qwen2.5-32b", T(precision="bf16", adam_impl="fused", seq=1024, checkpointing="selective")),
+    # FSDP2 with a tied embedding: its group (embedding and head) stays unsharded through forward and backward
+    ("llama-3.2-1b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, precision="bf16", seq=128)),
+    ("qwen2.5-0.5b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, seq=2048, grad_checkpointing=True, offload_params=True,
+                       **OFF)),
     # layer-level selective checkpointing: full checkpointing of every Nth layer (torchtitan's selective_ac_option)
     ("llama-3.2-3b", T(precision="bf16", adam_impl="fused", batch=2, seq=4096, checkpointing="full", checkpoint_every=2,
                        fused_ce=True, attention="flash")),
@@ -205,7 +210,8 @@ def _save(rows, meta, merge: bool = False) -> str:
 
     out = models.DATA_DIR / "results" / "dryrun_vs_estimate.json"
     if merge and out.exists():
-        key = lambda r: (r["model"], json.dumps(r["setup"], sort_keys=True))
+        # keyed on the whole set-up, defaults filled in: a row written before a field existed is the same set-up
+        key = lambda r: (r["model"], json.dumps(dataclasses.asdict(T(**r["setup"])), sort_keys=True))
         new = {key(r) for r in rows}
         rows = [r for r in json.loads(out.read_text())["rows"] if key(r) not in new] + rows
     doc = {"about": "python -m helpers.bench dryrun: estimate and dry run of each set-up (GiB = 2^30 bytes)",

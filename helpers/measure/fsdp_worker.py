@@ -105,6 +105,7 @@ def main() -> None:
         r = scaled.result_from_census(a.twin, s, tracker, losses, rss, time.perf_counter() - started, engine.describe,
                            ranks=s.ranks_per_node, times=times)
         r.save(a.out)
+    dist.barrier()                          # every rank done (and gloo's own threads idle) before the teardown
     dist.destroy_process_group()
 
 
