@@ -228,8 +228,9 @@ class TrainSetup:
                                  f"(a 4-bit weight's quantisation state split over ranks is not modelled), got "
                                  f"tensor_parallel={self.tensor_parallel}, context_parallel={self.context_parallel}")
         if self.lora_rank is not None and not st.lora:
-            raise InputError(f"lora_rank is modelled with strategies {strategies.listing(lambda x: x.lora, 'and')}, got {s!r} "
-                             f"(FSDP's sharding of a frozen base is not modelled here)")
+            raise InputError(f"lora_rank is modelled with strategies {strategies.listing(lambda x: x.lora, 'and')}, "
+                             f"got {s!r} (FSDP1's flat parameters holding frozen and trainable weights together are "
+                             f"not modelled here)")
         if self.optimizer == "adamw-8bit":
             if not st.optimizer_8bit:
                 raise InputError(f"optimizer 'adamw-8bit' (bitsandbytes) is modelled with strategies "
