@@ -197,7 +197,7 @@ class Explorer:
             more = w.VBox([w.HTML("<b>more options</b>"), rest])
         else:
             more = w.Accordion([rest], selected_index=None,
-                               titles=("more options: TP/CP, every Nth layer, accumulation, AdamW, 8-bit, LoRA, QLoRA, attention, "
+                               titles=("more options: TP/CP, accumulation, AdamW, 8-bit, LoRA, QLoRA, attention, "
                                        "fused CE, pinning, ratio, capacities",))
         head = [main, more, w.HBox([self.reset_button, self.verdict])]
         canvas = self.curve.fig.canvas
