@@ -123,6 +123,15 @@ def optimizer(c: Collector, key: str, value, strategy: str, origin: str | None =
         c.default(origin, key, value, sets, "transformers/training_args.py TrainingArguments.optim", **changes)
 
 
+def take_optimizer(c: Collector, take, strategy: str, origin: str) -> None:
+    """The Trainer's `optim` key of a config (transformers' default, from `origin`, when the file leaves it out)."""
+    optim = take("optim")
+    if optim is None:
+        optimizer(c, "optim", transformers_default_optim(), strategy, origin=origin)
+    else:
+        optimizer(c, "optim", optim, strategy)
+
+
 def read_yaml_mapping(path: Path, data) -> dict:
     """The YAML's top-level mapping, or ConfigError naming the file."""
     if not isinstance(data, dict):

@@ -334,24 +334,21 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
     out.changes["precision"] = "bf16-mixed" if (bf16 or fp16) else "fp32"
 
     # --- sizes
-    micro = data.get("train_micro_batch_size_per_gpu")
-    if micro == "auto":
-        micro = from_trainer("per_device_train_batch_size", "train_micro_batch_size_per_gpu", lambda v: f"batch={v}")
-    elif micro is not None:
-        micro = _number(path, "train_micro_batch_size_per_gpu", micro)
-        matches("per_device_train_batch_size", "train_micro_batch_size_per_gpu", micro)
-        setting("train_micro_batch_size_per_gpu", micro, f"batch={micro}")
-    if micro is not None:
-        out.changes["batch"] = micro
-    accum = data.get("gradient_accumulation_steps")
-    if accum == "auto":
-        accum = from_trainer("gradient_accumulation_steps", "gradient_accumulation_steps", lambda v: f"grad_accum={v}")
-    elif accum is not None:
-        accum = _number(path, "gradient_accumulation_steps", accum)
-        matches("gradient_accumulation_steps", "gradient_accumulation_steps", accum)
-        setting("gradient_accumulation_steps", accum, f"grad_accum={accum}")
-    if accum is not None:
-        out.changes["grad_accum"] = accum
+    def size(ds_key: str, name: str, field: str):
+        """A micro-batch-like count: "auto" takes the trainer's `name`, a number must match it; sets `field`."""
+        value = data.get(ds_key)
+        if value == "auto":
+            value = from_trainer(name, ds_key, lambda v: f"{field}={v}")
+        elif value is not None:
+            value = _number(path, ds_key, value)
+            matches(name, ds_key, value)
+            setting(ds_key, value, f"{field}={value}")
+        if value is not None:
+            out.changes[field] = value
+        return value
+
+    micro = size("train_micro_batch_size_per_gpu", "per_device_train_batch_size", "batch")
+    accum = size("gradient_accumulation_steps", "gradient_accumulation_steps", "grad_accum")
     total = data.get("train_batch_size")
     if total == "auto":
         out.ignored.append(Ignored(f, line("train_batch_size"), "train_batch_size",

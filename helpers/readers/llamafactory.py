@@ -223,11 +223,7 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     strategy = c.changes.get("strategy", "single")
 
     # --- optimizer
-    optim = take("optim")
-    if optim is None:
-        collect.optimizer(c, "optim", collect.transformers_default_optim(), strategy, origin=hf)
-    else:
-        collect.optimizer(c, "optim", optim, strategy)
+    collect.take_optimizer(c, take, strategy, origin=hf)
 
     # --- everything else
     for key, value in data.items():

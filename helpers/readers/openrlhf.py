@@ -284,16 +284,25 @@ class _Reader:
                   "model=None (not in the catalogue: pass a config.json)")
         return model, str(v)
 
+    def pair(self, flags, sets, dashes: str = ""):
+        """Two flags that together set one field, each (name, default): their values, each recorded as a setting
+        or as OpenRLHF's default with `sets(*values)`, the field they make."""
+        d, f = self.d, self.path
+        got = []
+        for name, default in flags:
+            k, v = self.get(name)
+            got.append((k, positive_int(f, k or dashes + name, v if k else default), dashes + name, default))
+        values = [v for _, v, _, _ in got]
+        for k, v, key, default in got:
+            (d.setting(f, self.line(k), k, v, sets=sets(*values)) if k else
+             d.default(self.tool, key, default, self.source, sets=sets(*values)))
+        return values
+
     def world(self) -> int:
         d, f = self.d, self.path
         if self.module == "train_ppo_ray":
-            kn, nodes = self.get("actor_num_nodes")
-            kg, per = self.get("actor_num_gpus_per_node")
-            nodes = positive_int(f, kn or "actor_num_nodes", nodes if kn else 1)
-            per = positive_int(f, kg or "actor_num_gpus_per_node", per if kg else 8)
-            for k, v, key, dv in ((kn, nodes, "actor_num_nodes", 1), (kg, per, "actor_num_gpus_per_node", 8)):
-                (d.setting(f, self.line(k), k, v, sets=f"gpus={nodes * per} (actor)") if k else
-                 d.default(self.tool, key, dv, self.source, sets=f"gpus={nodes * per} (actor)"))
+            nodes, per = self.pair((("actor_num_nodes", 1), ("actor_num_gpus_per_node", 8)),
+                                   lambda n, p: f"gpus={n * p} (actor)")
             d.fields.update(gpus=nodes * per, gpus_per_node=per)
             return nodes * per
         gpus, how = _launcher_gpus(f, self.launcher, self.text)
@@ -342,13 +351,8 @@ class _Reader:
          d.default(self.tool, FLAGS["micro_batch"][style == "dotted"], micro_default, self.source,
                    sets=f"batch={batch}{why}", batch=batch))
         if self.module == "train_ppo_ray" and style == "classic":
-            kp, prompt = self.get("prompt_max_len")
-            kg, gen = self.get("generate_max_len")
-            prompt = positive_int(f, kp or "--prompt_max_len", prompt if kp else 1024)
-            gen = positive_int(f, kg or "--generate_max_len", gen if kg else 1024)
-            for kk, v, key, dv in ((kp, prompt, "--prompt_max_len", 1024), (kg, gen, "--generate_max_len", 1024)):
-                (d.setting(f, self.line(kk), kk, v, sets=f"seq={prompt + gen} (prompt + generated)") if kk else
-                 d.default(self.tool, key, dv, self.source, sets=f"seq={prompt + gen} (prompt + generated)"))
+            prompt, gen = self.pair((("prompt_max_len", 1024), ("generate_max_len", 1024)),
+                                    lambda p, g: f"seq={p + g} (prompt + generated)", dashes="--")
             d.fields["seq"] = prompt + gen
         else:
             k, seq = self.get("max_len")

@@ -225,11 +225,7 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
         if strategies.get(strategy).engine != "deepspeed":
             c.changes["precision"] = "bf16-mixed" if bf16 else "fp32"
 
-    optim = take("optim")
-    if optim is None:
-        collect.optimizer(c, "optim", collect.transformers_default_optim(), strategy, origin=hf)
-    else:
-        collect.optimizer(c, "optim", optim, strategy)
+    collect.take_optimizer(c, take, strategy, origin=hf)
 
     for key, value in data.items():
         if key in done or key in DPO_KEYS:
