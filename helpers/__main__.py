@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -16,11 +17,8 @@ import re
 import sys
 from pathlib import Path
 
-from helpers import strategies
 from helpers.errors import InputError, MeasurementError
-from helpers.training import (
-    ADAM_IMPLS, ATTENTIONS, BASE_WEIGHTS, CHECKPOINTING, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainSetup,
-)
+from helpers.training import FACES, TrainSetup, with_applicable
 
 
 class Parser(argparse.ArgumentParser):
@@ -64,20 +62,47 @@ def number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
 
 
-# Set-up flags: option -> TrainSetup field. Their defaults are left out of the namespace (argparse.SUPPRESS), so that
-# the flags a user typed are known: they override what --from files say; the others come from the files, or from
-# TrainSetup's defaults (which the help texts name).
-FIELDS = {"--batch": "batch", "--seq": "seq", "--precision": "precision", "--adam-impl": "adam_impl",
-          "--optimizer": "optimizer", "--lora-rank": "lora_rank", "--lora-targets": "lora_targets",
-          "--base-weights": "base_weights",
-          "--strategy": "strategy", "--gpus": "gpus", "--gpus-per-node": "gpus_per_node", "--tp": "tensor_parallel",
-          "--cp": "context_parallel",
-          "--offload-optimizer": "offload_optimizer", "--offload-params": "offload_params",
-          "--offload-ratio": "offload_ratio", "--pin-memory": "pin_memory", "--no-pin-memory": "pin_memory",
-          "--grad-checkpointing": "grad_checkpointing", "--checkpointing": "checkpointing",
-          "--checkpoint-every": "checkpoint_every", "--grad-accum": "grad_accum", "--fused-ce": "fused_ce", "--attention": "attention", "--gpu-gib": "gpu_gib",
-          "--gpu": "gpu_gib", "--host-gib": "host_gib", "--resume": "resume"}
+# Set-up flags, one per TrainSetup field, generated from the fields' Faces (helpers.training.Face). Their defaults are
+# left out of the namespace (argparse.SUPPRESS), so that the flags a user typed are known: they override what --from
+# files say; the others come from the files, or from TrainSetup's defaults (which the help texts name).
 S = argparse.SUPPRESS
+
+
+class _Flag(argparse.Action):
+    """Stores a set-up flag's value and which spelling was typed (`typed_flags`: field -> flag), so an override is
+    reported under the flag the user wrote (--no-pin-memory, --grad-checkpointing)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        namespace.typed_flags = getattr(namespace, "typed_flags", {}) | {self.dest: option_string}
+
+
+def _flag_argument(p, name: str, f, default) -> None:
+    """The flag(s) of one field: a switch, a switch pair, a choice, or an integer / number / text value."""
+    help_ = f.help() if callable(f.help) else f.help
+    kind = str(next(x.type for x in dataclasses.fields(TrainSetup) if x.name == name))
+    switch = dict(dest=name, action=_Flag, nargs=0, default=S)
+    if "bool" in kind:
+        if f.negative:
+            pair = p.add_mutually_exclusive_group()
+            pair.add_argument(f.flag, const=True, help=f"{help_} (default {'on' if default else 'off' if default is False else 'unset'})",
+                              **switch)
+            pair.add_argument(f.negative, const=False, **switch)
+        else:
+            p.add_argument(f.flag, const=True, help=help_, **switch)
+        return
+    choices = f.choices() if callable(f.choices) else f.choices
+    text = "; ".join(x for x in (help_, "" if default is None else f"default {default}") if x)
+    target = p
+    if f.alias is not None:                          # --grad-checkpointing, another spelling of --checkpointing full
+        target = p.add_mutually_exclusive_group()
+        target.add_argument(f.alias[0], const=f.alias[1], help=f.alias[2], **switch)
+    if choices is not None:
+        target.add_argument(f.flag, dest=name, action=_Flag, default=S, metavar="{" + ",".join(choices) + "}",
+                            help=text or None)
+        return
+    typ = integer if "int" in kind else number if "float" in kind else str
+    target.add_argument(f.flag, dest=name, action=_Flag, type=typ, default=S, metavar=f.metavar, help=text or None)
 
 
 def setup_parser(p: argparse.ArgumentParser) -> None:
@@ -89,82 +114,44 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="catalogue name or hub id (see `models`, e.g. Qwen/Qwen3-4B), or the path of a config.json; "
                         "needed unless --from files name a model the catalogue knows")
-    p.add_argument("--batch", type=integer, default=S, help="micro batch per GPU (default 1)")
-    p.add_argument("--seq", type=integer, default=S, help="sequence length in tokens (default 2048)")
-    p.add_argument("--precision", default=S, metavar="{" + ",".join(PRECISIONS) + "}", help="default bf16-mixed")
-    p.add_argument("--adam-impl", default=S, metavar="{" + ",".join(ADAM_IMPLS) + "}",
-                   help="torch AdamW implementation "
-                        f"({'/'.join(strategies.names(lambda s: s.torch_optimizer))}; default foreach)")
-    p.add_argument("--optimizer", default=S, metavar="{" + ",".join(OPTIMIZERS) + "}",
-                   help="adamw (default) or bitsandbytes' adamw-8bit "
-                        f"({'/'.join(strategies.names(lambda s: s.optimizer_8bit))})")
-    p.add_argument("--lora-rank", type=integer, default=S, metavar="R",
-                   help="LoRA adapters of rank R on every linear layer, base frozen "
-                        f"({'/'.join(strategies.names(lambda s: s.lora))})")
-    p.add_argument("--lora-targets", default=S, metavar="T",
-                   help="with --lora-rank: all-linear (default, every linear but the output head) or module names "
-                        "separated by commas, e.g. q_proj,v_proj or q,v (LitGPT's default)")
-    p.add_argument("--base-weights", default=S, metavar="{" + ",".join(BASE_WEIGHTS) + "}",
-                   help="with --lora-rank: nf4 for QLoRA's bitsandbytes 4-bit base (double quantisation, compute in "
-                        f"the precision's dtype; {'/'.join(strategies.names(lambda s: s.qlora))})")
-    p.add_argument("--strategy", default=S, metavar="{" + ",".join(STRATEGIES) + "}",
-                   help=strategies.help_text() + " (default single)")
-    p.add_argument("--gpus", type=integer, default=S, help="world size (default 1)")
-    p.add_argument("--gpus-per-node", type=integer, default=S, help="GPUs sharing one host (default 8)")
-    p.add_argument("--tp", dest="tensor_parallel", type=integer, default=S, metavar="N",
-                   help="tensor-parallel degree (torchtitan's plan: column/row-wise linears, sequence-parallel norms, "
-                        f"loss parallel; {'/'.join(strategies.names(lambda s: s.model_parallel))}; default 1)")
-    p.add_argument("--cp", dest="context_parallel", type=integer, default=S, metavar="N",
-                   help="context-parallel degree: each sequence split over N ranks (default 1); data-parallel "
-                        "degree = gpus / (tp x cp)")
-    p.add_argument("--offload-optimizer", action="store_true", default=S)
-    p.add_argument("--offload-params", action="store_true", default=S)
-    p.add_argument("--offload-ratio", type=number, default=S, metavar="R", help="ZeRO-3 partial offload, in [0, 1]")
-    pin = p.add_mutually_exclusive_group()
-    pin.add_argument("--pin-memory", dest="pin_memory", action="store_true", default=S,
-                     help="offloaded buffers page-locked (default)")
-    pin.add_argument("--no-pin-memory", dest="pin_memory", action="store_false", default=S)
-    ckpt = p.add_mutually_exclusive_group()
-    ckpt.add_argument("--grad-checkpointing", action="store_true", default=S, help="the same as --checkpointing full")
-    ckpt.add_argument("--checkpointing", default=S, metavar="{" + ",".join(CHECKPOINTING) + "}",
-                      help="activation checkpointing of every decoder layer: none (default), full, or selective "
-                           "(torchtitan's op-level policy: every other matmul's output and the attention kernel's saved)")
-    p.add_argument("--checkpoint-every", type=integer, default=S, metavar="N",
-                   help="with --checkpointing full: only every Nth decoder layer (torchtitan's selective_ac_option "
-                        "= N; default 1, every layer)")
-    p.add_argument("--grad-accum", type=integer, default=S, metavar="N",
-                   help="gradient accumulation: N micro batches per optimizer step (default 1)")
-    p.add_argument("--fused-ce", action="store_true", default=S, help="fused/chunked linear cross-entropy")
-    p.add_argument("--attention", default=S, metavar="{" + ",".join(ATTENTIONS) + "}", help="default sdpa")
-    cap = p.add_mutually_exclusive_group()
-    cap.add_argument("--gpu-gib", type=number, default=S, metavar="X", help="GPU capacity in GiB")
-    cap.add_argument("--gpu", default=None, metavar="NAME",
-                     help="a GPU preset: its capacity as nvidia-smi prints it and its CUDA context (see helpers.gpus)")
-    p.add_argument("--host-gib", type=number, default=S, metavar="Y", help="host RAM per node in GiB")
-    p.add_argument("--resume", action="store_true", default=S, help="add the resume-from-checkpoint phase")
+    defaults = TrainSetup()
+    for name, f in FACES.items():
+        if f.flag is None:
+            continue
+        if name == "gpu_gib":                         # a capacity, or a preset that gives one (and its CUDA context)
+            cap = p.add_mutually_exclusive_group()
+            _flag_argument(cap, name, f, None)
+            cap.add_argument("--gpu", default=None, metavar="NAME", help="a GPU preset: its capacity as nvidia-smi "
+                             "prints it and its CUDA context (see helpers.gpus)")
+            continue
+        _flag_argument(p, name, f, getattr(defaults, name))
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--items", action="store_true", help="also list every named buffer behind the figures")
 
 
+def flags() -> dict[str, str]:
+    """Each flag -> the TrainSetup field it sets (every spelling)."""
+    out = {}
+    for name, f in FACES.items():
+        for flag in (f.flag, f.negative, f.alias[0] if f.alias else None):
+            if flag:
+                out[flag] = name
+    return out | {"--gpu": "gpu_gib"}
+
+
 def given(a: argparse.Namespace) -> dict:
     """The TrainSetup fields the user typed a flag for, with their values ({} when none): the overrides."""
-    out = {f: getattr(a, f) for f in dict.fromkeys(FIELDS.values()) if hasattr(a, f) and f != "gpu_gib"}
+    out = {name: getattr(a, name) for name in FACES if hasattr(a, name) and name != "gpu_gib"}
     if getattr(a, "gpu", None) is not None or hasattr(a, "gpu_gib"):
         out["gpu_gib"] = _gpu_gib(a)
-    if "grad_checkpointing" in out:                     # one checkpointing flag replaces both fields
-        out["checkpointing"] = None
-    elif "checkpointing" in out:
-        out["grad_checkpointing"] = False
-        if out["checkpointing"] != "full" and "checkpoint_every" not in out:
-            out["checkpoint_every"] = 1                 # a file's every-Nth layer goes with its full checkpointing
     return out
 
 
 def setup_from_args(a: argparse.Namespace, base: TrainSetup | None = None) -> TrainSetup:
-    """The set-up: `base` (what --from files say, else TrainSetup's defaults) with the flags given in place."""
-    import dataclasses
-
-    return dataclasses.replace(base or TrainSetup(), **given(a)).validate()
+    """The set-up: `base` (what --from files say, else TrainSetup's defaults) with the flags given in place; a value
+    the flags did not give goes back to its default where it no longer applies (a file's every-Nth-layer
+    checkpointing under --checkpointing none)."""
+    return with_applicable(dataclasses.replace(base or TrainSetup(), **given(a)), keep=given(a)).validate()
 
 
 def _gpu_gib(a: argparse.Namespace) -> float | None:
@@ -190,15 +177,12 @@ def imported_from(a: argparse.Namespace):
         named = f" (they name {imp.model_named!r}, which the catalogue does not know)" if imp.model_named else ""
         raise InputError(f"--from {' '.join(a.from_files)} names no model the catalogue knows{named}: pass --model "
                          f"(a catalogue name, hub id or config.json path)")
-    flags: dict[str, str] = {}
-    for option, field in FIELDS.items():
-        flags.setdefault(field, option)
     overrides = []
     for field, value in given(a).items():
         old = getattr(imp.setup, field)
         if old == value:
             continue
-        overrides.append({"flag": _flag_of(a, field, flags), "field": field, "value": value, "replaced": old,
+        overrides.append({"flag": _flag_of(a, field), "field": field, "value": value, "replaced": old,
                           "from": _origin(imp, field)})
     if a.model is not None and a.model != imp.model:
         overrides.append({"flag": "--model", "field": "model", "value": a.model, "replaced": imp.model,
@@ -206,16 +190,11 @@ def imported_from(a: argparse.Namespace):
     return a.model or imp.model, setup_from_args(a, imp.setup), imp, overrides
 
 
-def _flag_of(a, field: str, flags: dict) -> str:
+def _flag_of(a, field: str) -> str:
+    """The flag the user typed for `field`."""
     if field == "gpu_gib" and getattr(a, "gpu", None) is not None:
         return "--gpu"
-    if field == "pin_memory":
-        return "--pin-memory" if a.pin_memory else "--no-pin-memory"
-    if field == "checkpointing" and hasattr(a, "grad_checkpointing"):
-        return "--grad-checkpointing"
-    if field == "grad_checkpointing" and hasattr(a, "checkpointing"):
-        return "--checkpointing"
-    return flags[field]
+    return getattr(a, "typed_flags", {}).get(field, FACES[field].flag)
 
 
 def _origin(imp, field: str) -> str:

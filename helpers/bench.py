@@ -33,37 +33,37 @@ GRID = [
     ("llama-3-8b", T(precision="bf16", adam_impl="foreach", seq=128)),
     ("llama-3-8b", T(precision="bf16-mixed", adam_impl="fused", seq=512)),
     ("llama-3-8b", T(precision="bf16", adam_impl="for-loop", batch=2, seq=1024, attention="eager")),
-    ("llama-3-8b", T(precision="bf16", adam_impl="fused", seq=4096, grad_checkpointing=True, attention="flash")),
+    ("llama-3-8b", T(precision="bf16", adam_impl="fused", seq=4096, checkpointing="full", attention="flash")),
     ("llama-3-8b", T(precision="fp32", adam_impl="foreach", seq=256)),
     ("llama-3-8b", T(strategy="ddp", gpus=4, precision="bf16", adam_impl="fused", seq=1024)),
-    ("llama-3-8b", T(strategy="zero2", seq=128, attention="flash", grad_checkpointing=True)),
-    ("llama-3-8b", T(strategy="zero2", seq=128, attention="flash", grad_checkpointing=True, **OFF)),
-    ("llama-3-8b", T(strategy="zero1", gpus=4, seq=512, grad_checkpointing=True)),
+    ("llama-3-8b", T(strategy="zero2", seq=128, attention="flash", checkpointing="full")),
+    ("llama-3-8b", T(strategy="zero2", seq=128, attention="flash", checkpointing="full", **OFF)),
+    ("llama-3-8b", T(strategy="zero1", gpus=4, seq=512, checkpointing="full")),
     ("llama-3-8b", T(strategy="zero2", gpus=4, seq=2048, overlap_comm=True)),
     ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, adam_impl="fused", seq=128)),
     ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, adam_impl="fused", seq=128, offload_params=True, **OFF)),
-    ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=4, seq=2048, grad_checkpointing=True,
+    ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=4, seq=2048, checkpointing="full",
                      attention="flash", offload_params=True, **OFF)),
-    ("llama-3.2-3b", T(precision="bf16", adam_impl="fused", batch=4, seq=4096, grad_checkpointing=True)),
-    ("llama-3.2-3b", T(precision="bf16-mixed", adam_impl="for-loop", batch=2, seq=2048, grad_checkpointing=True)),
+    ("llama-3.2-3b", T(precision="bf16", adam_impl="fused", batch=4, seq=4096, checkpointing="full")),
+    ("llama-3.2-3b", T(precision="bf16-mixed", adam_impl="for-loop", batch=2, seq=2048, checkpointing="full")),
     ("llama-3.2-3b", T(precision="fp32", adam_impl="foreach", seq=1024)),
-    ("llama-3.2-3b", T(strategy="fsdp2", gpus=8, batch=4, seq=4096, grad_checkpointing=True)),
+    ("llama-3.2-3b", T(strategy="fsdp2", gpus=8, batch=4, seq=4096, checkpointing="full")),
     ("qwen2.5-32b", T(precision="bf16", adam_impl="fused", seq=512, attention="eager")),
-    ("qwen2.5-32b", T(strategy="zero2", gpus=8, seq=1024, grad_checkpointing=True, **OFF)),
+    ("qwen2.5-32b", T(strategy="zero2", gpus=8, seq=1024, checkpointing="full", **OFF)),
     ("qwen2.5-72b", T(precision="bf16", adam_impl="foreach", seq=128)),
-    ("qwen2.5-72b", T(strategy="fsdp2", gpus=8, seq=2048, grad_checkpointing=True)),
+    ("qwen2.5-72b", T(strategy="fsdp2", gpus=8, seq=2048, checkpointing="full")),
     ("deepseek-v2-lite", T(precision="bf16", adam_impl="fused", seq=2048)),
-    ("deepseek-v2-lite", T(strategy="fsdp2", gpus=4, gpus_per_node=4, batch=2, seq=1024, grad_checkpointing=True)),
+    ("deepseek-v2-lite", T(strategy="fsdp2", gpus=4, gpus_per_node=4, batch=2, seq=1024, checkpointing="full")),
     ("deepseek-v2-lite", T(precision="bf16-mixed", adam_impl="fused", seq=1024)),
     ("deepseek-v2-lite", T(precision="fp32", adam_impl="fused", seq=512)),
     ("mixtral-8x7b", T(precision="bf16", adam_impl="fused", batch=2, seq=2048, attention="flash")),
     ("qwen1.5-moe-a2.7b", T(precision="bf16-mixed", adam_impl="fused", seq=2048)),
-    ("qwen3-30b-a3b", T(precision="bf16", adam_impl="fused", batch=2, seq=2048, grad_checkpointing=True)),
-    ("qwen3-30b-a3b", T(strategy="fsdp2", gpus=8, seq=2048, grad_checkpointing=True)),
+    ("qwen3-30b-a3b", T(precision="bf16", adam_impl="fused", batch=2, seq=2048, checkpointing="full")),
+    ("qwen3-30b-a3b", T(strategy="fsdp2", gpus=8, seq=2048, checkpointing="full")),
     ("gemma-2-9b", T(precision="bf16", adam_impl="fused", seq=2048)),
     ("gemma-2-2b", T(precision="bf16-mixed", adam_impl="fused", seq=1024)),
     ("gemma-3-4b", T(precision="fp32", adam_impl="fused", seq=512)),
-    ("qwen3-8b", T(precision="bf16", adam_impl="fused", batch=2, seq=4096, grad_checkpointing=True)),
+    ("qwen3-8b", T(precision="bf16", adam_impl="fused", batch=2, seq=4096, checkpointing="full")),
     ("phi-3-mini", T(precision="bf16-mixed", adam_impl="fused", seq=2048)),
     ("llama-3-8b", T(lora_rank=16, lora_targets="q,v", seq=2048)),
     ("qwen3-8b", T(strategy="zero2", lora_rank=16, lora_targets="q,k,v,o", seq=1024, attention="flash")),
@@ -77,7 +77,7 @@ GRID = [
     ("qwen2.5-32b", T(precision="bf16", adam_impl="fused", seq=1024, checkpointing="selective")),
     # FSDP2 with a tied embedding: its group (embedding and head) stays unsharded through forward and backward
     ("llama-3.2-1b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, precision="bf16", seq=128)),
-    ("qwen2.5-0.5b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, seq=2048, grad_checkpointing=True, offload_params=True,
+    ("qwen2.5-0.5b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, seq=2048, checkpointing="full", offload_params=True,
                        **OFF)),
     # layer-level selective checkpointing: full checkpointing of every Nth layer (torchtitan's selective_ac_option)
     ("llama-3.2-3b", T(precision="bf16", adam_impl="fused", batch=2, seq=4096, checkpointing="full", checkpoint_every=2,
@@ -88,24 +88,24 @@ GRID = [
     ("llama-3-8b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, tensor_parallel=2, adam_impl="fused", seq=256)),
     ("llama-3-8b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, tensor_parallel=2, precision="bf16", adam_impl="fused",
                      seq=1024)),
-    ("llama-3-8b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, tensor_parallel=4, seq=2048, grad_checkpointing=True)),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, tensor_parallel=4, seq=2048, checkpointing="full")),
     ("llama-3-8b", T(strategy="ddp", gpus=2, tensor_parallel=2, precision="bf16", adam_impl="fused", seq=512)),
     # FSDP1 (FullyShardedDataParallel, FULL_SHARD): untied and tied root units, each precision, accumulation
     ("llama-3-8b", T(strategy="fsdp1", gpus=8, seq=1024)),
     ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, adam_impl="fused", seq=128)),
     ("qwen2.5-7b", T(strategy="fsdp1", gpus=4, gpus_per_node=4, precision="bf16", adam_impl="fused", seq=512)),
-    ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, precision="fp32", seq=256, grad_checkpointing=True)),
+    ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, precision="fp32", seq=256, checkpointing="full")),
     ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, seq=256, grad_accum=2)),
     # LoRA under FSDP2 (peft before fully_shard): untied and tied embeddings, bf16 and bf16-mixed, CPU offload
     ("llama-3-8b", T(strategy="fsdp2", gpus=8, precision="bf16", adam_impl="fused", lora_rank=32, seq=2048,
-                     grad_checkpointing=True, attention="flash")),
+                     checkpointing="full", attention="flash")),
     ("llama-3.2-3b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, lora_rank=32, lora_targets="q,v", seq=1024)),
-    ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, lora_rank=32, seq=512, grad_checkpointing=True,
+    ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, lora_rank=32, seq=512, checkpointing="full",
                      offload_params=True, **OFF)),
     # QLoRA: bitsandbytes' NF4 base on fake tensors (its own quantize_4bit and default 4-bit matmul)
     ("llama-3-8b", T(precision="bf16", lora_rank=16, base_weights="nf4", seq=2048)),
     ("qwen2.5-7b", T(lora_rank=16, lora_targets="q,k,v,o", base_weights="nf4", batch=2, seq=1024,
-                     grad_checkpointing=True, attention="flash")),
+                     checkpointing="full", attention="flash")),
 ]
 
 
@@ -125,7 +125,7 @@ def bench_estimate() -> None:
 def _label(name: str, s: T) -> str:
     opts = [s.strategy + (f"x{s.gpus}" if s.gpus > 1 else ""), s.precision, s.adam, f"b{s.batch}", f"s{s.seq}", s.attention]
     opts += [f"tp{s.tensor_parallel}"] * (s.tensor_parallel > 1) + [f"cp{s.context_parallel}"] * (s.context_parallel > 1)
-    opts += [{"none": "", "full": "ckpt", "selective": "sac"}[s.ac]] * (s.ac != "none")
+    opts += [{"none": "", "full": "ckpt", "selective": "sac"}[s.checkpointing]] * (s.checkpointing != "none")
     opts += [f"every{s.checkpoint_every}"] * (s.checkpoint_every > 1)
     opts += [f"accum{s.grad_accum}"] * (s.grad_accum > 1)
     opts += [("offload-opt+params" if s.offload_params and not s.strat.offload_together else "offload")] * s.offload_optimizer
@@ -250,13 +250,13 @@ def _memtracker_peak(name: str, setup: T) -> tuple[int, float]:
 SCALED = [
     ("llama-3-8b", T(precision="bf16", adam_impl="fused", batch=2, seq=128)),
     ("llama-3-8b", T(strategy="ddp", precision="bf16-mixed", adam_impl="foreach", batch=2, seq=128)),
-    ("llama-3-8b", T(strategy="zero2", batch=2, seq=128, attention="flash", grad_checkpointing=True)),
-    ("llama-3-8b", T(strategy="zero2", batch=2, seq=128, attention="flash", grad_checkpointing=True,
+    ("llama-3-8b", T(strategy="zero2", batch=2, seq=128, attention="flash", checkpointing="full")),
+    ("llama-3-8b", T(strategy="zero2", batch=2, seq=128, attention="flash", checkpointing="full",
                      offload_optimizer=True)),
     ("qwen2.5-72b", T(strategy="zero3", batch=2, seq=128, offload_optimizer=True, offload_ratio=0.9,
                       sub_group_size=50_000_000)),
     ("qwen2.5-72b", T(strategy="zero3", batch=2, seq=128, offload_optimizer=True, offload_params=True)),
-    ("llama-3.2-3b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=2, seq=256, grad_checkpointing=True)),
+    ("llama-3.2-3b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=2, seq=256, checkpointing="full")),
     ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=2, seq=128, offload_optimizer=True,
                      offload_params=True)),
     ("mixtral-8x7b", T(precision="bf16", batch=2, seq=128)),
@@ -274,13 +274,13 @@ SCALED = [
     ("llama-3-8b", T(strategy="zero2", batch=2, seq=256, checkpointing="selective")),
     ("llama-3.2-3b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, batch=2, seq=256, grad_accum=2,
                        checkpointing="selective")),
-    ("llama-3.2-3b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, batch=2, seq=256, grad_checkpointing=True)),
+    ("llama-3.2-3b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, batch=2, seq=256, checkpointing="full")),
     ("llama-3-8b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, batch=2, seq=128, offload_optimizer=True,
                      offload_params=True)),
     ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, batch=2, seq=128, grad_accum=2)),
     # QLoRA: bitsandbytes' NF4 base, quantised and multiplied for real on this CPU (helpers.measure.nf4)
     ("llama-3-8b", T(precision="bf16", lora_rank=8, base_weights="nf4", batch=2, seq=128)),
-    ("qwen3-8b", T(lora_rank=8, base_weights="nf4", batch=2, seq=128, grad_checkpointing=True)),
+    ("qwen3-8b", T(lora_rank=8, base_weights="nf4", batch=2, seq=128, checkpointing="full")),
     ("llama-3.2-3b", T(strategy="ddp", precision="bf16", lora_rank=8, lora_targets="q,v", base_weights="nf4",
                        batch=2, seq=128)),
 ]
@@ -326,8 +326,8 @@ def bench_explorer() -> None:
 
     e = explore.explorer(case=1)
     moves = [dict(batch=b) for b in (2, 4, 8, 16, 1)] + [dict(seq=q) for q in (256, 1024, 4096, 128)]
-    moves += [dict(offload_optimizer=v) for v in (True, False)] + [dict(grad_checkpointing=v) for v in (False, True)]
-    moves += [dict(strategy="zero3", gpus=8), dict(use_ratio=True), dict(offload_ratio=0.5), dict(use_ratio=False)]
+    moves += [dict(offload_optimizer=v) for v in (True, False)] + [dict(checkpointing=v) for v in ("none", "full")]
+    moves += [dict(strategy="zero3", gpus=8), dict(offload_ratio=1.0), dict(offload_ratio=0.5), dict(offload_ratio=None)]
     times = []
     for _ in range(3):
         for move in moves:
@@ -341,7 +341,7 @@ def bench_explorer() -> None:
 def bench_allocator() -> None:
     """Allocated, modelled reserved (default and expandable segments) and fragmentation per set-up, GiB."""
     from helpers import cases, published
-    from helpers.measure import dryrun, reserved
+    from helpers.measure import dryrun
 
     print("1. The caching-allocator model against a published reserved figure")
     row = published.reserved("llama-3.2-3b")
@@ -362,7 +362,7 @@ def bench_allocator() -> None:
     for n in range(1, 7):
         c = cases.case(n)
         for fixed in (False, True):
-            x = reserved.recheck(c["model"], cases.setup(n, fixed=fixed))
+            x = dryrun.recheck(c["model"], cases.setup(n, fixed=fixed))
             res = (f"{to_gib(x['reserved']):10.2f}{to_gib(x['reserved'] - x['allocated']):7.2f}"
                    if x["reserved"] is not None else f"{'-':>10s}{'-':>7s}")
             word = {True: "fits", False: "OOM"}

@@ -15,7 +15,6 @@ sides), not a test against reality; `kind(result)` says which it is so that ever
 
 from __future__ import annotations
 
-from helpers import strategies
 from helpers.results import Result
 
 KINDS = {
@@ -28,19 +27,19 @@ KINDS = {
 
 def kind(result: Result) -> str:
     """One of KINDS for `result` (its mode, strategy and offload settings decide)."""
-    s, mode = result.setup, result.mode
+    s, mode = result.train_setup, result.mode
     if mode == "estimate":
         return "estimated"
     if mode == "dry-run":
-        return strategies.get(s["strategy"]).dry_run_evidence
+        return s.strat.dry_run_evidence
     if mode == "scaled":
-        return "placed" if s.get("offload_optimizer") or s.get("offload_params") else "measured"
+        return "placed" if s.offload_optimizer or s.offload_params else "measured"
     return "measured"                                        # gpu: the engine's tensors on a real GPU
 
 
 def detail(result: Result) -> str:
     """A sentence: the kind, and what exactly was rebuilt or placed by rule."""
-    k, s = kind(result), result.setup
+    k, s = kind(result), result.train_setup
     text = {
         "estimated": "estimated: arithmetic over named buffers",
         "measured": "measured from the engine's own tensors",
@@ -49,14 +48,14 @@ def detail(result: Result) -> str:
     }[k]
     if result.mode == "dry-run":
         text += " (full size, fake tensors)"
-        st = strategies.get(s["strategy"])
+        st = s.strat
         if st.gradient_buckets:
             text += "; DDP itself not run: its gradient bucket is one buffer sized by rule"
         elif st.deepspeed:
             text += "; DeepSpeed cannot run on fake tensors"
     elif result.mode == "scaled":
         text += " (the tiny twin, trained for real on this CPU)"
-    tp, cp = s.get("tensor_parallel", 1), s.get("context_parallel", 1)
+    tp, cp = s.tensor_parallel, s.context_parallel
     if tp > 1 and result.mode == "dry-run":
         text += f"; tensor parallel {tp}: torchtitan's plan run by DTensor on a fake 2-D mesh"
     elif tp > 1:

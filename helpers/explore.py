@@ -15,15 +15,35 @@ import matplotlib.pyplot as plt
 
 from helpers import estimate, models, plots, report
 from helpers.errors import InputError
-from helpers.training import (
-    ADAM_IMPLS, ATTENTIONS, BASE_WEIGHTS, CHECKPOINTING, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainSetup,
-)
+from helpers.training import FACES, Control, TrainSetup, with_applicable
 
-SEQS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
-GPUS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-LORA_RANKS = [0, 4, 8, 16, 32, 64, 128, 256]
-GRAD_ACCUMS = [1, 2, 4, 8, 16, 32, 64]
-MODEL_PARALLEL = [1, 2, 4, 8, 16]
+
+def _steps(options: tuple, value) -> tuple:
+    """A slider's stops with `value` among them (a set-up's own value is always reachable)."""
+    if value in options:
+        return tuple(options)
+    numbers = sorted([o for o in options if not isinstance(o, str)] + [value])
+    return tuple(o for o in options if isinstance(o, str)) + tuple(numbers)
+
+
+def _control(c: Control, value) -> w.Widget:
+    """The widget of one field's Control, showing `value` (None as the control's `none`)."""
+    shown = c.none if value is None else value
+    common = dict(description=c.label, tooltip=c.tooltip or None)
+    if c.kind == "slider":
+        return w.IntSlider(shown, min=c.lo, max=max(c.hi, shown), continuous_update=False, **common)
+    if c.kind == "steps":
+        return w.SelectionSlider(options=_steps(c.options, shown), value=shown, continuous_update=False, **common)
+    if c.kind == "menu":
+        return w.Dropdown(options=tuple(dict.fromkeys(c.options + (shown,))), value=shown, **common)
+    if c.kind == "check":
+        return w.Checkbox(shown, **common)
+    return w.FloatText(shown, **common)                                          # 'gib'
+
+
+def _value(c: Control, shown):
+    """The field's value a control shows (its `none` -> None)."""
+    return None if c is not None and shown == c.none else shown
 
 
 class Explorer:
@@ -37,50 +57,10 @@ class Explorer:
         # a reported figure belongs to one set-up ('reported' or 'fixed') or to the machine; it is drawn only there
         self.anchors = {"reported": (model, self.setup), "fixed": (model, fixed)}
         self.result = estimate.run(model, self.setup)
-        s = self.setup
-        self.controls = {
-            "model": w.Dropdown(options=models.catalogue(), value=model if model in models.catalogue() else None,
-                                description="model"),
-            "batch": w.IntSlider(s.batch, 1, 64, description="micro batch", continuous_update=False),
-            "seq": w.SelectionSlider(options=sorted(set(SEQS + [s.seq])), value=s.seq, description="seq", continuous_update=False),
-            "strategy": w.Dropdown(options=STRATEGIES, value=s.strategy, description="strategy"),
-            "gpus": w.SelectionSlider(options=sorted(set(GPUS + [s.gpus])), value=s.gpus, description="GPUs", continuous_update=False),
-            "tensor_parallel": w.SelectionSlider(options=sorted(set(MODEL_PARALLEL + [s.tensor_parallel])),
-                                                 value=s.tensor_parallel, description="TP",
-                                                 tooltip="tensor-parallel degree (fsdp2 or ddp)", continuous_update=False),
-            "context_parallel": w.SelectionSlider(options=sorted(set(MODEL_PARALLEL + [s.context_parallel])),
-                                                  value=s.context_parallel, description="CP",
-                                                  tooltip="context-parallel degree: each sequence over N ranks",
-                                                  continuous_update=False),
-            "precision": w.Dropdown(options=PRECISIONS, value=s.precision, description="precision"),
-            "adam_impl": w.Dropdown(options=("default",) + ADAM_IMPLS, value=s.adam_impl or "default",
-                                    description="AdamW"),
-            "optimizer": w.Dropdown(options=OPTIMIZERS, value=s.optimizer, description="optimizer"),
-            "lora_rank": w.SelectionSlider(options=LORA_RANKS, value=s.lora_rank or 0, description="LoRA rank",
-                                           tooltip="0: full fine-tuning", continuous_update=False),
-            "lora_targets": w.Dropdown(options=sorted({"all-linear", "q,v", "q,k,v,o", s.lora_targets}),
-                                       value=s.lora_targets, description="LoRA on", tooltip="with a LoRA rank"),
-            "base_weights": w.Dropdown(options=("bf16",) + BASE_WEIGHTS, value=s.base_weights or "bf16",
-                                       description="LoRA base", tooltip="nf4: QLoRA's 4-bit base (with a LoRA rank)"),
-            "offload_optimizer": w.Checkbox(s.offload_optimizer, description="offload optimizer"),
-            "offload_params": w.Checkbox(s.offload_params, description="offload params"),
-            "offload_ratio": w.FloatSlider(1.0 if s.offload_ratio is None else s.offload_ratio, min=0, max=1,
-                                           step=0.05, description="ratio", continuous_update=False),
-            "use_ratio": w.Checkbox(s.offload_ratio is not None, description="partial offload (ratio)"),
-            "pin_memory": w.Checkbox(s.pin_memory, description="pin memory"),
-            "checkpointing": w.Dropdown(options=CHECKPOINTING, value=s.ac, description="checkpointing"),
-            "checkpoint_every": w.SelectionSlider(options=sorted({1, 2, 3, 4, s.checkpoint_every}),
-                                                  value=s.checkpoint_every, description="ckpt every",
-                                                  tooltip="with checkpointing full: every Nth layer only",
-                                                  continuous_update=False),
-            "grad_accum": w.SelectionSlider(options=sorted(set(GRAD_ACCUMS + [s.grad_accum])), value=s.grad_accum,
-                                            description="grad accum", tooltip="micro batches per optimizer step",
-                                            continuous_update=False),
-            "fused_ce": w.Checkbox(s.fused_ce, description="fused CE"),
-            "attention": w.Dropdown(options=ATTENTIONS, value=s.attention, description="attention"),
-            "gpu_gib": w.FloatText(s.gpu_gib or 0.0, description="GPU GiB", tooltip="0: no capacity"),
-            "host_gib": w.FloatText(s.host_gib or 0.0, description="host GiB", tooltip="0: no capacity"),
-        }
+        self.controls = {"model": w.Dropdown(options=models.catalogue(), description="model",
+                                             value=model if model in models.catalogue() else None)}
+        self.controls |= {name: _control(f.control, getattr(self.setup, name))
+                          for name, f in FACES.items() if f.control is not None}
         self.verdict = w.HTML()
         self.reset_button = w.Button(description="reset to the case" if reported else "reset", icon="undo",
                                      tooltip="every control back to where this explorer started",
@@ -97,32 +77,27 @@ class Explorer:
         self._show_verdict()
 
     def setup_from_controls(self) -> TrainSetup:
-        """The set-up the controls show; options without a control (gpus_per_node, resume, DeepSpeed's bucket and
-        sub-group sizes, overlap_comm) keep the values the explorer started with."""
-        c = {k: v.value for k, v in self.controls.items()}
-        return dataclasses.replace(
-            self.setup,
-            batch=c["batch"], seq=c["seq"], strategy=c["strategy"], gpus=c["gpus"], precision=c["precision"],
-            tensor_parallel=c["tensor_parallel"], context_parallel=c["context_parallel"],
-            adam_impl=None if c["adam_impl"] == "default" else c["adam_impl"], optimizer=c["optimizer"],
-            lora_rank=c["lora_rank"] or None, lora_targets=c["lora_targets"] if c["lora_rank"] else "all-linear",
-            base_weights=None if c["base_weights"] == "bf16" or not c["lora_rank"] else c["base_weights"],
-            offload_optimizer=c["offload_optimizer"], offload_params=c["offload_params"],
-            offload_ratio=c["offload_ratio"] if c["use_ratio"] else None, pin_memory=c["pin_memory"],
-            grad_checkpointing=c["checkpointing"] == "full",     # none/full as grad_checkpointing, so a case's
-            checkpointing="selective" if c["checkpointing"] == "selective" else None,   # set-up compares equal
-            checkpoint_every=c["checkpoint_every"] if c["checkpointing"] == "full" else 1,
-            grad_accum=c["grad_accum"], fused_ce=c["fused_ce"], attention=c["attention"],
-            gpu_gib=c["gpu_gib"] or None, host_gib=c["host_gib"] or None,
-        ).validate()
+        """The set-up the controls show (a control's `none` value is the field's None; a field that no longer applies,
+        such as LoRA's targets without a LoRA rank, goes back to its default); fields without a control (DeepSpeed's
+        bucket and sub-group sizes, overlap_comm) keep the values the explorer started with."""
+        values = {name: _value(FACES[name].control, c.value) for name, c in self.controls.items() if name in FACES}
+        return with_applicable(dataclasses.replace(self.setup, **values)).validate()
 
     def set(self, **values) -> None:
-        """Move controls as a reader would (each change redraws); grad_checkpointing=True/False moves the
-        checkpointing control to 'full'/'none'."""
+        """Move controls as a reader would (each change redraws), to a field's value (None included: the control's
+        'none' is chosen); grad_checkpointing=True/False moves the checkpointing control to 'full'/'none'."""
         if "grad_checkpointing" in values:
             values["checkpointing"] = "full" if values.pop("grad_checkpointing") else "none"
+        unknown = sorted(set(values) - set(self.controls))
+        if unknown:
+            raise InputError(f"no control {unknown[0]!r}: the explorer's controls are {', '.join(self.controls)}")
         for k, v in values.items():
-            self.controls[k].value = v
+            control = FACES[k].control if k in FACES else None
+            shown = control.none if control is not None and v is None else v
+            widget = self.controls[k]
+            if isinstance(widget, w.SelectionSlider) and shown not in widget.options:
+                widget.options = _steps(widget.options, shown)
+            widget.value = shown
 
     def reset(self) -> None:
         """Every control back to where the explorer started (one redraw)."""
@@ -188,17 +163,14 @@ class Explorer:
                 control.style = {"description_width": "80px"}
         grid = lambda keys: w.GridBox([c[k] for k in keys], layout=w.Layout(
             grid_template_columns="repeat(3, 285px)", grid_gap="2px 4px"))
-        main = grid(["model", "strategy", "gpus", "batch", "seq", "precision", "offload_optimizer", "offload_params",
-                     "checkpointing"])
-        rest = grid(["tensor_parallel", "context_parallel", "checkpoint_every", "grad_accum", "adam_impl", "optimizer", "lora_rank",
-                     "lora_targets", "base_weights", "attention", "fused_ce", "pin_memory", "use_ratio", "offload_ratio",
-                     "gpu_gib", "host_gib"])
+        fields = [k for k in c if k in FACES]
+        main = grid(["model"] + [k for k in fields if FACES[k].control.main])
+        rest = grid([k for k in fields if not FACES[k].control.main])
         if "google.colab" in sys.modules:    # Colab's widget manager does not open an Accordion (colabtools #3571)
             more = w.VBox([w.HTML("<b>more options</b>"), rest])
         else:
             more = w.Accordion([rest], selected_index=None,
-                               titles=("more options: TP/CP, accumulation, AdamW, 8-bit, LoRA, QLoRA, attention, "
-                                       "fused CE, pinning, ratio, capacities",))
+                               titles=("more options: parallelism, optimizer, LoRA, memory savers, capacities",))
         head = [main, more, w.HBox([self.reset_button, self.verdict])]
         canvas = self.curve.fig.canvas
         if isinstance(canvas, w.DOMWidget):

@@ -4,7 +4,7 @@
 (or, with "seq", the longest sequence) whose estimate fits `setup.gpu_gib` per GPU and `setup.host_gib` per node.
 The verdict is the one the report prints (`fits`, below): no phase of either device over its capacity
 (`Result.oom`), and where a `--gpu` preset names the GPU, also the device total of the tensors plus its CUDA context
-and NCCL's buffers (`helpers.gpus.pushed_over`, the rule `helpers.measure.reserved.recheck` applies to an estimate).
+and NCCL's buffers (`helpers.gpus.pushed_over`, the rule `helpers.measure.dryrun.recheck` applies to an estimate).
 
 The search doubles from the smallest value until a value does not fit, then halves the gap (memory grows with batch
 and with sequence: activations and logits are linear in tokens, attention's eager scores quadratic in seq): about
@@ -105,6 +105,33 @@ def too_big(result: Result) -> str:
             + ", ".join(f"{c} {to_gib(v):.1f} GiB" for c, v in cats if v) + f" ({dev}, {PHASE_LABELS[phase]})")
 
 
+def boundary(holds, lo: int, most: int) -> tuple[int, int | None]:
+    """Where a monotone test stops holding: `holds(lo)` is known to be True, and once False it stays False above.
+    Doubling from `lo` (capped at `most`), then bisecting the gap: (the largest k that holds, the smallest that does
+    not, or None when every k up to `most` holds). `fit.largest` and `fixes`' "more GPUs" both search this way."""
+    hi, k = None, lo
+    while hi is None and k < most:
+        k = min(k * 2, most)
+        if holds(k):
+            lo = k
+        else:
+            hi = k
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
+def needs_capacity(setup: TrainSetup, what: str) -> None:
+    """InputError unless the set-up has a GPU or host capacity to fit into (`what`: the command asking)."""
+    if setup.gpu_gib is None and setup.host_gib is None:
+        raise InputError(f"{what} needs a capacity to fit into: give gpu_gib (--gpu-gib X or --gpu NAME) and/or "
+                         f"host_gib (--host-gib Y), got neither")
+
+
 def largest(model, setup: TrainSetup, vary: str = "batch", gpu: str | None = None) -> Fit:
     """The largest micro batch (vary='batch') or sequence (vary='seq', multiples of SEQ_STEP) whose estimate fits
     the set-up's capacities; `gpu` (a helpers.gpus preset) adds the CUDA context and NCCL to the GPU's total.
@@ -112,9 +139,7 @@ def largest(model, setup: TrainSetup, vary: str = "batch", gpu: str | None = Non
     if vary not in VARY:
         raise InputError(f"vary must be one of {', '.join(VARY)}, got {vary!r}")
     setup = checked(setup)
-    if setup.gpu_gib is None and setup.host_gib is None:
-        raise InputError("fit needs a capacity to fit into: give gpu_gib (--gpu-gib X or --gpu NAME) and/or host_gib "
-                         "(--host-gib Y), got neither")
+    needs_capacity(setup, "fit")
     if gpu is not None:
         gpus.preset(gpu)
     started = time.perf_counter()
@@ -137,22 +162,7 @@ def largest(model, setup: TrainSetup, vary: str = "batch", gpu: str | None = Non
     if not first[1]:
         return Fit(vary, 0, None, step, first[0], step, len(cache), time.perf_counter() - started,
                    f"at {vary} {step}: {too_big(first[0])}", None, limits)
-    lo, hi = 1, None                                   # lo fits; hi (when known) does not
-    k = 1
-    while hi is None:
-        k = min(k * 2, most)
-        if at(k)[1]:
-            lo = k
-            if k == most:
-                break
-        else:
-            hi = k
-    while hi is not None and hi - lo > 1:
-        mid = (lo + hi) // 2
-        if at(mid)[1]:
-            lo = mid
-        else:
-            hi = mid
+    lo, hi = boundary(lambda k: at(k)[1], 1, most)     # lo fits; hi (when known) does not
     if hi is None:                                     # everything up to the token limit fits
         value_r = at(lo)[0]
         return Fit(vary, lo * step, value_r, None, None, step, len(cache), time.perf_counter() - started,

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers import estimate, step_cost, strategies
+from helpers import estimate, fit, step_cost, strategies
 from helpers.errors import InputError
-from helpers.fit import fits as verdict_of
-from helpers.readers.base import modelled
 from helpers.results import Result
-from helpers.training import MAX_GRAD_ACCUM, TrainSetup, checked
+from helpers.training import FACES, MAX_GRAD_ACCUM, TrainSetup, checked
 from helpers.units import to_gib
 
 LORA_RANK = 8                 # peft's LoraConfig default r (peft src/peft/tuners/lora/config.py, `r: int = 8`)
@@ -61,35 +59,23 @@ def pinned_bytes(r: Result) -> int:
                and (i.get("pinned") or i["category"] == "pinned_overhead"))
 
 
-NO_TIME = {
-    "strategy": "a different engine/sharding: its communication per step (all-gathers, reduce-scatters) is not timed "
-                "here",
-    "optimizer": "8-bit AdamW changes the optimizer's numerics (block-quantised states); its kernel speed is not "
-                 "modelled",
-    "lora_rank": "LoRA changes what is trained (adapters, base frozen): not the same run at a different speed",
-    "base_weights": "a 4-bit base changes the model's numerics (bitsandbytes nf4) and dequantises in every matmul; "
-                    "its speed is not modelled",
-    "gpus": "more GPUs cost money, not step time (fewer tokens per GPU per global batch is not modelled)",
-    "attention": "FlashAttention recomputes the attention scores inside its backward kernel and is usually faster "
-                 "than eager; its speed is not modelled",
-}
+NO_TIME = {name: f.no_time for name, f in FACES.items() if f.no_time}
+"""Fields whose change is a different run, not a slower one: no seconds are priced (their Face says why)."""
 
 
 def _candidates(m, s: TrainSetup) -> list[tuple[str, dict]]:
     """(name, change) for each single change that is not already in effect; validity is checked by the caller."""
     st = s.strat
     out = []
-    if s.ac != "full":
+    if s.checkpointing != "full":
         out.append(("checkpointing full", {"checkpointing": "full"}))
     elif s.checkpoint_every > 1:
         out.append(("checkpointing every layer", {"checkpoint_every": 1}))
-    if s.ac != "selective":
-        out.append(("checkpointing selective", {"checkpointing": "selective", "checkpoint_every": 1}
-                    | ({"grad_checkpointing": False} if s.grad_checkpointing else {})))
-    if not s.fused_ce:
-        out.append(("fused cross-entropy", {"fused_ce": True}))
-    if s.attention != "flash":
-        out.append(("flash attention", {"attention": "flash"}))
+    if s.checkpointing != "selective":
+        out.append(("checkpointing selective", {"checkpointing": "selective", "checkpoint_every": 1}))
+    for name, f in FACES.items():                        # the single-valued ways out their fields name
+        if f.remedy is not None and getattr(s, name) != f.remedy[1]:
+            out.append((f.remedy[0], {name: f.remedy[1]}))
     for name in strategies.names(lambda x: set(x.shards) > set(st.shards)):    # shards more (on one GPU too)
         change = {"strategy": name}
         if not strategies.get(name).torch_optimizer and s.adam_impl is not None:
@@ -106,7 +92,7 @@ def _candidates(m, s: TrainSetup) -> list[tuple[str, dict]]:
         out.append(("8-bit AdamW", {"optimizer": "adamw-8bit", "adam_impl": None}))
     if s.lora_rank is None:
         out.append((f"LoRA rank {LORA_RANK}", {"lora_rank": LORA_RANK}))
-    elif modelled("base_weights") and getattr(s, "base_weights", None) is None:
+    elif s.base_weights is None:
         out.append(("QLoRA: 4-bit (nf4) base", {"base_weights": "nf4"}))
     return out
 
@@ -116,9 +102,7 @@ def ways_out(model, setup: TrainSetup, gpu: str | None = None, skipped: list | N
     `gpu`: a helpers.gpus preset (the CUDA context and NCCL count in the verdict). `skipped`, when given, receives
     (name, reason) for each change the set-up's strategy does not allow."""
     setup = checked(setup)
-    if setup.gpu_gib is None and setup.host_gib is None:
-        raise InputError("fixes needs a capacity to fit into: give gpu_gib (--gpu-gib X or --gpu NAME) and/or "
-                         "host_gib (--host-gib Y), got neither")
+    fit.needs_capacity(setup, "fixes")
     skipped = [] if skipped is None else skipped
     base = estimate.run(model, setup)
     ways: list[WayOut] = []
@@ -146,7 +130,7 @@ def ways_out(model, setup: TrainSetup, gpu: str | None = None, skipped: list | N
 
 
 def _way(model, name, change, before, base, after, r, gpu) -> WayOut:
-    ok, line = verdict_of(r, gpu)
+    ok, line = fit.fits(r, gpu)
     untimed = [NO_TIME[k] for k in change if k in NO_TIME and change[k] != getattr(before, k)]
     if untimed:
         seconds, basis = None, "not a matter of step time: " + "; ".join(untimed)
@@ -168,7 +152,7 @@ def _first_fitting(model, setup, changes, gpu):
             continue
         r = estimate.run(model, new)
         last = (change, new, r)
-        if verdict_of(r, gpu)[0]:
+        if fit.fits(r, gpu)[0]:
             break
     return last
 
@@ -213,40 +197,35 @@ def _more_gpus(model, setup, base, gpu, skipped):
         return None
 
     # world sizes in whole model-parallel groups where the set-up has them (issue 14's tensor/context parallel)
-    unit = getattr(setup, "tensor_parallel", 1) * getattr(setup, "context_parallel", 1)
+    unit = setup.degrees.model_parallel
 
     def at(k):
         new = setup.replace(gpus=k * unit)
         r = estimate.run(model, new)
-        return new, r, verdict_of(r, gpu)[0]
+        return new, r, fit.fits(r, gpu)[0]
 
     most = MAX_GPUS_TRIED // unit
-    lo = k = setup.gpus // unit
-    hit = None
+    start = setup.gpus // unit
+    if start >= most:
+        skipped.append((name, f"the run already has {setup.gpus} GPUs; more GPUs are tried up to {MAX_GPUS_TRIED}"))
+        return None
+    seen = {}
+
+    def fails(k):                                      # the current world size does not fit; more may
+        seen[k] = at(k)
+        return not seen[k][2]
+
     try:
-        while k < most:
-            k = min(k * 2, most)
-            got = at(k)
-            if got[2]:
-                hit = (k, got)
-                break
-            lo = k
-        if hit is None:
-            new, r, _ = at(most)
+        _, hi = fit.boundary(fails, start, most)
+        if hi is None:
+            new, r, _ = seen[most]
             return _way(model, f"more GPUs ({most * unit}: none up to it fits)", {"gpus": most * unit}, setup, base,
                         new, r, gpu)
-        hi, best = hit
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            got = at(mid)
-            if got[2]:
-                hi, best = mid, got
-            else:
-                lo = mid
     except InputError as exc:
         skipped.append((name, str(exc)))
         return None
-    return _way(model, f"more GPUs ({hi * unit})", {"gpus": hi * unit}, setup, base, best[0], best[1], gpu)
+    new, r, _ = seen[hi]
+    return _way(model, f"more GPUs ({hi * unit})", {"gpus": hi * unit}, setup, base, new, r, gpu)
 
 
 def table(ways: list[WayOut]) -> str:

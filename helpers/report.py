@@ -47,10 +47,9 @@ def table(r: Result) -> str:
     big = max(r.gpu.peak_bytes, r.host.peak_bytes) >= GiB
     unit, div = ("GiB", GiB) if big else ("MiB", MiB)
     conv = lambda b: b / div
-    tp, cp = r.setup.get("tensor_parallel", 1), r.setup.get("context_parallel", 1)
-    mesh = (f" (TP {tp} x CP {cp} x DP {r.setup['gpus'] // (tp * cp)})" if tp * cp > 1 else "")
-    lines = [f"{r.model}: {r.params:,d} parameters, {r.setup['strategy']} on {r.setup['gpus']} GPU(s){mesh}, "
-             f"{r.setup['precision']}, batch {r.setup['batch']} x seq {r.setup['seq']}   [{r.mode}; "
+    s = r.train_setup
+    lines = [f"{r.model}: {r.params:,d} parameters, {s.strategy} on {s.gpus} GPU(s){s.degrees.describe()}, "
+             f"{s.precision}, batch {s.batch} x seq {s.seq}   [{r.mode}; "
              f"{unit} = 2^{30 if big else 20} bytes]",
              "", f"{'phase (' + unit + ')':30s}{'GPU (each)':>14s}{'host (node)':>14s}"
              + (f"{'GPU reserved':>14s}{'+context':>10s}" if r.gpu.reserved else "")]

@@ -10,6 +10,7 @@ null, and the keys above keep their meaning (live tensor bytes). Saved files are
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers.files import write_text_atomically
+from helpers.training import TrainSetup
 from helpers.vocab import CATEGORIES, DEVICES, PHASES
 
 
@@ -83,6 +85,14 @@ class Result:
     host: DeviceMemory
     items: list[dict] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+
+    @property
+    def train_setup(self) -> TrainSetup:
+        """The set-up as a TrainSetup (`setup` is its dict, as the JSON holds it): the degrees, the strategy object and
+        every option's resolved value come from it, never re-derived from the dict. Keys a saved file has that this
+        version's TrainSetup lacks are left out."""
+        known = {f.name for f in dataclasses.fields(TrainSetup)}
+        return TrainSetup(**{k: v for k, v in self.setup.items() if k in known})
 
     def device(self, name: str) -> DeviceMemory:
         if name not in DEVICES:

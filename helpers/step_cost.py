@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import dataclass
 
 from helpers import models, published
+from helpers.degrees import ceil_div
 from helpers.models import DATA_DIR
 from helpers.training import TrainSetup
 
@@ -93,12 +93,12 @@ def recompute_flops(model, setup: TrainSetup) -> float:
     checkpoint_every N only every Nth layer is recomputed. Tensor and
     context parallelism split each layer's work over tp x cp GPUs."""
     m = models.spec(model)
-    if setup.ac == "none":
+    if setup.checkpointing == "none":
         return 0.0
-    split = getattr(setup, "tensor_parallel", 1) * getattr(setup, "context_parallel", 1)   # each GPU's share
+    split = setup.degrees.model_parallel                             # each GPU's share
     tokens = setup.batch * setup.seq * setup.grad_accum
     mm = _layer_matmuls(m)
-    if setup.ac == "selective":
+    if setup.checkpointing == "selective":
         return 2.0 * tokens * sum(mm[1::2]) * m.layers / split
     attention = 4.0 * setup.batch * setup.seq ** 2 * m.q_width * setup.grad_accum
     recomputed = m.layers // setup.checkpoint_every                 # every Nth layer only (1: each of them)
@@ -114,12 +114,12 @@ def offload_traffic(model, setup: TrainSetup) -> tuple[float, float]:
     m = models.spec(model)
     word = 4 if setup.precision == "fp32" else 2
     trainable = _trainable(m, setup)
-    opt_shard = math.ceil(trainable / setup.gpus) if "optimizer_states" in setup.strat.shards else trainable
-    param_shard = math.ceil(m.params / setup.gpus) if "parameters" in setup.strat.shards else m.params
+    opt_shard = ceil_div(trainable, setup.gpus) if "optimizer_states" in setup.strat.shards else trainable
+    param_shard = ceil_div(m.params, setup.gpus) if "parameters" in setup.strat.shards else m.params
     moved, adam = 0.0, 0.0
     if setup.offload_optimizer:
         moved += setup.ratio * opt_shard * 2 * word
-        if setup.strat.states == "zero12":
+        if setup.strat.family == "zero12":
             moved += (setup.grad_accum - 1) * opt_shard * word       # accumulated_grads_in_cpu, per micro batch
         adam = setup.ratio * opt_shard
     if setup.offload_params:

@@ -1,7 +1,8 @@
 """The strategies: one object each, saying what it shards, which engine runs it for real, which dry run it has and
 which options it accepts. The CLI's choices, the explorer's options and the validation messages are generated from
-REGISTRY, so a new strategy is one entry here plus its memory items (`helpers.estimate.states.MODEL_STATES`) and,
-where it has one, its dry-run step (`helpers.measure.dryrun.STEPS`).
+REGISTRY. Other layers dispatch on three of its keys, each through one table that tests/test_strategies.py checks
+against every entry: `family` (memory items, `helpers.estimate.states.MODEL_STATES`; dry-run steps,
+`helpers.measure.dryrun.STEPS` / `TP_STEPS`) and `engine` (the real engine, `helpers.measure.scaled.REAL_ENGINES`).
 
 This module is pure data: it imports nothing of the package but the error type.
 """
@@ -28,13 +29,18 @@ class Strategy:
     engine: str = "torch"
     """The engine that runs it for real: 'torch' (in this process), 'deepspeed' (in this process, gloo, no launcher)
     or 'fsdp2' / 'fsdp1' (one process per rank under torchrun)."""
-    states: str = "replicated"
-    """Key of its memory items in `helpers.estimate.states.MODEL_STATES`."""
+    family: str = "replicated"
+    """Its family: how the model states are laid out ('replicated', 'zero12', 'zero3', 'fsdp2', 'fsdp1'), the key of
+    its memory items (`helpers.estimate.states.MODEL_STATES`) and of its dry-run step (`helpers.measure.dryrun.STEPS`,
+    `TP_STEPS` where `model_parallel`)."""
     dry_run: str | None = None
     """What its dry run runs (None: no dry run, `no_dry_run` says why)."""
     dry_run_evidence: str = "measured"
     """'measured' (the engine itself on fake tensors) or 're-enacted' (rebuilt in torch from its source)."""
     no_dry_run: str = ""
+    dry_run_offload: bool = True
+    """Its CPU offload runs in the dry run (False: FSDP1 moves flat parameters by swapping `.data`, which fake tensors
+    on the fake GPU refuse)."""
     fake_process_group: bool = False
     """Its dry run runs the engine on a fake process group (rank 0 of `gpus`); its time grows with the world size."""
     multi_gpu: bool = True
@@ -78,7 +84,7 @@ class Strategy:
         return self.engine == "deepspeed"
 
     @property
-    def processes_per_gpu(self) -> bool:
+    def one_process_per_gpu(self) -> bool:
         """A scaled run starts one process per GPU (torchrun); otherwise one process stands for rank 0."""
         return self.engine in ("fsdp2", "fsdp1")
 
@@ -97,24 +103,24 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
              "(DDP itself not run)", dry_run_evidence="re-enacted", optimizer_8bit=True, lora=True, qlora=True,
              autocast=True,
              gradient_buckets=True, fused_ce_modes=("dry", "scaled", "gpu"), model_parallel=True),
-    Strategy("zero1", "DeepSpeed ZeRO-1", shards=("optimizer_states",), states="zero12",
+    Strategy("zero1", "DeepSpeed ZeRO-1", shards=("optimizer_states",), family="zero12",
              dry_run="DeepSpeed ZeRO-1 re-enacted in torch (DeepSpeed cannot run on fake tensors)",
              offload=("offload_optimizer",), lora=True, fused_ce_modes=("dry",), **_ZERO),
-    Strategy("zero2", "DeepSpeed ZeRO-2", shards=("optimizer_states", "gradients"), states="zero12",
+    Strategy("zero2", "DeepSpeed ZeRO-2", shards=("optimizer_states", "gradients"), family="zero12",
              dry_run="DeepSpeed ZeRO-2 re-enacted in torch (DeepSpeed cannot run on fake tensors)",
              offload=("offload_optimizer",), lora=True, fused_ce_modes=("dry",), **_ZERO),
-    Strategy("zero3", "DeepSpeed ZeRO-3", shards=SHARDABLE, states="zero3", overlap_comm_default=True,
+    Strategy("zero3", "DeepSpeed ZeRO-3", shards=SHARDABLE, family="zero3", overlap_comm_default=True,
              no_dry_run="DeepSpeed cannot run on fake tensors, and ZeRO-3's gathering has no faithful torch "
                         "re-enactment here",
              offload=("offload_optimizer", "offload_params", "offload_ratio"), lora=True, **_ZERO),
-    Strategy("fsdp2", "torch FSDP2 fully_shard", shards=SHARDABLE, engine="fsdp2", states="fsdp2",
+    Strategy("fsdp2", "torch FSDP2 fully_shard", shards=SHARDABLE, engine="fsdp2", family="fsdp2",
              dry_run="FSDP2 fully_shard on a fake process group, rank 0's view",
              offload=("offload_optimizer", "offload_params"), offload_together=True, fake_process_group=True,
              model_parallel=True, lora=True),
     Strategy("fsdp1", "torch FSDP1 FullyShardedDataParallel, FULL_SHARD", shards=SHARDABLE, engine="fsdp1",
-             states="fsdp1", dry_run="FSDP1 FullyShardedDataParallel (FULL_SHARD, a unit per decoder layer) on a fake "
+             family="fsdp1", dry_run="FSDP1 FullyShardedDataParallel (FULL_SHARD, a unit per decoder layer) on a fake "
              "process group, rank 0's view", offload=("offload_optimizer", "offload_params"), offload_together=True,
-             fake_process_group=True),
+             fake_process_group=True, dry_run_offload=False),
 )}
 NAMES = tuple(REGISTRY)
 

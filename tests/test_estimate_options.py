@@ -5,7 +5,7 @@ import math
 import pytest
 
 from helpers import estimate, models
-from helpers.estimate import states
+from helpers import deepspeed_rules
 from helpers.training import TrainSetup
 from helpers.units import GiB, next_power_of_2
 
@@ -87,7 +87,7 @@ def test_offload_moves_states_to_host():
 
 def test_ratio_keeps_first_sub_groups_on_gpu():
     s = TrainSetup(strategy="zero3", gpus=8, seq=512, offload_optimizer=True, sub_group_size=100_000_000)
-    groups = states.zero3_sub_groups(models.spec(M), s)
+    groups = deepspeed_rules.zero3_sub_groups(models.spec(M), s)
     assert sum(groups) == sum(math.ceil(t.numel / 8) for t in models.spec(M).tensors)
     on_gpu = sum(groups[: int((1 - 0.5) * len(groups))])
     r = estimate.run(M, s.replace(offload_ratio=0.5))

@@ -1,5 +1,6 @@
 """fit (the largest batch / sequence that fits), fixes (the ranked ways out) and the CLI's fit, fixes and --from."""
 
+import dataclasses
 import json
 
 import pytest
@@ -154,7 +155,7 @@ def test_cli_fit_and_fixes_print_text_and_json(capsys):
     code, out, _ = run(capsys, "fit", *CASE1, "--offload-optimizer", "--vary", "seq", "--json")
     d = json.loads(out)
     assert [f["vary"] for f in d["fit"]] == ["seq"] and d["fit"][0]["value"] % 64 == 0
-    assert d["setup"]["offload_optimizer"] is True and set(d["setup"]) == set(TrainSetup.__dataclass_fields__)
+    assert d["setup"]["offload_optimizer"] is True and set(d["setup"]) == {f.name for f in dataclasses.fields(TrainSetup)}
     code, out, _ = run(capsys, "fixes", *CASE1, "--json")
     d = json.loads(out)
     off = next(w for w in d["ways"] if w["name"] == "optimizer offload")
@@ -196,7 +197,7 @@ def test_cli_from_a_trl_yaml_with_an_overriding_flag(capsys, trl):
     d = json.loads(out)
     assert code == 0, err
     assert d["model"] == MODEL and d["setup"]["batch"] == 2 and d["setup"]["seq"] == 128
-    assert d["setup"]["grad_checkpointing"] is True
+    assert d["setup"]["checkpointing"] == "full"
     imp = d["imported"]
     assert imp["format"] == "trl" and imp["model_named"] == "meta-llama/Meta-Llama-3-8B"
     assert {"key": "per_device_train_batch_size", "line": 2}.items() <= next(
@@ -210,7 +211,8 @@ def test_cli_from_a_trl_yaml_with_an_overriding_flag(capsys, trl):
     assert "default (transformers" in out and "LoRA rank 8" in out
     code, out, _ = run(capsys, "estimate", "--from", str(trl), "--checkpointing", "selective", "--json")
     over = {o["field"]: o for o in json.loads(out)["imported"]["overrides"]}
-    assert code == 0 and over["grad_checkpointing"]["replaced"] is True and over["checkpointing"]["value"] == "selective"
+    assert code == 0 and over["checkpointing"]["replaced"] == "full" and over["checkpointing"]["value"] == "selective"
+    assert over["checkpointing"]["from"].endswith("(gradient_checkpointing)") or "default (" in over["checkpointing"]["from"]
 
 
 def test_cli_from_a_file_naming_no_known_model_needs_model(capsys, trl):
@@ -248,7 +250,7 @@ def test_cli_from_a_deepspeed_json_with_overriding_flags(capsys, tmp_path):
     s = d["setup"]
     assert s["strategy"] == "zero2" and s["offload_optimizer"] and s["grad_accum"] == 2   # from the file
     assert s["batch"] == 1 and s["seq"] == 128 and s["pin_memory"] is False                # from the flags
-    assert set(s) == set(TrainSetup.__dataclass_fields__)
+    assert set(s) == {f.name for f in dataclasses.fields(TrainSetup)}
     over = {o["field"]: o for o in d["imported"]["overrides"]}
     assert over["batch"]["replaced"] == 4 and over["batch"]["from"].endswith("ds_config.json:2 "
                                                                              "(train_micro_batch_size_per_gpu)")
@@ -269,3 +271,22 @@ def test_cli_from_a_deepspeed_json_alone_asks_for_the_model(capsys, tmp_path):
     code, out, err = run(capsys, "fit", "--from", str(path), "--gpu-gib", "80")
     assert code == 2 and not out and err.count("\n") == 1
     assert "names no model the catalogue knows" in err and "pass --model" in err
+
+
+def test_one_boundary_search_serves_fit_and_more_gpus():
+    calls = []
+
+    def holds(k):
+        calls.append(k)
+        return k <= 291
+    assert fit.boundary(holds, 1, 10**6) == (291, 292) and calls[:10] == [2, 4, 8, 16, 32, 64, 128, 256, 512, 384]
+    assert fit.boundary(lambda k: True, 1, 100) == (100, None)
+    assert fit.boundary(lambda k: True, 100, 100) == (100, None)
+
+
+def test_more_gpus_never_proposes_as_many_or_fewer_gpus_than_the_run_has():
+    setup = TrainSetup(strategy="zero3", gpus=fixes.MAX_GPUS_TRIED, gpu_gib=1)
+    skipped = []
+    ways = fixes.ways_out("llama-3-8b", setup, skipped=skipped)
+    assert all(w.change.get("gpus", setup.gpus + 1) > setup.gpus for w in ways)
+    assert any(name == "more GPUs" and "already has 4096 GPUs" in why for name, why in skipped)

@@ -90,7 +90,7 @@ def test_scaled_run_with_cpu_offload_under_torchrun():
 def test_registry_cli_and_explorer_offer_it(capsys):
     from helpers import explore
 
-    assert "fsdp1" in strategies.NAMES and strategies.get("fsdp1").processes_per_gpu
+    assert "fsdp1" in strategies.NAMES and strategies.get("fsdp1").one_process_per_gpu
     assert "fsdp1" in explore.Explorer("llama-3-8b", TrainSetup(gpu_gib=80)).controls["strategy"].options
     code = main(["estimate", "--model", "llama-3-8b", "--strategy", "fsdp1", "--gpus", "8", "--json"])
     d = json.loads(capsys.readouterr().out)

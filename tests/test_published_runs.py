@@ -27,7 +27,7 @@ def test_rows_are_in_their_published_units_with_sources():
     s = published_runs.setup(lit)
     assert (s.batch, s.seq, s.grad_accum, s.precision, s.strategy) == (4, 512, 8, "bf16", "single")
     s = published_runs.setup(tt)
-    assert (s.gpus, s.batch, s.seq, s.ac, s.precision, s.adam) == (8, 2, 8192, "selective", "bf16-mixed", "foreach")
+    assert (s.gpus, s.batch, s.seq, s.checkpointing, s.precision, s.adam) == (8, 2, 8192, "selective", "bf16-mixed", "foreach")
 
 
 def test_unknown_run_is_named():

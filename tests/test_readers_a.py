@@ -124,7 +124,7 @@ def test_case6_llamafactory_files_are_case6():
     assert "auto -> per_device_train_batch_size = 1" in s["train_micro_batch_size_per_gpu"].sets
     assert "51,200 elements" in by_key(imp.not_modelled)["zero_optimization.stage3_param_persistence_threshold"].why
     d = by_key(imp.defaults)
-    assert d["disable_gradient_checkpointing"].tool.startswith("LLaMA-Factory") and imp.setup.grad_checkpointing
+    assert d["disable_gradient_checkpointing"].tool.startswith("LLaMA-Factory") and (imp.setup.checkpointing == "full")
     # the companion found beside the YAML also when only the YAML is given
     assert read(CONFIGS / "case6_llamafactory.yaml").setup == imp.setup
 
@@ -155,7 +155,7 @@ def test_llamafactory_every_key(tmp_path):
     s = imp.setup
     assert imp.format == "llamafactory" and imp.model == "llama-3-8b"
     assert (s.lora_rank, s.lora_targets, s.batch, s.grad_accum, s.seq) == (32, "q_proj,v_proj", 4, 2, 1024)
-    assert (s.precision, s.grad_checkpointing, s.fused_ce, s.attention, s.optimizer) == (
+    assert (s.precision, (s.checkpointing == "full"), s.fused_ce, s.attention, s.optimizer) == (
         "bf16-mixed", False, True, "flash", "adamw-8bit")
     assert by_key(imp.settings)["lora_rank"].line == 4
     assert "packing" in by_key(imp.settings)
@@ -167,7 +167,7 @@ def test_llamafactory_defaults(tmp_path):
     imp = read(write(tmp_path, "lf.yaml", "model_name_or_path: Qwen/Qwen2.5-7B-Instruct\ntemplate: qwen\n"))
     s, d = imp.setup, by_key(imp.defaults)
     assert imp.model == "qwen2.5-7b"
-    assert (s.lora_rank, s.lora_targets, s.seq, s.batch, s.grad_checkpointing, s.precision, s.gpus) == (
+    assert (s.lora_rank, s.lora_targets, s.seq, s.batch, (s.checkpointing == "full"), s.precision, s.gpus) == (
         8, "all-linear", 2048, 8, True, "fp32", 1)
     assert d["finetuning_type"].value == "lora" and d["finetuning_type"].tool.startswith("LLaMA-Factory 0.9")
     assert d["cutoff_len"].source.endswith("data_args.py")
@@ -244,7 +244,7 @@ def test_trl_with_accelerate_either_order():
     assert a.setup == b.setup and a.format == "trl" and a.model == "llama-3-8b"
     s = a.setup
     assert (s.strategy, s.gpus, s.gpus_per_node, s.batch, s.grad_accum, s.seq) == ("fsdp2", 8, 8, 2, 8, 4096)
-    assert (s.precision, s.grad_checkpointing, s.fused_ce, s.attention) == ("bf16", True, True, "sdpa")
+    assert (s.precision, (s.checkpointing == "full"), s.fused_ce, s.attention) == ("bf16", True, True, "sdpa")
     settings = by_key(a.settings)
     assert "overridden" in settings["mixed_precision"].sets
     assert settings["num_processes"].file.endswith("accelerate_fsdp2.yaml")
@@ -275,7 +275,7 @@ def test_trl_every_key(tmp_path):
     imp = read(write(tmp_path, "trl.yaml", TRL_ALL))
     s = imp.setup
     assert imp.format == "trl" and imp.model == "qwen2.5-7b"
-    assert (s.batch, s.grad_accum, s.grad_checkpointing, s.seq, s.lora_rank, s.lora_targets) == (
+    assert (s.batch, s.grad_accum, (s.checkpointing == "full"), s.seq, s.lora_rank, s.lora_targets) == (
         2, 16, False, 512, 64, "q_proj,k_proj")
     assert (s.precision, s.optimizer, s.fused_ce, s.attention) == ("bf16-mixed", "adamw-8bit", True, "flash")
     nm = by_key(imp.not_modelled)
@@ -286,7 +286,7 @@ def test_trl_every_key(tmp_path):
 def test_trl_defaults(tmp_path):
     imp = read(write(tmp_path, "trl.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nuse_peft: true\n"))
     s, d = imp.setup, by_key(imp.defaults)
-    assert (s.seq, s.grad_checkpointing, s.precision, s.batch, s.lora_rank, s.lora_targets) == (
+    assert (s.seq, (s.checkpointing == "full"), s.precision, s.batch, s.lora_rank, s.lora_targets) == (
         1024, True, "bf16-mixed", 8, 16, "q_proj,v_proj")
     assert d["max_length"].tool.startswith("TRL") and "sft_config.py" in d["max_length"].source
     assert d["gradient_checkpointing"].value is True and d["lora_target_modules"].tool == "peft"
@@ -327,7 +327,7 @@ def test_accelerate_deepspeed_and_fsdp(tmp_path):
                                     "  fsdp_offload_params: true\n  fsdp_activation_checkpointing: true\n"
                                     "num_processes: 2\n")
     imp = read(v1)
-    assert imp.setup.offload_params and imp.setup.grad_checkpointing
+    assert imp.setup.offload_params and (imp.setup.checkpointing == "full")
     if modelled("fsdp1"):
         assert imp.setup.strategy == "fsdp1"
     else:
@@ -369,7 +369,7 @@ def test_trl_native_fsdp_and_bfloat16_alias(tmp_path):
                                          "fsdp_config:\n  version: 2\n  activation_checkpointing: true\n"
                                          "gradient_checkpointing: false\n"))
     s = imp.setup
-    assert (s.strategy, s.offload_optimizer, s.offload_params, s.grad_checkpointing) == ("fsdp2", True, True, True)
+    assert (s.strategy, s.offload_optimizer, s.offload_params, (s.checkpointing == "full")) == ("fsdp2", True, True, True)
     alias = read(ds_file(tmp_path, {"bfloat16": {"enabled": True}, "zero_optimization": {"stage": 1}}))
     assert alias.setup.precision == "bf16-mixed" and "bfloat16.enabled" in by_key(alias.settings)
 

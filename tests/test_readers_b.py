@@ -47,7 +47,7 @@ def test_torchtitan_real_llama3_8b_preset_reads():
     assert i.format == "torchtitan" and i.model == "llama-3.1-8b" and i.model_named == "llama3 8B"
     s = i.setup
     assert (s.batch, s.seq, s.strategy, s.gpus, s.precision) == (1, 8192, "fsdp2", 8, "bf16-mixed")
-    assert (s.ac, s.adam_impl, s.attention, s.offload_params) == ("selective", "fused", "flash", False)
+    assert (s.checkpointing, s.adam_impl, s.attention, s.offload_params) == ("selective", "fused", "flash", False)
     settings, defaults = keyed(i.settings), keyed(i.defaults)
     assert settings["training.seq_len"].line == 35 and settings["training.seq_len"].value == 8192
     assert settings["activation_checkpoint.selective_ac_option"].sets == "checkpointing='selective'"
@@ -94,7 +94,7 @@ def test_torchtitan_every_key(tmp_path):
     s = i.setup
     assert i.model == "qwen3-8b"
     assert (s.batch, s.seq, s.gpus, s.strategy, s.precision, s.adam_impl) == (2, 4096, 4, "fsdp2", "fp32", "foreach")
-    assert (s.offload_optimizer, s.offload_params, s.pin_memory, s.ac, s.grad_accum) == (True, True, True, "full", 2)
+    assert (s.offload_optimizer, s.offload_params, s.pin_memory, s.checkpointing, s.grad_accum) == (True, True, True, "full", 2)
     settings = keyed(i.settings)
     for key in ("model.name", "model.flavor", "model.converters", "optimizer.name", "optimizer.implementation",
                 "training.local_batch_size", "training.global_batch_size", "training.seq_len", "training.dtype",
@@ -134,7 +134,7 @@ def test_torchtitan_defaults(tmp_path):
         assert key in defaults and "torchtitan" in defaults[key].tool, key
     assert defaults["activation_checkpoint.selective_ac_option"].value == "2"
     # torchtitan's default layer-level option: full checkpointing of every 2nd layer
-    assert (s.ac, s.checkpoint_every) == ("full", 2)
+    assert (s.checkpointing, s.checkpoint_every) == ("full", 2)
     assert "activation_checkpoint.selective_ac_option" not in keyed(i.not_modelled)
     assert defaults["activation_checkpoint.selective_ac_option"].sets.startswith("checkpointing='full', checkpoint_every=2")
 
@@ -169,7 +169,7 @@ def test_torchtitan_2024_keys_and_not_modelled(tmp_path):
     i = read(p)
     assert i.model is None and i.model_named == "llama3 405B"
     s = i.setup
-    assert (s.batch, s.seq, s.adam_impl, s.ac, s.strategy) == (1, 8192, "fused", "selective", "fsdp2")
+    assert (s.batch, s.seq, s.adam_impl, s.checkpointing, s.strategy) == (1, 8192, "fused", "selective", "fsdp2")
     assert s.gpus == 8                     # one replica's shards: 4 x pp 2 (world 16 / replicate 2)
     nm = keyed(i.not_modelled)
     assert nm["experimental.pipeline_parallel_degree"].value == 2
@@ -251,7 +251,7 @@ def test_openrlhf_classic_flags(tmp_path):
     assert i.format == "openrlhf" and i.model == "llama-3-8b" and i.model_named == "meta-llama/Meta-Llama-3-8B"
     assert (s.batch, s.seq, s.gpus, s.strategy, s.precision, s.attention) == (2, 4096, 4, "zero2", "bf16-mixed",
                                                                               "flash")
-    assert (s.grad_checkpointing, s.offload_optimizer, s.pin_memory, s.overlap_comm, s.resume) == (
+    assert ((s.checkpointing == "full"), s.offload_optimizer, s.pin_memory, s.overlap_comm, s.resume) == (
         True, True, True, True, True)
     assert (s.lora_rank, s.lora_targets, s.grad_accum) == (16, "q_proj,v_proj", 8)     # 64 // (2 x 4)
     settings = keyed(i.settings)
@@ -309,7 +309,7 @@ def test_openrlhf_heredoc_script_and_defaults(tmp_path):
     i = read(p)
     s = i.setup
     assert i.model == "qwen2.5-7b"
-    assert (s.batch, s.seq, s.precision, s.attention, s.grad_checkpointing, s.grad_accum) == (
+    assert (s.batch, s.seq, s.precision, s.attention, (s.checkpointing == "full"), s.grad_accum) == (
         8, 2048, "bf16-mixed", "flash", False, 16)
     defaults = keyed(i.defaults)
     assert defaults["gpus"].tool == GPUS_UNKNOWN_TOOL and "--gpus" in defaults["gpus"].source
@@ -427,7 +427,7 @@ def test_axolotl_every_key(tmp_path):
     i = read(p)
     s = i.setup
     assert i.format == "axolotl" and i.model == "qwen2.5-7b"
-    assert (s.batch, s.seq, s.grad_accum, s.precision, s.grad_checkpointing) == (2, 8192, 4, "bf16-mixed", True)
+    assert (s.batch, s.seq, s.grad_accum, s.precision, (s.checkpointing == "full")) == (2, 8192, 4, "bf16-mixed", True)
     assert (s.lora_rank, s.lora_targets, s.optimizer, s.attention, s.fused_ce) == (32, "q_proj,v_proj", "adamw-8bit",
                                                                                  "flash", True)
     assert (s.strategy, s.gpus) == ("single", 1)
@@ -449,7 +449,7 @@ def test_axolotl_defaults(tmp_path):
     p = write(tmp_path, "min.yml", "base_model: meta-llama/Llama-3.2-1B\ndatasets:\n  - path: x\n")
     i = read(p)
     s = i.setup
-    assert (s.seq, s.batch, s.grad_accum, s.precision, s.adam_impl, s.grad_checkpointing, s.attention) == (
+    assert (s.seq, s.batch, s.grad_accum, s.precision, s.adam_impl, (s.checkpointing == "full"), s.attention) == (
         512, 1, 1, "bf16-mixed", "fused", False, "sdpa")
     d = keyed(i.defaults)
     for key in ("sequence_len", "micro_batch_size", "gradient_accumulation_steps", "bf16", "optimizer",
@@ -488,7 +488,7 @@ def test_axolotl_fsdp_both_key_styles(tmp_path):
     a, b = read(old), read(new)
     assert a.setup == b.setup
     s = a.setup
-    assert (s.strategy, s.offload_params, s.offload_optimizer, s.grad_checkpointing) == ("fsdp2", True, True, True)
+    assert (s.strategy, s.offload_params, s.offload_optimizer, (s.checkpointing == "full")) == ("fsdp2", True, True, True)
     assert "fsdp_config.fsdp_offload_params" in keyed(a.settings) and "fsdp_config.offload_params" in keyed(b.settings)
     assert "fsdp_config.fsdp_state_dict_type" in keyed(a.ignored)
 
@@ -510,7 +510,7 @@ def test_axolotl_fsdp1_and_not_modelled(tmp_path):
     else:
         assert i.setup.strategy == "fsdp2" and nm["fsdp_version"].value == 1
     assert nm["fsdp_config.fsdp_sharding_strategy"].value == "SHARD_GRAD_OP"
-    assert nm["gradient_checkpointing"].value == "offload" and i.setup.grad_checkpointing
+    assert nm["gradient_checkpointing"].value == "offload" and (i.setup.checkpointing == "full")
     assert nm["optimizer"].value == "paged_adamw_32bit" and nm["rl"].value == "kto"
     if not modelled("context_parallel"):
         assert nm["context_parallel_size"].value == 2
@@ -609,7 +609,7 @@ def test_case_config_gives_the_case_estimate(n):
         assert f"Case {n}" in head and "this project" in head
     differs = {f.name for f in dataclasses.fields(want) if getattr(got, f.name) != getattr(want, f.name)}
     assert differs <= {"gpus_per_node", "grad_checkpointing", "checkpointing", "overlap_comm"}, differs
-    assert got.ac == want.ac and got.ranks_per_node == want.ranks_per_node and got.overlap == want.overlap  # in effect
+    assert got.checkpointing == want.checkpointing and got.ranks_per_node == want.ranks_per_node and got.overlap == want.overlap  # in effect
 
 
 def test_case_files_cannot_write_what_the_test_gives():

@@ -54,7 +54,7 @@ def test_llamafactory_full_sft_with_its_zero3_json():
         s = imp.setup
         assert imp.format == "llamafactory" and imp.model_named == "Qwen/Qwen3-4B-Instruct-2507"
         assert (s.strategy, s.batch, s.grad_accum, s.seq, s.precision) == ("zero3", 1, 2, 2048, "bf16-mixed")
-        assert s.grad_checkpointing and s.lora_rank is None and not s.offload_optimizer
+        assert (s.checkpointing == "full") and s.lora_rank is None and not s.offload_optimizer
         assert s.overlap_comm is False
         nm = keys(imp.not_modelled)
         assert {"zero_optimization.stage3_max_live_parameters", "zero_optimization.stage3_param_persistence_threshold",
@@ -380,7 +380,7 @@ def test_cli_from_hostile_files_exit_2_with_one_line(tmp_path):
 def test_accelerate_parallelism_config_and_other_accelerators():
     acc = UP / "trl" / "examples" / "accelerate_configs"
     cp = read(acc / "context_parallel_2gpu.yaml").setup
-    assert (cp.strategy, cp.gpus, cp.grad_checkpointing) == ("fsdp2", 2, True)
+    assert (cp.strategy, cp.gpus, (cp.checkpointing == "full")) == ("fsdp2", 2, True)
     assert cp.context_parallel == 2 and cp.tensor_parallel == 1
     sp = read(acc / "alst_ulysses_4gpu.yaml")
     assert (sp.setup.strategy, sp.setup.gpus) == ("zero3", 4)

@@ -72,8 +72,8 @@ def test_deepspeed_zero3_ratio_keeps_the_first_sub_groups_on_the_gpu():
     setup = TrainSetup(strategy="zero3", batch=2, seq=64, offload_optimizer=True, offload_ratio=0.9,
                        sub_group_size=50_000_000)
     twin, s = scaled.scaled_setup(model, setup)
-    from helpers.estimate import states
-    groups = states.zero3_sub_groups(models.spec(str(twin)), s)
+    from helpers import deepspeed_rules
+    groups = deepspeed_rules.zero3_sub_groups(models.spec(str(twin)), s)
     on_gpu = int((1 - 0.9) * len(groups))
     assert on_gpu >= 1                                            # enough sub-groups for the ratio to move one
     r = scaled.run(model, setup)

@@ -6,18 +6,48 @@ import pytest
 from helpers import strategies
 from helpers.errors import InputError
 from helpers.estimate import states
-from helpers.measure import dryrun
+from helpers.measure import dryrun, scaled
 from helpers.training import STRATEGIES, TrainSetup
 
 
 def test_every_strategy_has_its_memory_items_and_dry_run_or_a_reason():
     for s in strategies.REGISTRY.values():
-        assert s.states in states.MODEL_STATES, s.name
         assert set(s.shards) <= set(strategies.SHARDABLE) and list(s.shards) == sorted(
             s.shards, key=strategies.SHARDABLE.index), s.name
-        assert (s.dry_run is not None and s.states in dryrun.STEPS) or (s.dry_run is None and s.no_dry_run), s.name
+        assert (s.dry_run is not None and s.family in dryrun.STEPS) or (s.dry_run is None and s.no_dry_run), s.name
         assert set(s.offload) <= {"offload_optimizer", "offload_params", "offload_ratio"}
-        assert s.engine in ("torch", "deepspeed", "fsdp2", "fsdp1")
+
+
+# Every table another layer dispatches on, with the registry key it is keyed by and which strategies need an entry.
+DISPATCH_TABLES = {
+    "estimate.states.MODEL_STATES": (states.MODEL_STATES, "family", lambda s: True),
+    "measure.dryrun.STEPS": (dryrun.STEPS, "family", lambda s: s.dry_run is not None),
+    "measure.dryrun.TP_STEPS": (dryrun.TP_STEPS, "family", lambda s: s.dry_run is not None and s.model_parallel),
+    "measure.scaled.REAL_ENGINES": (scaled.REAL_ENGINES, "engine", lambda s: True),
+}
+
+
+@pytest.mark.parametrize("table", DISPATCH_TABLES)
+def test_every_dispatch_table_has_an_entry_for_every_strategy_that_needs_one(table):
+    entries, key, needs = DISPATCH_TABLES[table]
+    missing = [s.name for s in strategies.REGISTRY.values() if needs(s) and getattr(s, key) not in entries]
+    assert not missing, f"{table} has no entry for {missing}"
+
+
+def test_the_completeness_check_fails_on_a_strategy_without_entries(monkeypatch):
+    new = strategies.Strategy("zero9", "a strategy nothing dispatches to", family="zero9", engine="zero9",
+                              dry_run="a dry run nobody wrote", model_parallel=True)
+    monkeypatch.setitem(strategies.REGISTRY, "zero9", new)
+    for table in DISPATCH_TABLES:
+        with pytest.raises(AssertionError, match=f"{table} has no entry for .*zero9"):
+            test_every_dispatch_table_has_an_entry_for_every_strategy_that_needs_one(table)
+
+
+def test_the_real_engine_is_chosen_by_the_registry():
+    for s in strategies.REGISTRY.values():
+        setup = TrainSetup(strategy=s.name, gpus=1 if not s.multi_gpu else 2,
+                           precision="bf16-mixed")
+        assert scaled.engine_class(setup) is scaled.REAL_ENGINES[s.engine]
 
 
 def test_choices_come_from_the_registry():

@@ -94,7 +94,7 @@ def test_torchtitan_70b_preset_is_expressible():
     """torchtitan's llama3_70b: 64 GPUs, TP 8 x FSDP 8, local batch 8, seq 8192, full activation checkpointing,
     loss parallel (pytorch/torchtitan train_configs/llama3_70b.toml at 238fa9953e4a)."""
     s = TrainSetup(strategy="fsdp2", gpus=64, tensor_parallel=8, batch=8, seq=8192, checkpointing="full")
-    assert s.data_parallel == 8
+    assert s.degrees.dp == 8
     e = estimate.run("llama-3.1-70b" if "llama-3.1-70b" in models.catalogue() else "llama-3-70b", s)
     assert 20 < to_gib(e.gpu.peak_bytes) < 80
 
@@ -131,10 +131,10 @@ def test_cli_and_explorer_take_tp_and_cp():
     cli.setup_parser(p)
     a = p.parse_args(["--model", "llama-3-8b", "--strategy", "fsdp2", "--gpus", "16", "--tp", "4", "--cp", "2"])
     s = cli.setup_from_args(a)
-    assert (s.tensor_parallel, s.context_parallel, s.data_parallel) == (4, 2, 2)
+    assert (s.tensor_parallel, s.context_parallel, s.degrees.dp) == (4, 2, 2)
     ex = explore.Explorer("llama-3-8b", TrainSetup(strategy="fsdp2", gpus=16, gpu_gib=80))
     ex.set(tensor_parallel=8)
-    assert ex.setup.tensor_parallel == 8 and ex.setup_from_controls().data_parallel == 2
+    assert ex.setup.tensor_parallel == 8 and ex.setup_from_controls().degrees.dp == 2
 
 
 def test_context_parallel_dry_run_says_why_not():

@@ -19,7 +19,6 @@ batch's figures are never larger (the same buffers, fewer of them). Sources, in 
 
 from __future__ import annotations
 
-import math
 
 from helpers.estimate.items import BWD_DONE, FWD_BWD, MOMENTS, Item
 from helpers.estimate.states import Builder, dtype_bytes, lora_adapters
@@ -46,7 +45,7 @@ def add_accumulation(b: Builder, m: ModelSpec) -> None:
               "AccumulateGrad: the new gradient exists beside param.grad until it is added in place")
     if s.strat.deepspeed and s.offload_optimizer and "parameters" not in s.strat.shards:
         trained = lora_adapters(m, s.lora_rank, s.lora_targets) if s.lora_rank else m
-        blocks = [math.ceil(t.numel / s.gpus) * compute for t in trained.tensors]
+        blocks = [s.degrees.split(t.numel) * compute for t in trained.tensors]
         later = frozenset(MOMENTS[MOMENTS.index("backward_head"):])
         b.host(f"accumulated_grads_in_cpu ({'bf16' if compute == 2 else 'fp32'})", "gradients", sum(blocks), later,
                "stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu: one buffer per parameter of the partition, "

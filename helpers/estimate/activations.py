@@ -179,7 +179,7 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               a * s.batch * s.seq * cp * (m.k_width + m.v_width), BWD_END,
               f"context parallelism (torch's ALL_GATHER rotation): one layer's attention sees all {cp} ranks' keys "
               f"and values; estimated, not measured (no dry run of context parallelism)")
-    if s.ac == "selective":
+    if s.checkpointing == "selective":
         if m.moe_layers:
             raise InputError(f"selective checkpointing is modelled for dense decoder layers; {m.name} has "
                              f"{m.moe_layers} mixture-of-experts layers (use checkpointing 'full' or 'none')")
@@ -190,7 +190,7 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               f"(every other matmul's output, the attention kernel's output and logsumexp)")
         b.gpu("one layer recomputed in backward", "activations", max(per_dense, per_moe),
               BWD_END, "the ops the policy did not save are re-run before the layer's backward")
-    elif s.ac == "full" and s.checkpoint_every > 1:
+    elif s.checkpointing == "full" and s.checkpoint_every > 1:
         every, moe = s.checkpoint_every, moe_layer_indices(m)
         ckpt = [i for i in range(m.layers) if (i + 1) % every == 0]
         whole = sum(per_moe if i in moe else per_dense for i in range(m.layers) if (i + 1) % every)
@@ -208,7 +208,7 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
                   "backward, whose own buffers are in fact freed by then (up to 2.5% over the dry run on the grid)")
         b.gpu("activations of the first layer (not checkpointed), not yet freed", "activations",
               max(per_dense, per_moe), BWD_END, "backward frees each layer's saved tensors as it passes")
-    elif s.ac == "full":
+    elif s.checkpointing == "full":
         b.gpu("layer inputs kept by checkpointing", "activations", m.layers * stream + final_norm,
               FORWARDS | BWD_START | BWD_HEAD, "one residual-stream tensor per layer (torch.utils.checkpoint)")
         b.gpu("one layer recomputed in backward", "activations", max(per_dense, per_moe),
@@ -225,7 +225,7 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               "bitsandbytes dequantises one Linear4bit's weight at a time, in forward and again in backward")
     if s.lora_rank:
         adapted = len(m.lora_targets(s.lora_targets))
-        targets = adapted if s.ac == "none" else adapted // m.layers
+        targets = adapted if s.checkpointing == "none" else adapted // m.layers
         b.gpu("LoRA intermediates (x @ A, saved by B)", "activations", targets * T * s.lora_rank * a,
               FORWARDS | BWD_START | BWD_HEAD, f"{s.lora_rank} features per token per adapted linear layer")
 

@@ -12,7 +12,6 @@ holds a full copy per rank), other processes of the job (inference engines, data
 
 from __future__ import annotations
 
-import math
 
 from helpers.estimate.items import MOMENTS, Item
 from helpers.estimate.states import Builder, dtype_bytes
@@ -39,7 +38,7 @@ def add_resume(b: Builder, m: ModelSpec) -> None:
     """The resume moment: the loaded optimizer shard on the host; states on the GPU are created as it loads."""
     s = b.setup
     _, storage = dtype_bytes(s)
-    shard = math.ceil(m.params / s.gpus) if "optimizer_states" in s.strat.shards else m.params
+    shard = s.degrees.split(m.params) if "optimizer_states" in s.strat.shards else m.params
     master = 4 if s.strat.master_in_checkpoint else 0     # torch strategies keep the weights in the model file
     per_rank = shard * (master + 2 * storage)
     b.host("optimizer checkpoint loaded from disk", "checkpoint", per_rank, {"resume"},

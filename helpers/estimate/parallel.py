@@ -85,8 +85,3 @@ def rank_setup(setup):
     """The set-up as one CP rank sees its micro batch: 1/cp of each sequence (the rest of the set-up unchanged)."""
     cp = setup.context_parallel
     return setup if cp == 1 else dataclasses.replace(setup, seq=setup.seq // cp)
-
-
-def shard_degree(setup) -> int:
-    """Ranks a parameter's TP shard is sharded (FSDP2) or replicated (DDP) over: data-parallel x context-parallel."""
-    return setup.gpus // setup.tensor_parallel

@@ -23,7 +23,8 @@ from helpers.estimate.items import (
     ALWAYS, BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARD_INIT, FORWARDS, FWD_BWD, GATHER, GRADS, LOSS, MOMENTS,
     START, STATES, STEP, STEP_PREPARE, Item,
 )
-from helpers.estimate.parallel import shard_degree
+from helpers.degrees import ceil_div
+from helpers.deepspeed_rules import first_host_group, zero3_sub_groups
 from helpers.models import ModelSpec, Tensor
 from helpers.training import TrainSetup
 
@@ -81,12 +82,12 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
         dt = "fp32" if compute == 4 else "bf16"
         place = b.host if s.offload_params else b.gpu
         if s.strat.engine == "fsdp2":
-            part = [fsdp2_shard(t, s.gpus) for t in m.tensors]
+            part = [fsdp2_shard(t, s.degrees.shard) for t in m.tensors]
             why = ("fully_shard shards every parameter, frozen ones too: each rank keeps a dim-0 chunk padded to "
                    "ceil(rows/N) rows (_fsdp_param.py _init_sharded_param), in the dtype the base was loaded in"
                    + ("; CPUOffloadPolicy: on the host" if s.offload_params else ""))
         else:
-            part = [math.ceil(t.numel / s.gpus) for t in m.tensors]
+            part = [s.degrees.split(t.numel) for t in m.tensors]
             why = "ZeRO-3 partitions every parameter, frozen ones too (1/N each)" + \
                 ("; offload_param: on the host" if s.offload_params else "")
         place(f"frozen base partitions ({dt})", "parameters", sum(part) * compute, ALWAYS, why,
@@ -98,7 +99,7 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
         b.gpu(f"frozen base weights ({'fp32' if compute == 4 else 'bf16'})", "parameters", m.params * compute, ALWAYS,
               "LoRA: the base model is frozen (no gradients, no optimizer states), loaded in the compute dtype")
         m = lora_adapters(m, s.lora_rank, s.lora_targets)
-    MODEL_STATES[s.strat.states](b, m)
+    MODEL_STATES[s.strat.family](b, m)
     if s.tensor_parallel > 1 and not s.lora_rank and not s.strat.sharded:      # (FSDP2's is in _fsdp2)
         _embedding_backward_tp(b, m)
 
@@ -120,8 +121,8 @@ def fsdp2_shard(t: Tensor, world: int) -> int:
     chunk's ceil(rows / world) rows (`_fsdp_param.py` `_init_sharded_param`: padded_sharded_param_size); a LoRA A of
     rank 8 on 16 ranks keeps one whole row per rank, not half of one."""
     if not t.shape:
-        return math.ceil(t.numel / world)
-    return math.ceil(t.shape[0] / world) * (t.numel // t.shape[0])
+        return ceil_div(t.numel, world)
+    return ceil_div(t.shape[0], world) * (t.numel // t.shape[0])
 
 
 def lora_adapters(m: ModelSpec, rank: int, targets: str = "all-linear") -> ModelSpec:
@@ -190,7 +191,7 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     dt = {2: "bf16", 4: "fp32"}
     b.gpu(f"parameters ({dt[storage]})", "parameters", P * storage, ALWAYS, "the model's own weights")
     embed = 0 if m.tied else m.group_params.get("embed", 0)
-    if s.precision == "bf16-mixed" and s.ac == "none":
+    if s.precision == "bf16-mixed" and s.checkpointing == "none":
         b.gpu("bf16 weight copies (autocast cache, saved for backward)", "temporaries", m.matmul_params * 2,
               FORWARDS | BWD_START | BWD_HEAD, "torch.autocast caches the bf16 cast of each fp32 matmul weight (not the "
               "embedding or norms); matmuls save it for backward")
@@ -232,13 +233,13 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     embedding's group). Each moment below was located in dry runs."""
     if b.base is not None:
         return _fsdp2_lora(b, m)
-    s, P, G = b.setup, m.params, shard_degree(b.setup)     # (with TP, `m` is one TP rank's share)
+    s, P, G = b.setup, m.params, b.setup.degrees.shard     # (with TP, `m` is one TP rank's share)
     compute, storage = dtype_bytes(s)
     off = s.offload_params
     r = 4 if s.precision != "bf16" else 2                    # reduce dtype: fp32 under MixedPrecisionPolicy
-    shard = math.ceil(P / G)
+    shard = ceil_div(P, G)
     place = b.host if off else b.gpu
-    blocks = [math.ceil(t.numel / G) * storage for t in m.tensors]
+    blocks = [ceil_div(t.numel, G) * storage for t in m.tensors]
     gp = m.group_params
     layers = [v for k, v in gp.items() if k.startswith("layer.")]
     first = gp["embed"] + (gp["head"] if m.tied else 0)
@@ -269,7 +270,7 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     # (`torchtitan/train.py` forward_backward_step at 238fa9953e4a): the head's group is resharded by then)
     b.gpu("unsharded gradient of the head, and the next group prefetched", "temporaries", (head + layers[-1]) * compute,
           BWD_HEAD, "the head's backward, with the last block's all-gather prefetched")
-    b.gpu("reduce-scatter of the head: input and output", "comm_buffers", head * r + math.ceil(head / G) * r,
+    b.gpu("reduce-scatter of the head: input and output", "comm_buffers", head * r + ceil_div(head, G) * r,
           BWD_HEAD, f"gradients reduced in {'fp32' if r == 4 else 'bf16'} (reduce_dtype)")
     b.gpu("unsharded first block, and the embedding prefetched", "temporaries", (layer + first) * compute, BWD_END,
           "the first block's backward")
@@ -318,7 +319,7 @@ def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
     (helpers.measure.engines.fp32_adapters) and MixedPrecisionPolicy casts their shards to bf16 for the all-gather
     (`_fsdp_param.py` all_gather_inputs), so every all-gather input of a group has one dtype and none is sent as
     uint8 (`_fsdp_collectives.py` `_get_param_all_gather_inputs`). Each moment below was located in dry runs."""
-    s, G, base = b.setup, b.setup.gpus, b.base
+    s, G, base = b.setup, b.setup.degrees.shard, b.base
     compute, storage = dtype_bytes(s)
     off = s.offload_params
     r = 4 if s.precision != "bf16" else 2                    # reduce dtype: fp32 under MixedPrecisionPolicy
@@ -391,9 +392,9 @@ def _tied_group_in_forward(b: Builder, first: int, layers: list[int], compute: i
 
 
 def _zero12(b: Builder, m: ModelSpec) -> None:
-    s, P, G = b.setup, m.params, b.setup.gpus
+    s, P, G = b.setup, m.params, b.setup.degrees.shard
     compute, _ = dtype_bytes(s)
-    part = math.ceil(P / G)
+    part = ceil_div(P, G)
     off, pin = s.offload_optimizer, s.offload_optimizer and s.pin_memory
     dt = "bf16" if compute == 2 else "fp32"
     b.gpu(f"parameters ({dt}, full copy on every GPU)", "parameters", P * compute, ALWAYS, "ZeRO-1/2 do not shard parameters")
@@ -437,31 +438,10 @@ def _zero12(b: Builder, m: ModelSpec) -> None:
         b.gpu("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", part * 8, STATES, "FusedAdam, lazy at the first step")
 
 
-def zero3_sub_groups(m: ModelSpec, setup: TrainSetup) -> list[int]:
-    """Element counts of DeepSpeed ZeRO-3's optimizer sub-groups on one rank (`_create_fp16_sub_groups`)."""
-    groups, current = [], 0
-    G = setup.gpus
-    for t in m.tensors:
-        current += math.ceil(t.numel / G)
-        if current >= setup.sub_group_size:
-            groups.append(current)
-            current = 0
-    if current:
-        groups.append(current)
-    return groups
-
-
-def first_host_group(n_groups: int, ratio: float) -> int:
-    """DeepSpeed's partial-offload rule (stage3.py, `_create_fp32_partitions`): of `n_groups` optimizer sub-groups,
-    those with index i < int((1 - ratio) * n_groups) stay on the GPU and the rest go to the host; the first host
-    index is returned (n_groups when nothing is offloaded). The one place this project writes the rule."""
-    return int((1 - ratio) * n_groups)
-
-
 def _zero3(b: Builder, m: ModelSpec) -> None:
-    s, P, G = b.setup, m.params, b.setup.gpus
+    s, P, G = b.setup, m.params, b.setup.degrees.shard
     compute, _ = dtype_bytes(s)
-    part = math.ceil(P / G)
+    part = ceil_div(P, G)
     dt = "bf16" if compute == 2 else "fp32"
     groups = zero3_sub_groups(m, s)
     first_cpu = first_host_group(len(groups), s.ratio) if s.offload_optimizer else len(groups)
@@ -472,7 +452,7 @@ def _zero3(b: Builder, m: ModelSpec) -> None:
     if s.offload_params:
         b.host(f"parameter partitions ({dt})", "parameters", part * compute, ALWAYS,
                "offload_param: each partition on the host" + ("; pinned" if s.pin_memory else ""),
-               pinned=s.pin_memory, blocks=[math.ceil(t.numel / G) * compute for t in m.tensors])
+               pinned=s.pin_memory, blocks=[ceil_div(t.numel, G) * compute for t in m.tensors])
     else:
         b.gpu(f"parameter partitions ({dt})", "parameters", part * compute, ALWAYS, "ZeRO-3 keeps 1/N of every parameter")
     layer = m.largest_layer_params if b.base is None else \
@@ -510,7 +490,7 @@ def _fsdp1(b: Builder, m: ModelSpec) -> None:
     `_full_param_padded`, `_full_prec_full_param_padded`, `_cpu_grad`), `_runtime_utils.py` (`_post_forward_reshard`
     keeps the root unsharded, BACKWARD_PRE prefetch, `_reduce_grad`, `_cast_grad_to_param_dtype`). Each moment below
     was located in dry runs."""
-    s, G = b.setup, b.setup.gpus
+    s, G = b.setup, b.setup.degrees.shard
     compute, storage = dtype_bytes(s)
     off = s.offload_params
     mp = s.precision == "bf16-mixed"
@@ -519,7 +499,7 @@ def _fsdp1(b: Builder, m: ModelSpec) -> None:
     layers = [v for k, v in gp.items() if k.startswith("layer.")]
     root = m.params - sum(layers)                              # embedding, final norm, an untied head
     units = [root] + layers
-    shard = lambda n: math.ceil(n / G)
+    shard = lambda n: ceil_div(n, G)
     padded = lambda n: shard(n) * G
     layer = max(layers)
     dt = " (fp32)" if storage == 4 else " (bf16)"

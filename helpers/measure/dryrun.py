@@ -15,9 +15,11 @@ import time
 
 import torch
 
-from helpers import gpus, models, strategies
+from helpers import estimate, gpus, models, strategies
+from helpers.degrees import ceil_div
 from helpers.errors import InputError
 from helpers.measure import allocator, engines, fakegpu, nf4, provenance, reserved, tensor_parallel
+from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked
@@ -195,8 +197,8 @@ class ZeroEquivalentStep(SingleStep):
         self.model, self.setup, self.tracker = model, setup, tracker
         tracker.label(list(model.parameters()), "parameters")
         self.params = [p for p in model.parameters() if p.requires_grad]        # LoRA: the adapters only
-        G, dev = setup.gpus, self.params[0].device
-        self.part = -(-sum(p.numel() for p in self.params) // G)
+        G, dev = setup.degrees.shard, self.params[0].device
+        self.part = ceil_div(sum(p.numel() for p in self.params), G)
         self.host = torch.device("cpu") if setup.offload_optimizer else dev
         self.master = torch.nn.Parameter(torch.empty(self.part, dtype=torch.float32, device=self.host))
         tracker.label([self.master], "master_weights")
@@ -231,7 +233,7 @@ class ZeroEquivalentStep(SingleStep):
             self.buckets = [torch.empty(self.setup.reduce_bucket_size, dtype=torch.bfloat16, device=p.device)
                             for _ in range(n)]
             self.tracker.label(self.buckets, "comm_buffers")
-        n = -(-p.numel() // self.setup.gpus)
+        n = self.setup.degrees.split(p.numel())
         n = min(n, self.part - self.offset)
         if self.host_grad is not None and self.setup.grad_accum > 1:
             self._accumulate_on_host(p, n)
@@ -263,7 +265,7 @@ class ZeroEquivalentStep(SingleStep):
             if self.partition is None:        # ZeRO-1: flatten this rank's share of the whole gradients
                 share, left = [], self.part
                 for p in self.params:
-                    n = min(-(-p.numel() // self.setup.gpus), left)
+                    n = min(self.setup.degrees.split(p.numel()), left)
                     share.append(p.grad.view(-1)[:n])
                     left -= n
                 flat = torch.cat(share)
@@ -300,6 +302,16 @@ def _fake_mesh(world: int, tp: int = 1):
     return init_device_mesh(fakegpu.NAME, (world // tp, tp), mesh_dim_names=("dp_shard_cp", "tp"))
 
 
+class _Progress(Hooks):
+    """The dry run's progress bar: one tick a phase."""
+
+    def __init__(self, bar):
+        self.bar = bar
+
+    def after(self, phase, activity, seconds):
+        self.bar.update()
+
+
 class NullTracker:
     """Stands in for the Tracker to time the same step untracked."""
 
@@ -323,6 +335,40 @@ class NullTracker:
     def __exit__(self, *exc): return False
 
 
+def supports(setup: TrainSetup) -> tuple[bool, str]:
+    """(True, '') where `run` can dry-run `setup` (any model that takes it), else (False, why): the one answer to
+    "has this set-up a dry run?" for the notebooks, `recheck` and `run` itself."""
+    why = refusal(checked(setup))
+    return why is None, why or ""
+
+
+def refusal(setup: TrainSetup) -> str | None:
+    """Why `setup` has no dry run (one sentence naming what does measure it), or None."""
+    try:
+        engines.refuse_unsupported(setup, "dry")
+    except InputError as exc:
+        return str(exc)
+    st = setup.strat
+    if setup.optimizer == "adamw-8bit":
+        return ("optimizer 'adamw-8bit' has no dry run: bitsandbytes' kernels cannot run on fake tensors; its states "
+                "are in `estimate` and measured for real in a scaled run")
+    if st.dry_run is None:
+        return (f"no dry run for strategy {setup.strategy!r}: {st.no_dry_run}; dry runs exist for "
+                f"{strategies.listing(lambda x: x.dry_run is not None)} (fsdp2 shards as ZeRO-3 does; a scaled real "
+                f"run uses {st.title} itself)")
+    if (st.fake_process_group or setup.tensor_parallel > 1) and setup.gpus > MAX_FSDP2_RANKS:
+        return (f"gpus must be at most {MAX_FSDP2_RANKS} in an {setup.strategy} dry run, got {setup.gpus}: rank 0's "
+                f"all-gathers touch every rank's shard, so the fake step's time grows with the world size (~40 s at "
+                f"256, minutes beyond); `estimate` takes any world size")
+    if not st.dry_run_offload and setup.offload_params:
+        return ("no dry run of FSDP1 with CPU offload: FSDP1 moves each flat parameter between host and GPU by "
+                "swapping its `.data`, which fake tensors on the fake GPU refuse; `estimate` models it, and a scaled "
+                "run (`measure --mode scaled`) runs FSDP1's CPUOffload for real")
+    if setup.context_parallel > 1:
+        return NO_CP_DRY_RUN
+    return None
+
+
 def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu: str | None = None,
         alloc_conf: str | None = None) -> Result:
     """Dry-run one set-up: a Result with mode 'dry-run' (GPU per rank, host per node), with the reserved view: the
@@ -335,36 +381,18 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
     allocator.Config.parse(alloc_conf)                      # bad settings and GPU names refused before the run
     if gpu is not None:
         gpus.preset(gpu)
-    engines.refuse_unsupported(setup, "dry")
-    if setup.optimizer == "adamw-8bit":
-        raise InputError("optimizer 'adamw-8bit' has no dry run: bitsandbytes' kernels cannot run on fake tensors; "
-                         "its states are in `estimate` and measured for real in a scaled run")
+    why = refusal(setup)
+    if why:
+        raise InputError(why)
     m = models.spec(model)
     m.check_lora_rank(setup.lora_rank, setup.lora_targets)
     st = setup.strat
-    if st.dry_run is None:
-        raise InputError(
-            f"no dry run for strategy {setup.strategy!r}: {st.no_dry_run}; dry runs exist for "
-            f"{strategies.listing(lambda x: x.dry_run is not None)} (fsdp2 shards as ZeRO-3 does; a scaled real run "
-            f"uses {st.title} itself)")
-    if (st.fake_process_group or setup.tensor_parallel > 1) and setup.gpus > MAX_FSDP2_RANKS:
-        raise InputError(
-            f"gpus must be at most {MAX_FSDP2_RANKS} in an {setup.strategy} dry run, got {setup.gpus}: rank 0's all-gathers "
-            f"touch every rank's shard, so the fake step's time grows with the world size (~40 s at 256, minutes "
-            f"beyond); `estimate` takes any world size")
-    if st.engine == "fsdp1" and setup.offload_params:
-        raise InputError(
-            "no dry run of FSDP1 with CPU offload: FSDP1 moves each flat parameter between host and GPU by swapping "
-            "its `.data`, which fake tensors on the fake GPU refuse; `estimate` models it, and a scaled run "
-            "(`measure --mode scaled`) runs FSDP1's CPUOffload for real")
-    if setup.context_parallel > 1:
-        raise InputError(NO_CP_DRY_RUN)
     if setup.tensor_parallel > 1:
         from helpers.estimate import parallel
         parallel.check(m, setup)
     started = time.perf_counter()
     dev = fakegpu.device()
-    bar = tqdm(total=6, desc=f"dry run {m.name}", disable=not progress, leave=False)
+    bar = tqdm(total=3 + 4 * setup.grad_accum, desc=f"dry run {m.name}", disable=not progress, leave=False)
     tp = setup.tensor_parallel
     mesh = _fake_mesh(setup.gpus, tp) if st.fake_process_group or tp > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=True), \
@@ -374,24 +402,15 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         tracker = Tracker() if track else NullTracker()
         stepped = time.perf_counter()
         with tracker, engines.untracked_sharding_propagation(tracker):
-            engine = (TP_STEPS if tp > 1 else STEPS)[st.states](net, setup, tracker, mesh)
+            engine = (TP_STEPS if tp > 1 else STEPS)[st.family](net, setup, tracker, mesh)
             try:
                 tracker.label([b for b in net.buffers()], "parameters")
                 tracker.restart_peak("setup")
                 engines.watch_logits(net, tracker)
                 ids = torch.randint(0, m.vocab, (setup.batch, setup.seq), device=dev)
                 bar.update()
-                for first in (True, False):
-                    for _ in range(setup.grad_accum):            # micro batches: the phase keeps the worst of them
-                        with tracker.phase("forward" if first else "steady", activity="forward"):
-                            loss = engine.forward(ids)
-                        with tracker.phase("backward" if first else "steady", activity="backward"):
-                            engine.backward(loss)
-                            del loss
-                    bar.update(2)
-                    if first:
-                        with tracker.phase("step"):
-                            engine.step()
+                # one step, then the steady forward and backward of the next (its step would repeat the first's)
+                run_steps(engine, tracker, ids, setup.grad_accum, 2, last_step=False, hooks=_Progress(bar))
             finally:
                 getattr(engine, "close", lambda: None)()      # the engine's patches of torch, if any, undone
     step_s = time.perf_counter() - stepped
@@ -420,3 +439,33 @@ STEPS = {"replicated": SingleStep, "zero12": ZeroEquivalentStep, "fsdp2": FSDP2S
 """The dry-run step of each strategy's `states` key (helpers.strategies); a strategy with no dry run has none."""
 TP_STEPS = {"replicated": TensorParallelReplicatedStep, "fsdp2": TensorParallelFSDP2Step}
 """The same with tensor_parallel > 1 (strategies with `model_parallel`)."""
+
+
+def recheck(model: str, setup, gpu: str | None = None, alloc_conf: str | None = None,
+            result: Result | None = None) -> dict:
+    """A set-up's GPU verdict on allocated bytes and on the device total (bytes): from a dry run with the allocator
+    model where the strategy has a dry run (`result`, if that dry run was already made), else from the estimate plus
+    the context and NCCL (reserved not modelled: said in 'basis'). 'flipped' is True where the two verdicts differ."""
+    has_dry, why = supports(setup)
+    r = result if result is not None else run(model, setup, progress=False, gpu=gpu, alloc_conf=alloc_conf) \
+        if has_dry else estimate.run(model, setup)
+    if has_dry and r.gpu.reserved is None:
+        raise ValueError("recheck needs a dry run's Result (with its reserved view) for this set-up")
+    parts = gpus.overhead(setup.strategy, setup.gpus, gpu)
+    allocated, cap = r.gpu.peak_bytes, r.gpu.capacity_bytes
+    if has_dry:
+        reserved_peak = max(r.gpu.reserved.values())
+        v = r.meta["allocator"]["verdict"] or {"fits": True, "part": None}
+        fits_device, part = v["fits"], v["part"]
+        basis = "dry run + allocator model (reserved modelled) + context + NCCL"
+    else:
+        reserved_peak = None
+        part = gpus.pushed_over(allocated, allocated, parts, cap) if cap else None
+        fits_device = part is None
+        basis = (f"estimate + context + NCCL: no dry run of this set-up ({why}), so the allocator's reserve is not "
+                 f"modelled (a lower bound)")
+    fits_allocated = cap is None or r.oom["device"] != "gpu"
+    return {"model": model, "allocated": allocated, "reserved": reserved_peak, "overhead": parts,
+            "device_total": (reserved_peak if reserved_peak is not None else allocated) + sum(parts.values()),
+            "capacity": cap, "fits_allocated": fits_allocated, "fits_device": fits_device, "part": part,
+            "flipped": fits_allocated != fits_device, "basis": basis, "result": r}

@@ -67,7 +67,7 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
     net.config.use_cache = False
     from helpers.measure import checkpointing
 
-    checkpointing.enable(net, setup.ac, setup.checkpoint_every)
+    checkpointing.enable(net, setup.checkpointing, setup.checkpoint_every)
     if setup.base_weights == "nf4":
         from helpers.measure import nf4
 
@@ -133,7 +133,7 @@ def add_lora(net, setup: TrainSetup):
     from peft import LoraConfig, get_peft_model
     from torch._subclasses.fake_tensor import FakeTensor
 
-    if setup.ac != "none":
+    if setup.checkpointing != "none":
         net.enable_input_require_grads()        # a frozen embedding's output must carry grad into checkpointed layers
     from helpers import models
 

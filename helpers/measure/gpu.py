@@ -28,7 +28,9 @@ from helpers import models
 from helpers.errors import InputError
 from helpers.measure import engines, procgroup
 from helpers.measure import provenance, reserved
-from helpers.measure.scaled import DeepSpeedEngine, TorchEngine, check_steps
+from helpers.measure import scaled
+from helpers.measure.scaled import check_steps
+from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked
@@ -87,51 +89,27 @@ def measure(m: models.ModelSpec, setup: TrainSetup, device: torch.device, steps:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    started, stats, oom, step_s = time.perf_counter(), {}, None, []
+    started, oom = time.perf_counter(), None
     tracker = Tracker()
-    engine = net = ids = loss = None
-    phase = "setup"
+    hooks = _CudaStats(cuda)
+    engine = net = ids = None
     try:
         with tracker:
             net = _build(m.path, setup, device)
-            if setup.strat.processes_per_gpu:
-                from helpers.measure.fsdp_worker import ENGINES
-                engine = ENGINES[setup.strat.engine](net, setup, tracker, device_type=device.type)
-            elif setup.strat.deepspeed:
-                engine = DeepSpeedEngine(net, setup, tracker)
-            else:
-                engine = TorchEngine(net, setup, tracker)
+            engine = scaled.engine_class(setup)(net, setup, tracker, device.type)
             tracker.restart_peak("setup")
-            stats["setup"] = _cuda_stats(cuda)
+            hooks.stats["setup"] = _cuda_stats(cuda)
             ids = torch.randint(0, m.vocab, (setup.batch, setup.seq), device=device)
             engines.watch_logits(engine.module, tracker)
-            for i in range(steps):
-                for activity in ("forward", "backward", "step"):
-                    phase = activity if (i == 0 or activity == "step") else "steady"
-                    if cuda:
-                        torch.cuda.reset_peak_memory_stats()
-                        torch.cuda.synchronize()
-                    phase_started = time.perf_counter()
-                    with tracker.phase(phase, activity=activity):
-                        if activity == "forward":
-                            loss = engine.forward(ids)
-                        elif activity == "backward":
-                            engine.backward(loss)
-                            loss = None
-                        else:
-                            engine.step()
-                    if activity == "step":
-                        if cuda:
-                            torch.cuda.synchronize()
-                        step_s.append(round(time.perf_counter() - phase_started, 4))
-                    stats[phase] = _cuda_stats(cuda, stats.get(phase))
+            run_steps(engine, tracker, ids, setup.grad_accum, steps, hooks=hooks)
     except torch.OutOfMemoryError as exc:
         message = str(exc).strip()
-        oom = {"device": "gpu", "phase": phase, "message": message.splitlines()[0] if message else "",
+        oom = {"device": "gpu", "phase": hooks.phase, "message": message.splitlines()[0] if message else "",
                "requested_bytes": requested_bytes(message), "cuda_stats": _cuda_now(cuda)}
+    stats, step_s = hooks.stats, hooks.step_s
     describe = getattr(engine, "describe", setup.strategy)
     if oom is not None:                       # after the except block: its traceback no longer holds the tensors
-        engine = net = ids = loss = None
+        engine = net = ids = None
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
@@ -152,6 +130,28 @@ def measure(m: models.ModelSpec, setup: TrainSetup, device: torch.device, steps:
               "allocator_model": model.to_dict(),
               "wall_s": round(time.perf_counter() - started, 2), "machine": platform.machine()},
     )
+
+
+class _CudaStats(Hooks):
+    """GPU mode's record of the shared loop: torch.cuda's peaks per phase (reset before each phase), the optimizer
+    steps' wall times (synchronised), and the phase running now (an OOM names it)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.phase, self.stats, self.step_s, self.started = cuda, "setup", {}, [], 0.0
+
+    def before(self, phase, activity):
+        self.phase = phase
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize()
+        self.started = time.perf_counter()
+
+    def after(self, phase, activity, seconds):
+        if activity == "step":
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.step_s.append(round(time.perf_counter() - self.started, 4))
+        self.stats[phase] = _cuda_stats(self.cuda, self.stats.get(phase))
 
 
 _UNITS = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}

@@ -150,36 +150,3 @@ def _verdict(events, config, cap: int, parts: dict[str, int], totals: dict[str, 
     part = gpus.pushed_over(tensors, max(totals.values()) - sum(parts.values()), parts, cap)
     return {"fits": False, "phase": o["phase"], "part": part or "fragmentation", "requested_bytes": o["requested_bytes"],
             "allocated_bytes": o["allocated"], "reserved_bytes": o["reserved"], "released_cache": True}
-
-
-def recheck(model: str, setup, gpu: str | None = None, alloc_conf: str | None = None,
-            result: Result | None = None) -> dict:
-    """A set-up's GPU verdict on allocated bytes and on the device total (bytes): from a dry run with the allocator
-    model where the strategy has a dry run (`result`, if that dry run was already made), else from the estimate plus
-    the context and NCCL (reserved not modelled: said in 'basis'). 'flipped' is True where the two verdicts differ."""
-    from helpers import estimate
-    from helpers.measure import dryrun
-
-    has_dry = setup.strat.dry_run is not None and setup.optimizer == "adamw"      # (the registry says)
-    r = result if result is not None else dryrun.run(model, setup, progress=False, gpu=gpu, alloc_conf=alloc_conf) \
-        if has_dry else estimate.run(model, setup)
-    if has_dry and r.gpu.reserved is None:
-        raise ValueError("recheck needs a dry run's Result (with its reserved view) for this set-up")
-    parts = gpus.overhead(setup.strategy, setup.gpus, gpu)
-    allocated, cap = r.gpu.peak_bytes, r.gpu.capacity_bytes
-    if has_dry:
-        reserved_peak = max(r.gpu.reserved.values())
-        v = r.meta["allocator"]["verdict"] or {"fits": True, "part": None}
-        fits_device, part = v["fits"], v["part"]
-        basis = "dry run + allocator model (reserved modelled) + context + NCCL"
-    else:
-        reserved_peak = None
-        part = gpus.pushed_over(allocated, allocated, parts, cap) if cap else None
-        fits_device = part is None
-        basis = (f"estimate + context + NCCL: no dry run of {setup.strategy}, so the allocator's reserve is not "
-                 f"modelled (a lower bound)")
-    fits_allocated = cap is None or r.oom["device"] != "gpu"
-    return {"model": model, "allocated": allocated, "reserved": reserved_peak, "overhead": parts,
-            "device_total": (reserved_peak if reserved_peak is not None else allocated) + sum(parts.values()),
-            "capacity": cap, "fits_allocated": fits_allocated, "fits_device": fits_device, "part": part,
-            "flipped": fits_allocated != fits_device, "basis": basis, "result": r}

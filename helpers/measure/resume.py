@@ -29,8 +29,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import estimate, models
-from helpers.estimate import states
+from helpers import deepspeed_rules, estimate, models
 from helpers.errors import InputError
 from helpers.measure import children, procmem, provenance
 from helpers.training import TrainSetup, checked
@@ -56,7 +55,7 @@ def _host_buffers(optimizer, ratio: float) -> dict:
     """Bytes of the optimizer's fp32 buffers by the role DeepSpeed's ratio rule gives each sub-group."""
     groups = list(getattr(optimizer, "fp32_partitioned_groups_flat", []))
     n = len(groups)
-    first_host = states.first_host_group(n, ratio)
+    first_host = deepspeed_rules.first_host_group(n, ratio)
     out = {"gpu": 0, "host": 0}
     for i, g in enumerate(groups):
         role = "gpu" if i < first_host else "host"

@@ -28,10 +28,11 @@ from pathlib import Path
 import psutil
 import torch
 
-from helpers import deepspeed_ops, estimate, models
+from helpers import deepspeed_ops, deepspeed_rules, estimate, models
 from helpers.errors import InputError, MeasurementError
-from helpers.estimate import states
 from helpers.measure import children, engines, nf4, procgroup, provenance
+from helpers.measure.fsdp_engines import FSDP1Engine, FSDP2Engine
+from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked
@@ -66,7 +67,7 @@ def scaled_setup(model, setup: TrainSetup, hidden: int = models.SCALE_HIDDEN) ->
 def guard(twin: Path, setup: TrainSetup) -> None:
     """Refuse, before it starts, a scaled run whose estimate would not fit in this machine's available RAM."""
     e = estimate.run(str(twin), setup)
-    processes = setup.gpus if setup.strat.processes_per_gpu else 1
+    processes = setup.gpus if setup.strat.one_process_per_gpu else 1
     need = e.gpu.peak_bytes * processes + e.host.peak_bytes + PROCESS_OVERHEAD * processes
     available = psutil.virtual_memory().available
     if need > MAX_FRACTION * available:
@@ -85,21 +86,21 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
     models.spec(model).check_lora_rank(setup.lora_rank, setup.lora_targets)
     twin, s = scaled_setup(model, setup)
     st = s.strat
-    if st.processes_per_gpu and s.gpus > MAX_PROCESSES:
+    if st.one_process_per_gpu and s.gpus > MAX_PROCESSES:
         raise InputError(f"a scaled {st.title} run starts one process per GPU; at most {MAX_PROCESSES} here, "
                          f"got gpus={s.gpus}")
     if st.deepspeed and s.gpus > 1:
         raise InputError(f"a scaled DeepSpeed run is one process (one rank), got gpus={s.gpus}: use gpus=1 here; "
                          f"the partitioning over several GPUs is in `estimate` and in `measure --mode dry-run`")
     guard(twin, s)
-    if st.processes_per_gpu:
+    if st.one_process_per_gpu:
         return _pin_note(_run_torchrun(twin, s, steps), setup)
     started = time.perf_counter()
     torch.manual_seed(0)
     net = build_twin(twin, s)
     tracker = Tracker(default_device="gpu")
     with engines.torch_globals_restored(), tracker:
-        engine = (DeepSpeedEngine if st.deepspeed else TorchEngine)(net, s, tracker)
+        engine = engine_class(s)(net, s, tracker)
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad]
                       + nf4.state_tensors(net), "parameters")
         tracker.restart_peak("setup")
@@ -131,43 +132,37 @@ def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int,
 
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (s.batch, s.seq), generator=gen)
-    losses, rss, times = [], {}, {"forward": [], "backward": [], "step": []}
-    proc = psutil.Process()
-
-    def record(phase):
-        rss[phase] = max(rss.get(phase, 0), proc.memory_info().rss)
-
     engines.watch_logits(engine.module, tracker)
-    for i in tqdm(range(steps), desc=f"twin, {s.strategy}: training steps", leave=False, disable=not progress):
-        forward, backward = ("forward", "backward") if i == 0 else ("steady", "steady")
-        for micro in range(s.grad_accum):      # micro batches: each phase keeps the worst of them
-            started = time.perf_counter()
-            with tracker.phase(forward, activity="forward"):
-                loss = engine.forward(ids)
-            times["forward"].append(time.perf_counter() - started)
-            record(forward)
-            if micro == 0:
-                losses.append(float(loss.detach()))
-            started = time.perf_counter()
-            with tracker.phase(backward, activity="backward"):
-                engine.backward(loss)
-                del loss
-                if micro < s.grad_accum - 1 and hasattr(engine, "micro_step"):
-                    engine.micro_step()
-            times["backward"].append(time.perf_counter() - started)
-            record(backward)
-        started = time.perf_counter()
-        with tracker.phase("step"):
-            engine.step()
-        times["step"].append(time.perf_counter() - started)
-        record("step")
-    return losses, rss, times
+    with tqdm(total=steps, desc=f"twin, {s.strategy}: training steps", leave=False, disable=not progress) as bar:
+        hooks = _Recorder(bar)
+        run_steps(engine, tracker, ids, s.grad_accum, steps, hooks=hooks)
+    return hooks.losses, hooks.rss, hooks.times
+
+
+class _Recorder(Hooks):
+    """The scaled run's record of the shared loop: each iteration's first loss, the process's RSS at each phase's end
+    (the largest), and the wall time of every forward, backward and optimizer step."""
+
+    def __init__(self, bar):
+        self.bar, self.losses, self.rss = bar, [], {}
+        self.times = {"forward": [], "backward": [], "step": []}
+        self.proc = psutil.Process()
+
+    def after(self, phase, activity, seconds):
+        self.times[activity].append(seconds)
+        self.rss[phase] = max(self.rss.get(phase, 0), self.proc.memory_info().rss)
+        if activity == "step":
+            self.bar.update()
+
+    def loss(self, iteration, loss):
+        self.losses.append(float(loss.detach()))
 
 
 class TorchEngine:
     """torch AdamW on the twin; DDP (over a one-rank gloo group) for strategy 'ddp'; CPU autocast for bf16-mixed."""
 
-    def __init__(self, net, s: TrainSetup, tracker: Tracker):
+    def __init__(self, net, s: TrainSetup, tracker: Tracker, device_type: str = "cpu"):
+        """`device_type` is read from the parameters (the argument is there for one signature across engines)."""
         self.s, self.tracker, self.module = s, tracker, net
         self.params = list(net.parameters())
         tracker.label(self.params, "parameters")
@@ -204,7 +199,7 @@ class DeepSpeedEngine:
     DeepSpeed's accelerator is the CPU itself, so its own `subgroup_to_device` says 'cpu' for all.
     """
 
-    def __init__(self, net, s: TrainSetup, tracker: Tracker):
+    def __init__(self, net, s: TrainSetup, tracker: Tracker, device_type: str = "cpu"):
         on_gpu = next(net.parameters()).is_cuda
         procgroup.ensure("nccl" if on_gpu else "gloo", s.gpus if on_gpu else 1)
         import deepspeed
@@ -264,7 +259,7 @@ class DeepSpeedEngine:
         """Device of each ZeRO-3 optimizer sub-group by DeepSpeed's ratio rule."""
         groups = getattr(self.opt, "fp32_partitioned_groups_flat", [])
         n = len(groups)
-        first_host = states.first_host_group(n, self.s.ratio) if self.s.offload_optimizer else n
+        first_host = deepspeed_rules.first_host_group(n, self.s.ratio) if self.s.offload_optimizer else n
         return {id(g): ("gpu" if i < first_host else "host") for i, g in enumerate(groups)}
 
     def _label_buffers(self):
@@ -386,3 +381,12 @@ def _run_torchrun(twin: Path, s: TrainSetup, steps: int) -> Result:
         if not out.exists():
             raise MeasurementError(f"the {s.strat.title} run under torchrun exited without writing its result")
         return Result.from_dict(json.loads(out.read_text()))
+
+
+REAL_ENGINES = {"torch": TorchEngine, "deepspeed": DeepSpeedEngine, "fsdp2": FSDP2Engine, "fsdp1": FSDP1Engine}
+"""The engine that runs each strategy for real (scaled runs and GPU mode), keyed by `Strategy.engine`."""
+
+
+def engine_class(setup: TrainSetup):
+    """The real engine of `setup`'s strategy: called as engine_class(setup)(net, setup, tracker, device_type)."""
+    return REAL_ENGINES[setup.strat.engine]

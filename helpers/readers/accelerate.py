@@ -244,7 +244,7 @@ def _fsdp(c: collect.Collector, fsdp: dict) -> None:
     if ac is not None:
         on = c.flag(p + "fsdp_activation_checkpointing", ac)
         if on:
-            c.set(p + "fsdp_activation_checkpointing", on, "grad_checkpointing=True", grad_checkpointing=True)
+            c.set(p + "fsdp_activation_checkpointing", on, "checkpointing=full", checkpointing="full")
         else:
             c.set(p + "fsdp_activation_checkpointing", on, "FSDP's own checkpointing wrapper off (the trainer's "
                                                            "gradient_checkpointing still applies)")

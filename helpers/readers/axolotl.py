@@ -238,7 +238,7 @@ class _Reader:
         if "activation_checkpointing" in plain:
             key, v = plain["activation_checkpointing"]
             if boolean(f, key, v):
-                d.setting(f, self.line(ck(key)), ck(key), True, grad_checkpointing=True)
+                d.setting(f, self.line(ck(key)), ck(key), True, checkpointing="full")
                 self.fsdp_ac = True
         if "sharding_strategy" in plain:
             key, v = plain["sharding_strategy"]
@@ -288,18 +288,18 @@ class _Reader:
         d, f = self.d, self.path
         if not self.has("gradient_checkpointing"):
             self.used.add("gradient_checkpointing")
-            if not d.fields.get("grad_checkpointing"):
+            if d.fields.get("checkpointing") != "full":
                 d.default(TOOL, "gradient_checkpointing", False, SRC.format(file="config.py"),
-                          grad_checkpointing=False)
+                          checkpointing="none")
         else:
             v = self.take("gradient_checkpointing")
             if v is True:
-                d.setting(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v, grad_checkpointing=True)
+                d.setting(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v, checkpointing="full")
             elif v is False:
                 d.setting(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v,
-                          **({} if d.fields.get("grad_checkpointing") else {"grad_checkpointing": False}))
+                          **({} if d.fields.get("checkpointing") == "full" else {"checkpointing": "none"}))
             elif v in ("unsloth", "offload", "offload_disk"):
-                d.setting(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v, grad_checkpointing=True)
+                d.setting(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v, checkpointing="full")
                 d.not_modelled(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v,
                                "the checkpointed layer inputs are offloaded to the CPU" + (" (to disk)" if v ==
                                "offload_disk" else "") + ": not modelled, estimated as full checkpointing on the GPU "

@@ -186,12 +186,13 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     # --- checkpointing, kernels, attention
     off = take("disable_gradient_checkpointing")
     if off is None:
-        lf_default("disable_gradient_checkpointing", False, "grad_checkpointing=True (LLaMA-Factory enables it "
+        lf_default("disable_gradient_checkpointing", False, "checkpointing=full (LLaMA-Factory enables it "
                    "unless disabled: model/model_utils/checkpointing.py prepare_model_for_training)", "model_args.py",
-                   grad_checkpointing=True)
+                   checkpointing="full")
     else:
         on = not c.flag("disable_gradient_checkpointing", off)
-        c.set("disable_gradient_checkpointing", off, f"grad_checkpointing={on}", grad_checkpointing=on)
+        c.set("disable_gradient_checkpointing", off, f"checkpointing={'full' if on else 'none'}",
+              checkpointing="full" if on else "none")
     liger = take("enable_liger_kernel")
     if liger is not None:
         c.set("enable_liger_kernel", liger, f"fused_ce={c.flag('enable_liger_kernel', liger)} (Liger's fused linear "

@@ -409,9 +409,9 @@ class _Reader:
     def switches(self):
         d, f = self.d, self.path
         k, on = self.get("gradient_checkpointing")
-        (d.setting(f, self.line(k), k, True, grad_checkpointing=True) if k else
+        (d.setting(f, self.line(k), k, True, checkpointing="full") if k else
          d.default(self.tool, FLAGS["gradient_checkpointing"][self.style == "dotted"], False, self.source,
-                   grad_checkpointing=False))
+                   checkpointing="none"))
         k, on = self.get("adam_offload")
         if k:
             d.setting(f, self.line(k), k, True, offload_optimizer=True)

@@ -123,11 +123,12 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     # --- checkpointing, kernels, attention
     gc = take("gradient_checkpointing")
     if gc is None:
-        trl_default("gradient_checkpointing", True, "grad_checkpointing=True", "base_config.py",
-                    grad_checkpointing=True)
+        trl_default("gradient_checkpointing", True, "checkpointing=full", "base_config.py",
+                    checkpointing="full")
     else:
-        c.set("gradient_checkpointing", gc, f"grad_checkpointing={c.flag('gradient_checkpointing', gc)}",
-              grad_checkpointing=gc)
+        on = c.flag("gradient_checkpointing", gc)
+        c.set("gradient_checkpointing", gc, f"checkpointing={'full' if on else 'none'}",
+              checkpointing="full" if on else "none")
     liger = take("use_liger_kernel")
     if liger is not None:
         c.set("use_liger_kernel", liger, f"fused_ce={c.flag('use_liger_kernel', liger)}", fused_ce=liger)
@@ -261,4 +262,4 @@ def _fsdp(c: collect.Collector, fsdp, config: dict) -> None:
         c.set("fsdp", fsdp, "offload_optimizer=True, offload_params=True (offload)", offload_optimizer=True,
               offload_params=True)
     if config.get("activation_checkpointing"):
-        c.set("fsdp_config.activation_checkpointing", True, "grad_checkpointing=True", grad_checkpointing=True)
+        c.set("fsdp_config.activation_checkpointing", True, "checkpointing=full", checkpointing="full")
