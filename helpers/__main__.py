@@ -199,12 +199,11 @@ def _flag_of(a, field: str) -> str:
 
 def _origin(imp, field: str) -> str:
     """Where the files' value of `field` came from: 'FILE:LINE (key)', 'default (tool)', or 'TrainSetup default'."""
-    sets = lambda text: any(part.strip().split("=", 1)[0] == field for part in str(text).split(","))
     for x in imp.settings:
-        if sets(x.sets):
+        if field in x.fields or (field == "model" and x.sets.startswith("model")):
             return f"{x.file}:{x.line} ({x.key})" if x.line else f"{x.file} ({x.key})"
     for d in imp.defaults:
-        if sets(d.sets):
+        if field in d.fields:
             return f"default ({d.tool}: {d.key})"
     return "TrainSetup default (the files do not set it)"
 

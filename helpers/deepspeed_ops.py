@@ -227,7 +227,7 @@ def build(ops: list[str]) -> dict:
     """Build `ops` now, in this process, each timed; the times recorded in data/results/deepspeed_op_builds.json."""
     from deepspeed.ops import op_builder
 
-    from helpers.measure import provenance
+    from helpers import provenance
 
     record = {"builds": {}}
     try:

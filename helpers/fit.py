@@ -173,6 +173,22 @@ def largest(model, setup: TrainSetup, vary: str = "batch", gpu: str | None = Non
                nxt[2], setup.replace(**{vary: lo * step}), limits)
 
 
+def show(found: dict, gpu: str | None = None) -> None:
+    """Print each answer of `found` ({vary: Fit}): the largest value with its verdict, and the next value's (`gpu`: the
+    preset the verdicts count). Introduced in notebooks/07."""
+    for vary, f in found.items():
+        line = fits(f.result, gpu)[1] if f.result else "even the smallest does not fit"
+        print(f"largest {vary}: {f.value}: {line}")
+        print(f"   {vary} {f.next_value}: " + (fits(f.next_result, gpu)[1] if f.next_result else f.why))
+
+
+def check(found: dict, gpu: str | None = None) -> None:
+    """Assert that each answer of `found` fits and that one step more does not. Introduced in notebooks/07."""
+    for vary, f in found.items():
+        assert f.value == 0 or fits(f.result, gpu)[0], f"{vary} {f.value} does not fit"
+        assert f.next_result is None or not fits(f.next_result, gpu)[0], f"{vary} {f.next_value} fits too"
+
+
 def table(f: Fit) -> str:
     """The answer as text: the line, and the GPU/host peaks of the answer and of the next value, in GiB."""
     lines = [f.line()]

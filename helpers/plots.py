@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from helpers import evidence, strategies
 from helpers.errors import InputError
 from helpers.results import Result
-from helpers.units import GiB, MiB
+from helpers.units import scale, to_gib
 from helpers.vocab import CATEGORIES, PHASE_LABELS
 
 COLORS = {                     # colour-blind-safe (Okabe-Ito, then greys) and the same in every notebook
@@ -28,10 +28,6 @@ LINES = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#000000"]   # s
 OOM_RED = "#D00000"
 SHORT = {"setup": "setup", "resume": "resume", "forward": "forward", "backward": "backward", "step": "step",
          "steady": "later iters"}
-
-
-def gib(nbytes: float) -> float:
-    return nbytes / GiB
 
 
 WIDTH_IN = 8.8                 # at dpi 100, 880 px: inside a 1366-px laptop's notebook with JupyterLab's sidebar open
@@ -129,7 +125,7 @@ class MemoryCurve:
             bottoms = [0.0] * len(self.phases)
             for cat in CATEGORIES:
                 for i, (rect, phase) in enumerate(zip(self.bars[dev][cat], self.phases)):
-                    h = gib(d.breakdown[phase][cat])
+                    h = to_gib(d.breakdown[phase][cat])
                     rect.set_y(bottoms[i])
                     rect.set_height(h)
                     rect.set_visible(h > 0)              # empty categories cost nothing to draw
@@ -144,7 +140,7 @@ class MemoryCurve:
                 top = max(top, height)
             title = DEVICE_TITLES[dev]
             if d.capacity_bytes:
-                cap = gib(d.capacity_bytes)
+                cap = to_gib(d.capacity_bytes)
                 top = max(top, cap)
                 capacity = True
                 title += f"; capacity {cap:,.0f} GiB"
@@ -159,7 +155,7 @@ class MemoryCurve:
             ax.set_title(title, fontsize=10)
             if overlay is not None:
                 o = overlay.device(dev)
-                ys = [gib(o.phases.get(p, 0)) for p in self.phases]
+                ys = [to_gib(o.phases.get(p, 0)) for p in self.phases]
                 top = max(top, *ys)
                 line = ax.plot(range(len(self.phases)), ys, "o-", color="black", linewidth=1.2, markersize=5,
                                label=evidence.label(overlay))[0]
@@ -170,7 +166,7 @@ class MemoryCurve:
                 if item.get("device") != dev or item.get("value") is None or not isinstance(item["value"], (int, float)):
                     continue
                 from helpers.cases import reported_bytes
-                y = gib(reported_bytes(item))
+                y = to_gib(reported_bytes(item))
                 top = max(top, y)
                 if item.get("phase") in self.phases:
                     i = self.phases.index(item["phase"])
@@ -183,7 +179,7 @@ class MemoryCurve:
                     self.extras.append(line)
                     read = "" if item.get("read_as") == item.get("unit") else f", read as {item['read_as']}"
                     dotted.append((line, f"{DEVICE_TITLES[dev].split(' ')[0]}: reported {item['value']} "
-                                         f"{item['unit']}{read} ({gib(reported_bytes(item)):,.1f} GiB)"))
+                                         f"{item['unit']}{read} ({to_gib(reported_bytes(item)):,.1f} GiB)"))
             ax.set_ylim(0, top * 1.15)
             if not any(bottoms):
                 self.extras.append(ax.text(0.5, 0.5, "nothing here", transform=ax.transAxes, ha="center",
@@ -211,8 +207,8 @@ def reserved_outline(ax, d, phases: list[str], modelled: bool = True) -> tuple[l
     allocator model, else read from torch.cuda) and the device total with the CUDA context and NCCL (dashed), per
     phase; the artists (each labelled for a legend) and the tallest outline in GiB."""
     x = range(len(phases))
-    reserved = [gib(d.reserved.get(p, 0)) for p in phases]
-    total = [gib((d.device_total or {}).get(p, 0)) for p in phases]
+    reserved = [to_gib(d.reserved.get(p, 0)) for p in phases]
+    total = [to_gib((d.device_total or {}).get(p, 0)) for p in phases]
     res = ax.bar(x, reserved, 0.74, fill=False, edgecolor="black", linewidth=1.1,
                  label=f"reserved (caching allocator{', modelled' if modelled else ''})")
     tot = ax.bar(x, total, 0.86, fill=False, edgecolor="#555555", linewidth=0.9, linestyle="--",
@@ -225,11 +221,6 @@ def memory_curve(result: Result, overlay: Result | None = None, reported: list[d
     """A MemoryCurve of `result`, with a measurement overlaid and the case's reported figures marked
     (stars at a phase, dotted lines otherwise), their `source` written under the figure."""
     return MemoryCurve(result, title, source=source, overlay=overlay, reported=reported)
-
-
-def _unit(values_bytes) -> tuple[str, float]:
-    """GiB, or MiB when every value is under 1 GiB (a twin's figures would read 0.0 in GiB)."""
-    return ("GiB", GiB) if max(values_bytes, default=0) >= GiB else ("MiB", MiB)
 
 
 def _title(ax, title: str, subtitle: str, width_in: float) -> None:
@@ -246,7 +237,7 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
     fig, ax = plt.subplots(figsize=(width, 4.6), layout="constrained")
     fit_canvas(fig)
     labels = list(results)
-    unit, div = _unit([results[k].device(device).peak_bytes for k in labels])
+    unit, div = scale([results[k].device(device).peak_bytes for k in labels])
     top = 0.0
     for i, label in enumerate(labels):
         d = results[label].device(device)
@@ -316,8 +307,8 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
     def value(r: Result) -> float:
         d = r.device(device)
         if category:
-            return gib(d.breakdown[phase or d.peak_phase][category]) if d.breakdown else 0.0
-        return gib(d.phases[phase] if phase else d.peak_bytes)
+            return to_gib(d.breakdown[phase or d.peak_phase][category]) if d.breakdown else 0.0
+        return to_gib(d.phases[phase] if phase else d.peak_bytes)
 
     marks = {"gpu": "X", "host": "^"}          # the same shape for the same device in every figure
     used = set()
@@ -339,7 +330,7 @@ def sweep(xs: list, results, xlabel: str, device: str = "gpu", title: str = "", 
                     linestyle="none", label=f"set-up runs out of memory on the {'GPU' if dev == 'gpu' else 'host'}")
     caps = {r.device(device).capacity_bytes for rs in series.values() for r in rs} - {None}
     if caps and not category:
-        cap = gib(max(caps))
+        cap = to_gib(max(caps))
         ax.axhline(cap, color=OOM_RED, linestyle="--", label=f"capacity {cap:,.0f} GiB")
         top = max(top, cap)
     if ax.get_legend_handles_labels()[0]:

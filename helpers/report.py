@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from helpers import evidence, gpus
 from helpers.results import Result
-from helpers.units import GiB, MiB, to_gib
+from helpers.units import MiB, fmt, scale, to_gib
 from helpers.vocab import PHASE_LABELS
-
-
-def amount(nbytes: float) -> str:
-    """Bytes as '61.2 GiB', or '11.4 MiB' under 1 GiB."""
-    return f"{nbytes / GiB:.1f} GiB" if nbytes >= GiB else f"{nbytes / MiB:.1f} MiB"
 
 
 def verdict(r: Result) -> str:
@@ -20,32 +15,32 @@ def verdict(r: Result) -> str:
     if observed:
         asked = observed.get("requested_bytes")
         held = (observed.get("cuda_stats") or {}).get("allocated")
-        detail = ", ".join(x for x in (f"it asked for {amount(asked)}" if asked else "",
-                                        f"{amount(held)} allocated" if held else "") if x)
+        detail = ", ".join(x for x in (f"it asked for {fmt(asked)}" if asked else "",
+                                        f"{fmt(held)} allocated" if held else "") if x)
         return (f"OOM observed on the GPU during the {PHASE_LABELS.get(observed.get('phase'), observed.get('phase'))}"
                 + (f" ({detail})" if detail else "") + ": caught, its memory freed")
     if not r.gpu.breakdown and not r.host.breakdown:
         return "no phases recorded: nothing to compare with a capacity"
     if oom["device"]:
         d = r.device(oom["device"])
-        later = (f" (its peak comes later: {amount(d.peak_bytes)} at the {PHASE_LABELS[d.peak_phase]})"
+        later = (f" (its peak comes later: {fmt(d.peak_bytes)} at the {PHASE_LABELS[d.peak_phase]})"
                  if d.peak_phase != oom["phase"] and d.peak_bytes > d.phases[oom["phase"]] else "")
         return (f"OOM on {oom['device'].upper()} at the {PHASE_LABELS[oom['phase']]}: "
-                f"{amount(d.phases[oom['phase']])} needed there, {amount(d.capacity_bytes)} available{later}")
+                f"{fmt(d.phases[oom['phase']])} needed there, {fmt(d.capacity_bytes)} available{later}")
     parts = []
     for name, label in (("gpu", "per GPU"), ("host", "host per node")):
         d = r.device(name)
         if name == "host" and not d.peak_bytes and not d.capacity_bytes or not d.breakdown:
             continue                          # nothing on the host and no capacity to compare with
-        cap = f" of {amount(d.capacity_bytes)}" if d.capacity_bytes else ""
-        parts.append(f"{amount(d.peak_bytes)}{cap} {label} (peak at {PHASE_LABELS[d.peak_phase]})")
+        cap = f" of {fmt(d.capacity_bytes)}" if d.capacity_bytes else ""
+        parts.append(f"{fmt(d.peak_bytes)}{cap} {label} (peak at {PHASE_LABELS[d.peak_phase]})")
     return ("fits: " if any(r.device(n).capacity_bytes for n in ("gpu", "host")) else "needs: ") + "; ".join(parts)
 
 
 def table(r: Result) -> str:
     """The result as text, in GiB (2**30 bytes), or MiB (2**20) when everything is under 1 GiB (a scaled twin)."""
-    big = max(r.gpu.peak_bytes, r.host.peak_bytes) >= GiB
-    unit, div = ("GiB", GiB) if big else ("MiB", MiB)
+    unit, div = scale([r.gpu.peak_bytes, r.host.peak_bytes])
+    big = unit == "GiB"
     conv = lambda b: b / div
     s = r.train_setup
     lines = [f"{r.model}: {r.params:,d} parameters, {s.strategy} on {s.gpus} GPU(s){s.degrees.describe()}, "
@@ -105,13 +100,13 @@ def device_verdict(r: Result) -> str | None:
     if not v or not r.gpu.device_total:
         return None
     peak = max(r.gpu.device_total.values())
-    cap = amount(r.gpu.capacity_bytes)
+    cap = fmt(r.gpu.capacity_bytes)
     if v["fits"]:
-        how = (" once the allocator frees its cache (it would reserve " + amount(peak) + " with room to spare)"
-               if v["released_cache"] else f": {amount(peak)} at most")
+        how = (" once the allocator frees its cache (it would reserve " + fmt(peak) + " with room to spare)"
+               if v["released_cache"] else f": {fmt(peak)} at most")
         return f"device total (reserved + context + NCCL) fits in {cap}{how}"
-    return (f"device total: OOM at the {PHASE_LABELS.get(v['phase'], v['phase'])} (a {amount(v['requested_bytes'])} "
-            f"request; {amount(v['allocated_bytes'])} allocated, {amount(v['reserved_bytes'])} reserved, of {cap}): "
+    return (f"device total: OOM at the {PHASE_LABELS.get(v['phase'], v['phase'])} (a {fmt(v['requested_bytes'])} "
+            f"request; {fmt(v['allocated_bytes'])} allocated, {fmt(v['reserved_bytes'])} reserved, of {cap}): "
             f"{gpus.PART_LABELS[v['part']]} took it over")
 
 
@@ -150,3 +145,58 @@ def imported_table(imported, overrides=()) -> str:
     if imported.ignored:
         lines.append("  ignored (no effect on memory): " + ", ".join(x.key for x in imported.ignored))
     return "\n".join(lines)
+
+
+def imported_markdown(imported) -> str:
+    """The same provenance as `imported_table`, as a Markdown table for a notebook: key, value, what it sets, and
+    where it came from (file:line, or the tool's default with where that default is written); then what is not
+    modelled and what was ignored. Introduced in notebooks/07."""
+    from pathlib import Path
+
+    cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")
+    where = lambda x: Path(x.file).name + (f":{x.line}" if x.line else "")
+    rows = ["| setting | value | sets | from |", "|---|---|---|---|"]
+    rows += [f"| `{x.key}` | `{cell(x.value)}` | {cell(x.sets)} | {where(x)} |" for x in imported.settings]
+    rows += [f"| `{d.key}` | `{cell(d.value)}` | {cell(d.sets)} | default: {cell(d.tool)}"
+             + (f" ({cell(d.source)})" if d.source else "") + " |" for d in imported.defaults]
+    out = "\n".join(rows)
+    if imported.not_modelled:
+        out += "\n\n**Not modelled** (they change memory; the figures below are made without them):\n\n" + "\n".join(
+            f"- `{x.key}` = `{cell(x.value)}` ({where(x)}): {x.why}" for x in imported.not_modelled)
+    if imported.ignored:
+        out += "\n\n**Ignored** (no effect on memory): " + ", ".join(f"`{x.key}`" for x in imported.ignored)
+    return out
+
+
+def compare(rows, tol: float, names: tuple[str, str] = ("estimate", "measured"), floor: int = 0,
+            title: str | None = None) -> dict:
+    """Print two figures per row and their difference, and assert each row within `tol`: for rows (label, a, b) of
+    bytes, |a - b| <= tol x max(b, floor) (`floor`: bytes under which a row is judged on `floor`, where b is near
+    empty). The table is in GiB, or MiB when every figure is under 1 GiB; `names` head the two columns. An
+    AssertionError names the row, both figures and the tolerance. Returns {label: (a - b) / b} (0 where b is 0).
+    The one comparison the notebooks make between an estimate and a dry run or a measurement."""
+    rows = [(str(label), int(a), int(b)) for label, a, b in rows]
+    unit, div = scale([v for _, a, b in rows for v in (a, b)])
+    width = max([len(label) for label, _, _ in rows] + [len(title or "")], default=0) + 2
+    print(f"{title or '':{width}s}{names[0]:>14s}{names[1]:>14s}{'difference':>12s}   ({unit})")
+    out = {}
+    for label, a, b in rows:
+        out[label] = (a - b) / b if b else 0.0
+        print(f"{label:{width}s}{a / div:14.3f}{b / div:14.3f}{out[label]:>12.2%}")
+    for label, a, b in rows:
+        allowed = tol * max(b, floor)
+        assert abs(a - b) <= allowed, (f"{label}: {names[0]} {a / div:.3f} {unit} vs {names[1]} {b / div:.3f} {unit}, "
+                                       f"{abs(a - b) / div:.3f} {unit} apart; at most {tol:.0%} "
+                                       f"({allowed / div:.3f} {unit}) allowed")
+    return out
+
+
+MODEL_STATES = ("parameters", "master_weights", "gradients", "optimizer_states")
+"""The categories that grow with the parameter count and not with the batch."""
+
+
+def per_param_at_step(r: Result, device: str, categories=MODEL_STATES + ("comm_buffers", "pinned_overhead")) -> float:
+    """Bytes per parameter of `categories` on `device` at the optimizer step: the bytes-per-parameter figure the
+    rules of thumb quote (16 B/param for mixed-precision AdamW). Introduced in notebooks/00."""
+    per = r.per_param(device, "step")
+    return sum(per.get(c, 0) for c in categories)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from helpers import models, published
 from helpers.degrees import ceil_div
+from helpers.units import to_gib
 from helpers.models import DATA_DIR
 from helpers.training import TrainSetup
 
@@ -145,7 +146,7 @@ def added(model, before: TrainSetup, after: TrainSetup) -> tuple[float | None, s
     r = rates()
     parts, total = [], 0.0
     for key, what, amount in (("recompute", "recomputed forward", lambda x: f"{x['recompute_flops'] / 1e12:.1f} TFLOP"),
-                              ("pcie", "PCIe copies", lambda x: f"{x['pcie_bytes'] / 2**30:.2f} GiB"),
+                              ("pcie", "PCIe copies", lambda x: f"{to_gib(x['pcie_bytes']):.2f} GiB"),
                               ("host_adam", "host Adam", lambda x: f"{x['host_adam_params'] / 1e9:.2f} G params")):
         if a[key] is None or b[key] is None:
             if a[key] != b[key]:

@@ -1,26 +1,36 @@
 """The one vocabulary of memory categories, phases and devices shared by estimates, measurements and plots."""
 
-CATEGORIES = (
-    "parameters",        # the weights the forward pass reads (compute copy; fp32 when they are also the master)
-    "master_weights",    # an fp32 copy kept beside low-precision parameters, updated by the optimizer
-    "gradients",         # gradients, including an engine's fp32 gradient partition
-    "optimizer_states",  # AdamW exp_avg and exp_avg_sq
-    "activations",       # tensors saved by autograd for backward (and a recomputed layer under checkpointing)
-    "logits",            # logits, the loss's fp32 upcast, log-softmax output and their gradients
-    "temporaries",       # short-lived full-size buffers: foreach AdamW temporaries, gathered/unsharded layers
-    "comm_buffers",      # gradient buckets of DDP and DeepSpeed, reduce-scatter buffers
-    "checkpoint",        # optimizer and master states loaded from disk while resuming
-    "pinned_overhead",   # bytes the pinned host caching allocator adds by rounding each block up
-)
+from enum import StrEnum
 
-PHASES = (
-    "setup",     # model and engine built, before the first forward
-    "resume",    # loading a checkpoint's optimizer states beside the live buffers (only when resuming)
-    "forward",   # end of the first forward pass (loss computed)
-    "backward",  # the first backward pass, at its highest point
-    "step",      # the first optimizer step: where AdamW's states are created
-    "steady",    # forward + backward of every later iteration, with optimizer states alive
-)
+
+class Category(StrEnum):
+    """Where a byte goes. Members are their strings ('parameters' == Category.parameters): JSON and plots unchanged."""
+
+    parameters = "parameters"              # the weights the forward pass reads (compute copy; fp32 when also master)
+    master_weights = "master_weights"      # an fp32 copy kept beside low-precision parameters, updated by the optimizer
+    gradients = "gradients"                # gradients, including an engine's fp32 gradient partition
+    optimizer_states = "optimizer_states"  # AdamW exp_avg and exp_avg_sq
+    activations = "activations"            # tensors saved by autograd for backward (and a recomputed layer)
+    logits = "logits"                      # logits, the loss's fp32 upcast, log-softmax output and their gradients
+    temporaries = "temporaries"            # short-lived full-size buffers: foreach AdamW temporaries, gathered layers
+    comm_buffers = "comm_buffers"          # gradient buckets of DDP and DeepSpeed, reduce-scatter buffers
+    checkpoint = "checkpoint"              # optimizer and master states loaded from disk while resuming
+    pinned_overhead = "pinned_overhead"    # bytes the pinned host caching allocator adds by rounding each block up
+
+
+class Phase(StrEnum):
+    """When in a run: each phase's figure is its highest moment."""
+
+    setup = "setup"        # model and engine built, before the first forward
+    resume = "resume"      # loading a checkpoint's optimizer states beside the live buffers (only when resuming)
+    forward = "forward"    # end of the first forward pass (loss computed)
+    backward = "backward"  # the first backward pass, at its highest point
+    step = "step"          # the first optimizer step: where AdamW's states are created
+    steady = "steady"      # forward + backward of every later iteration, with optimizer states alive
+
+
+CATEGORIES = tuple(c.value for c in Category)
+PHASES = tuple(p.value for p in Phase)
 
 DEVICES = ("gpu", "host")
 
@@ -74,3 +84,10 @@ GLOSSARY = {
     "MoE": "mixture of experts: many MLPs per layer, a few used per token; all of them are weights to store",
     "GiB / GB": "GiB = 2^30 bytes (nvidia-smi, PyTorch, DeepSpeed print these); GB = 10^9 bytes (disk and RAM specs)",
 }
+
+
+def check(kind: str, value, allowed: tuple) -> None:
+    """ValueError naming `value` and what is allowed unless `value` is one of `allowed` (a typo in a category or a
+    phase fails where the buffer is made, not as a KeyError later)."""
+    if value not in allowed:
+        raise ValueError(f"unknown {kind} {value!r}: allowed are {', '.join(allowed)}")

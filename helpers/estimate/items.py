@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from helpers.vocab import CATEGORIES, DEVICES, check
+
 MOMENTS = (
     "setup", "resume", "forward_init", "forward_start", "forward_gather", "forward", "backward_start", "backward_head",
     "backward_end", "backward_done", "step_prepare", "step", "steady_forward_start", "steady_forward_gather",
@@ -53,6 +55,10 @@ class Item:
     why: str = ""
     blocks: tuple = ()
     """Pinned (page-locked) allocations making up this item, in bytes; empty when pageable."""
+
+    def __post_init__(self):
+        check("category", self.category, CATEGORIES)
+        check("device", self.device, DEVICES)
 
     @property
     def pinned(self) -> bool:

@@ -1,4 +1,5 @@
-"""Measured memory: the tracker, full-size dry runs on fake tensors (and, later, scaled real runs and GPU runs)."""
+"""Measured memory: the tracker, full-size dry runs on fake tensors, scaled real runs of tiny twins on this CPU and GPU
+runs, all through one training loop (steps.run_steps)."""
 
 import logging
 

@@ -42,8 +42,8 @@ import bisect
 from dataclasses import dataclass
 
 from helpers.errors import InputError
+from helpers.units import MiB
 
-MiB = 2**20
 kMinBlockSize = 512                # all sizes are rounded to at least 512 bytes
 kSmallSize = 1 * MiB               # largest "small" allocation
 kSmallBuffer = 2 * MiB             # "small" allocations are packed in 2 MiB segments

@@ -18,7 +18,8 @@ import torch
 from helpers import estimate, gpus, models, strategies
 from helpers.degrees import ceil_div
 from helpers.errors import InputError
-from helpers.measure import allocator, engines, fakegpu, nf4, provenance, reserved, tensor_parallel
+from helpers import provenance
+from helpers.measure import allocator, engines, fakegpu, nf4, reserved, tensor_parallel
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result

@@ -27,13 +27,15 @@ import torch
 from helpers import models
 from helpers.errors import InputError
 from helpers.measure import engines, procgroup
-from helpers.measure import provenance, reserved
+from helpers import provenance
+from helpers.measure import reserved
 from helpers.measure import scaled
 from helpers.measure.scaled import check_steps
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
 from helpers.training import TrainSetup, checked
+from helpers.units import UNITS
 
 
 def require_cuda(setup: TrainSetup) -> None:
@@ -154,13 +156,10 @@ class _CudaStats(Hooks):
         self.stats[phase] = _cuda_stats(self.cuda, self.stats.get(phase))
 
 
-_UNITS = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
-
-
 def requested_bytes(message: str) -> int | None:
     """The allocation an OOM asked for, from the CUDA allocator's 'Tried to allocate 2.00 GiB' (None if absent)."""
     found = re.search(r"Tried to allocate ([0-9.]+) ?(bytes|B|KiB|MiB|GiB|TiB|PiB)\b", message)
-    return int(round(float(found.group(1)) * _UNITS[found.group(2)])) if found else None
+    return int(round(float(found.group(1)) * UNITS[found.group(2)])) if found else None
 
 
 def _cuda_now(cuda: bool) -> dict:

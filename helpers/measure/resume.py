@@ -31,7 +31,8 @@ import torch
 
 from helpers import deepspeed_rules, estimate, models
 from helpers.errors import InputError
-from helpers.measure import children, procmem, provenance
+from helpers import provenance
+from helpers.measure import children, procmem
 from helpers.training import TrainSetup, checked
 from helpers.units import to_gib
 

@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from helpers.vocab import CATEGORIES
+from helpers.vocab import CATEGORIES, check
 
 _DEFAULTS = {"setup": "parameters", "forward": "activations", "backward": "temporaries", "step": "temporaries"}
 
@@ -135,8 +135,7 @@ class Tracker(TorchDispatchMode):
 
     def label(self, tensors, category: str, device: str | None = None) -> None:
         """Settle the category (and, if given, the placement) of these tensors' storages, registering them if new."""
-        if category not in CATEGORIES:
-            raise ValueError(f"unknown category {category!r}")
+        check("category", category, CATEGORIES)
         for t in tensors:
             if isinstance(t, torch.Tensor):
                 rec = self.track(t)

@@ -57,11 +57,12 @@ def apply(path: Path, data, lines: dict[str, int], given: list[Path], trainer: d
         raise ConfigError(path, f"distributed_type must be a name (NO, MULTI_GPU, DEEPSPEED, FSDP, ...), got "
                                 f"{kind!r}{hint}")
     if "distributed_type" not in data:
-        c.default(TOOL, "distributed_type", "NO", "strategy=single", "accelerate config_args.py")
+        c.default(TOOL, "distributed_type", "NO", "strategy=single", "accelerate config_args.py", strategy="single")
     if kind not in KINDS and kind.startswith("MULTI_"):
         c.unmodelled("distributed_type", kind, f"{kind}: data parallel on another accelerator; estimated as DDP on "
                                                f"GPUs")
-        c.changes["strategy"] = "ddp"
+        c.set("distributed_type", kind, "strategy=ddp (the stand-in for data parallel on another accelerator)",
+              strategy="ddp")
     elif kind not in KINDS:
         c.unmodelled("distributed_type", kind, f"{kind} is not modelled (NO, MULTI_GPU, DEEPSPEED and FSDP are); "
                                                f"estimated as one GPU")

@@ -39,7 +39,10 @@ class Setting:
     """The key as the tool spells it, dotted for nested keys (zero_optimization.stage)."""
     value: Any
     sets: str
-    """What it sets: a TrainSetup field with its value (`batch=4`), `model=...`, or several, comma-separated."""
+    """What it sets, as text for a reader: a TrainSetup field with its value (`batch=4`), `model=...`, or several,
+    comma-separated, with why where it is not plain."""
+    fields: dict = field(default_factory=dict, compare=False)
+    """The TrainSetup fields it sets, with their values (what code reads: never `sets`)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class Default:
     sets: str
     source: str = ""
     """Where that default is written (docs URL or source file)."""
+    fields: dict = field(default_factory=dict, compare=False)
+    """The TrainSetup fields it sets, with their values."""
 
 
 @dataclass(frozen=True)
@@ -288,7 +293,7 @@ def only_where_modelled(fields: dict, settings: list[Setting]) -> list[NotModell
         if fields.get(name, off) == off or getattr(st, test, False):
             continue
         fields[name] = off
-        for s in [s for s in settings if f"{name}=" in s.sets]:
+        for s in [s for s in settings if name in s.fields]:
             settings.remove(s)
             out.append(NotModelled(s.file, s.line, s.key, s.value,
                                    f"{what} under {strategy} is not modelled (it is with "

@@ -32,11 +32,11 @@ class Collector:
     files: list[str] = field(default_factory=list)
 
     def set(self, key: str, value, sets: str, **changes) -> None:
-        self.settings.append(Setting(str(self.path), self.lines.get(key), key, value, sets))
+        self.settings.append(Setting(str(self.path), self.lines.get(key), key, value, sets, changes))
         self.changes.update(changes)
 
     def default(self, tool: str, key: str, value, sets: str, source: str, **changes) -> None:
-        self.defaults.append(Default(tool, key, value, sets, source))
+        self.defaults.append(Default(tool, key, value, sets, source, changes))
         self.changes.update(changes)
 
     def unmodelled(self, key: str, value, why: str) -> None:

@@ -117,7 +117,7 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
 def world_size_default() -> Default:
     """gpus=1 when no file says the world size (the launcher's --num_gpus / --nproc_per_node does)."""
     return Default("not in the files", "gpus", 1, "gpus=1",
-                   "the world size is set by the launcher, not these files: pass --gpus N")
+                   "the world size is set by the launcher, not these files: pass --gpus N", {"gpus": 1})
 
 
 def _setup(path, setup, changes: dict):
@@ -162,20 +162,25 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
     line = lines.get
     hf = transformers_tool()
 
-    def setting(key, value, sets):
-        out.settings.append(Setting(f, line(key), key, value, sets))
+    def setting(key, value, sets, **fields):
+        """A value of the file: its Setting, and the fields it sets taken into the changes."""
+        out.settings.append(Setting(f, line(key), key, value, sets, fields))
+        out.changes.update(fields)
 
-    def from_trainer(name: str, ds_key: str, render) -> Any:
-        """The trainer's value of `name` for an "auto" DeepSpeed key: recorded as a Setting of the DS file."""
+    def from_trainer(name: str, ds_key: str, render, fields=lambda v: {}) -> Any:
+        """The trainer's value of `name` for an "auto" DeepSpeed key: recorded as a Setting of the DS file
+        (`fields(value)`: the TrainSetup fields it sets)."""
         if trainer is not None and name in trainer:
             value, origin = trainer[name]
-            setting(ds_key, "auto", f"{render(value)} (auto -> {name} = {value!r} from {origin}; {HF_SOURCE})")
+            setting(ds_key, "auto", f"{render(value)} (auto -> {name} = {value!r} from {origin}; {HF_SOURCE})",
+                    **fields(value))
             return value
         value = HF_DEFAULTS[name]
-        setting(ds_key, "auto", f"{render(value)} (auto -> {name}, TrainingArguments default; {HF_SOURCE})")
+        setting(ds_key, "auto", f"{render(value)} (auto -> {name}, TrainingArguments default; {HF_SOURCE})",
+                **fields(value))
         out.defaults.append(Default(hf, name, value, render(value),
                                     f"transformers/training_args.py TrainingArguments.{name} (the DeepSpeed file's "
-                                    f"{ds_key} is \"auto\" and no trainer config was given)"))
+                                    f"{ds_key} is \"auto\" and no trainer config was given)", fields(value)))
         return value
 
     def matches(name: str, ds_key: str, value):
@@ -192,13 +197,15 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
         # DeepSpeedConfigModel drops every "auto" value before validation (runtime/config_utils.py), so the default
         # stage applies; transformers has no rule for the stage.
         setting("zero_optimization.stage", stage, f"strategy=ddp (auto: DeepSpeed drops \"auto\" values of its "
-                                                  f"zero_optimization and takes its default, stage 0; {DS_SOURCE})")
+                                                  f"zero_optimization and takes its default, stage 0; {DS_SOURCE})",
+                strategy="ddp")
         stage = 0
     elif "stage" in zero:
         stage = _stage(path, "zero_optimization.stage", stage)
-        setting("zero_optimization.stage", zero["stage"], f"strategy={STAGES[stage]}")
+        setting("zero_optimization.stage", zero["stage"], f"strategy={STAGES[stage]}", strategy=STAGES[stage])
     else:
-        out.defaults.append(Default(DS_VERSION, "zero_optimization.stage", 0, "strategy=ddp", DS_SOURCE))
+        out.defaults.append(Default(DS_VERSION, "zero_optimization.stage", 0, "strategy=ddp", DS_SOURCE,
+                                    {"strategy": "ddp"}))
     out.changes["strategy"] = STAGES[stage]
 
     # --- offload
@@ -225,15 +232,15 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
             out.ignored.append(Ignored(f, line(f"{key}.device"), f"{key}.device", device))
             continue
         on = device == "cpu"
-        setting(f"{key}.device", device, f"{flag}={on}")
-        out.changes[flag] = on
+        setting(f"{key}.device", device, f"{flag}={on}", **{flag: on})
         if on:
             if "pin_memory" in sub and sub["pin_memory"] != "auto":
                 if not isinstance(sub["pin_memory"], bool):
                     raise ConfigError(path, f"{key}.pin_memory must be true or false, got {sub['pin_memory']!r}")
                 pins.append((f"{key}.pin_memory", sub["pin_memory"]))
             else:
-                out.defaults.append(Default(DS_VERSION, f"{key}.pin_memory", True, "pin_memory=True", DS_SOURCE))
+                out.defaults.append(Default(DS_VERSION, f"{key}.pin_memory", True, "pin_memory=True", DS_SOURCE,
+                                            {"pin_memory": True}))
                 pins.append((None, True))
             if section == "offload_optimizer" and "ratio" in sub and sub["ratio"] != "auto":
                 ratio = sub["ratio"]
@@ -241,13 +248,12 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
                     # NaN fails the comparison too; DeepSpeed's offload_config.py: ratio: float = Field(1.0, ge=0, le=1)
                     raise ConfigError(path, f"{key}.ratio must be a number in [0, 1], got {ratio!r}")
                 if stage == 3:
-                    setting(f"{key}.ratio", ratio, f"offload_ratio={ratio}")
-                    out.changes["offload_ratio"] = float(ratio)
+                    setting(f"{key}.ratio", ratio, f"offload_ratio={ratio}", offload_ratio=float(ratio))
                 else:
                     out.ignored.append(Ignored(f, line(f"{key}.ratio"), f"{key}.ratio", ratio))
     for key, pin in pins:
         if key is not None:
-            setting(key, pin, f"pin_memory={pin}")
+            setting(key, pin, f"pin_memory={pin}", pin_memory=pin)
     if pins:
         values = {p for _, p in pins}
         out.changes["pin_memory"] = all(values)
@@ -277,13 +283,11 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
                     f"DeepSpeed's default {getattr(_defaults(), name):,} elements is estimated until --model is given"))
                 continue
             n = int(rule[0] * hidden * hidden)
-            setting(dotted, value, f"{name}={n} (auto -> {rule[1]}, hidden_size {hidden}; {HF_SOURCE})")
-            out.changes[name] = n
+            setting(dotted, value, f"{name}={n} (auto -> {rule[1]}, hidden_size {hidden}; {HF_SOURCE})", **{name: n})
             continue
         if key == "sub_group_size" and value == 0:      # DeepSpeed accepts 0 (Field(ge=0)); axolotl's zero3 files use it
             setting(dotted, value, "sub_group_size=1 (0 and 1 both close a sub-group after every parameter in stage 3's "
-                                   "grouping: DeepSpeed 0.19.8 runtime/zero/stage3.py)")
-            out.changes[name] = 1
+                                   "grouping: DeepSpeed 0.19.8 runtime/zero/stage3.py)", **{name: 1})
             continue
         n = _number(path, dotted, value)
         from helpers.training import MAX_ELEMENTS
@@ -292,33 +296,34 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
             # a sub-group larger than the partition is the whole partition in one group (transformers' own
             # tests/deepspeed/ds_config_zero3.json sets 1e14): the same as any size above every model's count
             setting(dotted, value, f"{name}={MAX_ELEMENTS} (any size above the partition's parameter count is one "
-                                   f"group; {n:,} elements is estimated as {MAX_ELEMENTS:,})")
-            out.changes[name] = MAX_ELEMENTS
+                                   f"group; {n:,} elements is estimated as {MAX_ELEMENTS:,})", **{name: MAX_ELEMENTS})
             continue
-        setting(dotted, value, f"{name}={n}")
-        out.changes[name] = n
+        setting(dotted, value, f"{name}={n}", **{name: n})
     if "overlap_comm" in zero and zero["overlap_comm"] != "auto":
         v = zero["overlap_comm"]
         if not isinstance(v, bool):
             raise ConfigError(path, f"zero_optimization.overlap_comm must be true or false, got {v!r}")
-        setting("zero_optimization.overlap_comm", v, f"overlap_comm={v}")
-        out.changes["overlap_comm"] = v
+        setting("zero_optimization.overlap_comm", v, f"overlap_comm={v}", overlap_comm=v)
     elif stage in (1, 2, 3):
         if "overlap_comm" in zero:            # "auto": dropped by DeepSpeedConfigModel, so its default applies
             out.ignored.append(Ignored(f, line("zero_optimization.overlap_comm"), "zero_optimization.overlap_comm",
                                        "auto (DeepSpeed's default below)"))
         out.defaults.append(Default(DS_VERSION, "zero_optimization.overlap_comm", stage == 3,
-                                    f"overlap_comm={stage == 3}", DS_SOURCE + ": None -> True for stage 3 only"))
+                                    f"overlap_comm={stage == 3}", DS_SOURCE + ": None -> True for stage 3 only",
+                                    {"overlap_comm": stage == 3}))
 
     # --- precision
     bf16 = _enabled(path, data, "bf16") if "bf16" in data else _enabled(path, data, "bfloat16")
     bf16_key = "bf16.enabled" if "bf16" in data else "bfloat16.enabled"
     fp16 = _enabled(path, data, "fp16")
+    unsaid = bf16 is None and (trainer is None or "bf16" not in trainer)    # no file says bf16
     if bf16 == "auto":
-        bf16 = from_trainer("bf16", bf16_key, lambda v: f"precision={'bf16-mixed' if v else 'fp32'}")
+        bf16 = from_trainer("bf16", bf16_key, lambda v: f"precision={'bf16-mixed' if v else 'fp32'}",
+                            lambda v: {"precision": "bf16-mixed" if v else "fp32"})
     elif bf16 is not None:
         matches("bf16", bf16_key, bf16)
-        setting(bf16_key, bf16, f"precision={'bf16-mixed' if bf16 else 'fp32'}")
+        setting(bf16_key, bf16, f"precision={'bf16-mixed' if bf16 else 'fp32'}",
+                precision="bf16-mixed" if bf16 else "fp32")
     elif trainer is not None and "bf16" in trainer:
         bf16 = trainer["bf16"][0]
     if fp16 == "auto":
@@ -331,6 +336,12 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
         out.not_modelled.append(NotModelled(f, line("fp16.enabled"), "fp16.enabled", True,
                                             "fp16 mixed precision (loss scaling) is not modelled: estimated as "
                                             "bf16-mixed, which keeps the same bytes per value"))
+        if not bf16:
+            setting("fp16.enabled", True, "precision=bf16-mixed (fp16's stand-in: the same bytes per value)",
+                    precision="bf16-mixed")
+    elif unsaid:
+        out.defaults.append(Default(DS_VERSION, "bf16.enabled", False, "precision=fp32", DS_SOURCE,
+                                    {"precision": "fp32"}))
     out.changes["precision"] = "bf16-mixed" if (bf16 or fp16) else "fp32"
 
     # --- sizes
@@ -338,11 +349,11 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
         """A micro-batch-like count: "auto" takes the trainer's `name`, a number must match it; sets `field`."""
         value = data.get(ds_key)
         if value == "auto":
-            value = from_trainer(name, ds_key, lambda v: f"{field}={v}")
+            value = from_trainer(name, ds_key, lambda v: f"{field}={v}", lambda v: {field: v})
         elif value is not None:
             value = _number(path, ds_key, value)
             matches(name, ds_key, value)
-            setting(ds_key, value, f"{field}={value}")
+            setting(ds_key, value, f"{field}={value}", **{field: value})
         if value is not None:
             out.changes[field] = value
         return value
@@ -361,8 +372,8 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
                                         f"accumulation {accum}, as DeepSpeed requires")
             gpus = total // (micro * accum)
             setting("train_batch_size", total, f"gpus={gpus} (= {total} / ({micro} x {accum}), DeepSpeed's "
-                                               f"train_batch_size = world size x micro batch x accumulation)")
-            out.changes["gpus"] = gpus
+                                               f"train_batch_size = world size x micro batch x accumulation)",
+                    gpus=gpus)
         elif micro is None and trainer is None:
             # DeepSpeed derives the micro batch: train_batch_size / (accumulation x world size) (runtime/config.py
             # _set_batch_related_parameters); alone, the world size is the gpus=1 default, so it is all one GPU's
@@ -373,8 +384,7 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
             micro = total // steps
             setting("train_batch_size", total, f"batch={micro} (DeepSpeed's micro batch = train_batch_size / "
                                                f"(accumulation {steps} x world size), world size 1: with N GPUs "
-                                               f"it is {total}/({steps} x N))")
-            out.changes["batch"] = micro
+                                               f"it is {total}/({steps} x N))", batch=micro)
             if accum is None:
                 out.changes["grad_accum"] = 1
         else:

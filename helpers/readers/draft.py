@@ -50,12 +50,14 @@ class Draft:
         """A value read from a file; `fields` are the TrainSetup fields it sets (none: it is read and keeps what is
         modelled anyway, `sets` says what)."""
         self.fields.update(fields)
-        self.settings.append(Setting(str(file), line, key, value, sets if sets is not None else sets_text(fields)))
+        self.settings.append(Setting(str(file), line, key, value, sets if sets is not None else sets_text(fields),
+                                     fields))
 
     def default(self, tool: str, key: str, value, source: str, sets: str | None = None, **fields) -> None:
         """A key the files leave out and the tool's default that applies."""
         self.fields.update(fields)
-        self.defaults.append(Default(tool, key, value, sets if sets is not None else sets_text(fields), source))
+        self.defaults.append(Default(tool, key, value, sets if sets is not None else sets_text(fields), source,
+                                     fields))
 
     def not_modelled(self, file, line, key: str, value, why: str) -> None:
         self.not_modelled_.append(NotModelled(str(file), line, key, value, why))
@@ -101,7 +103,8 @@ class Draft:
             self.fields["gpus"] = degrees
             self.defaults = [d for d in self.defaults if d.key != "gpus"]
             self.default(GPUS_UNKNOWN_TOOL, "gpus", degrees, GPUS_UNKNOWN_SOURCE,
-                         sets=f"gpus={degrees} (the tensor x context parallel degrees: one data-parallel rank)")
+                         sets=f"gpus={degrees} (the tensor x context parallel degrees: one data-parallel rank)",
+                         gpus=degrees)
 
 
 def positive_int(file, key: str, value, allow_minus_one: bool = False) -> int:

@@ -118,13 +118,13 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
         if target is None or str(target).strip() == "all":
             targets = "all-linear"
             if target is None:
-                lf_default("lora_target", "all", "lora_targets=all-linear", "finetuning_args.py")
+                lf_default("lora_target", "all", "lora_targets=all-linear", "finetuning_args.py",
+                           lora_targets=targets)
             else:
-                c.set("lora_target", target, "lora_targets=all-linear")
+                c.set("lora_target", target, "lora_targets=all-linear", lora_targets=targets)
         else:
             targets = ",".join(t.strip() for t in str(target).split(",") if t.strip())
-            c.set("lora_target", target, f"lora_targets={targets}")
-        c.changes["lora_targets"] = targets
+            c.set("lora_target", target, f"lora_targets={targets}", lora_targets=targets)
     else:
         for key, value in (("lora_rank", rank), ("lora_target", target)):
             if value is not None:
