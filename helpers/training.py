@@ -132,6 +132,16 @@ class TrainSetup:
         applies=lambda v: v["lora_rank"] is not None))
     """Which linear layers get adapters: peft's "all-linear" (every one but the output head), or module names,
     comma-separated ("q_proj,v_proj", or LitGPT-style "q,v"; k, o, gate, up, down likewise)."""
+    lora_dropout: float = option(0.0, Face(
+        "--lora-dropout", "with --lora-rank: peft's lora_dropout, the probability each adapter's input is dropped "
+                          "(each adapted layer then keeps its own dropped copy and mask)", metavar="P",
+        control=Control("steps", "LoRA dropout", options=(0.0, 0.05, 0.1), tooltip="with a LoRA rank"),
+        applies=lambda v: v["lora_rank"] is not None, remedy=("LoRA dropout off", 0.0),
+        no_time="LoRA dropout is regularisation: turning it off changes the training, and its kernel's speed is not "
+                "modelled"))
+    """peft's LoraConfig(lora_dropout=P): a torch.nn.Dropout on each adapted layer's input before lora_A (an
+    nn.Identity at 0). With P > 0 each adapted layer keeps the dropped input for lora_A's backward and the dropout's
+    mask (helpers.estimate.activations.lora_saves). Needs lora_rank."""
     base_weights: str | None = option(None, Face(
         "--base-weights", lambda: f"with --lora-rank: nf4 for QLoRA's bitsandbytes 4-bit base (double quantisation, "
                                   f"compute in the precision's dtype; {'/'.join(strategies.names(lambda s: s.qlora))})",
@@ -341,6 +351,12 @@ class TrainSetup:
         if not isinstance(self.lora_targets, str) or not re.fullmatch(r"all-linear|\w+(,\w+)*", self.lora_targets):
             raise InputError(f"lora_targets must be all-linear or linear module names separated by commas "
                              f"(e.g. q_proj,v_proj or q,v), got {self.lora_targets!r}")
+        if isinstance(self.lora_dropout, bool) or not isinstance(self.lora_dropout, (int, float)) \
+                or not 0 <= self.lora_dropout < 1:
+            raise InputError(f"lora_dropout must be a number in [0, 1) (peft's dropout probability), got "
+                             f"{self.lora_dropout!r}")
+        if self.lora_dropout and self.lora_rank is None:
+            raise InputError(f"lora_dropout {self.lora_dropout} needs lora_rank (LoRA adapters' rank)")
         if self.lora_targets != "all-linear" and self.lora_rank is None:
             raise InputError(f"lora_targets {self.lora_targets!r} needs lora_rank (LoRA adapters' rank)")
         if self.lora_rank is not None and self.checkpointing == "selective":

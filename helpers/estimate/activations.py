@@ -66,20 +66,28 @@ def lora_saves(m: ModelSpec, setup) -> tuple[int, int, int]:
     no x, so a norm keeps only its fp32 upcast (4 per element; Gemma's likewise), and a layer's input is kept by the
     adapters that read it: once, shared, when the adapters are in the base's dtype; under torch's bf16-mixed the
     adapters are fp32 and peft casts each one's input to fp32, which autocast casts back to bf16, so every adapted
-    linear keeps a bf16 copy of its own (2 bytes per element each)."""
+    linear keeps a bf16 copy of its own (2 bytes per element each).
+
+    With lora_dropout > 0 (peft 0.21 tuners/lora/layer.py Linear.forward: `lora_B(lora_A(dropout(x)))`, an
+    nn.Dropout), every adapted linear reads its own dropped copy: lora_A saves that copy (in the adapters' compute
+    dtype: bf16 under autocast, else the base's) instead of the shared input, and torch's native_dropout saves its
+    mask for backward (bool, 1 byte per element)."""
     a = 4 if compute_mode(setup) == "fp32" else 2
     own_copy = setup.precision == "bf16-mixed" and setup.strat.autocast
+    dropped = bool(setup.lora_dropout)
     adapted = {t.name.rsplit(".", 2)[-2] for t in m.lora_targets(setup.lora_targets) if t.group == "layer.0"}
 
     def kept(names) -> int:                  # per element of an input the named linears read
         n = len(adapted & names)
+        if dropped:
+            return n * ((2 if own_copy else a) + 1)
         return 2 * n if own_copy else a * bool(n)
 
     h = m.hidden
     norms = (4 + kept({"q_proj", "k_proj", "v_proj", "qkv_proj"})) * h \
         + (4 + kept({"gate_proj", "up_proj", "gate_up_proj"})) * h + (m.norms - 2) * 4 * h
     norms += 4 * (m.q_width + m.k_width) if m.qk_norm else 0
-    o_input = kept({"o_proj"}) * m.q_width if own_copy else 0    # else: the attention output, saved anyway
+    o_input = kept({"o_proj"}) * m.q_width if own_copy or dropped else 0    # else: the attention output, saved anyway
     down_input = kept({"down_proj"}) * m.intermediate
     return norms, o_input, down_input
 

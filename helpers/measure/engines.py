@@ -138,7 +138,7 @@ def add_lora(net, setup: TrainSetup):
     from helpers import models
 
     names = models.lora_modules(setup.lora_targets)
-    config = LoraConfig(r=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_dropout=0.0,
+    config = LoraConfig(r=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_dropout=setup.lora_dropout,
                         target_modules="all-linear" if names is None else sorted(names))
     fp32 = fp32_adapters(setup)
     if not isinstance(next(net.parameters()), FakeTensor):

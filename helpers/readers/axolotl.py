@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers import models
-from helpers.readers.base import ConfigError, Imported, companion, load_json, modelled
+from helpers.readers.base import ConfigError, Imported, companion, load_json, modelled, probability
 from helpers.readers.draft import Draft, boolean, model_from, positive_int
 
 NAME = "axolotl"
@@ -363,6 +363,12 @@ class _Reader:
         rank = positive_int(f, "lora_r", self.take("lora_r"))
         d.setting(f, self.line("adapter"), "adapter", adapter, sets="LoRA adapters on a frozen base")
         d.setting(f, self.line("lora_r"), "lora_r", rank, lora_rank=rank)
+        dropout = self.take("lora_dropout")
+        if dropout is None:                  # schemas/peft.py validate_lora_dropout: None -> 0.0 with an adapter
+            d.default(TOOL, "lora_dropout", 0.0, SRC.format(file="peft.py"), lora_dropout=0.0)
+        else:
+            d.setting(f, self.line("lora_dropout"), "lora_dropout", dropout,
+                      lora_dropout=probability(f, "lora_dropout", dropout))
         targets = self.take("lora_target_modules")
         linear = self.take("lora_target_linear")
         if linear:

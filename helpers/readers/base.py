@@ -261,6 +261,18 @@ def get(data: dict, dotted: str, default=None):
     return cur
 
 
+def probability(file, key: str, value) -> float:
+    """A dropout probability in [0, 1) as a tool reads it (a number, or its text from a command line); one-line
+    ConfigError naming the file and key otherwise."""
+    try:
+        p = float(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
+    except ValueError:
+        p = None
+    if p is None or not 0 <= p < 1:
+        raise ConfigError(file, f"{key} must be a probability in [0, 1), got {value!r}")
+    return p
+
+
 def modelled(name: str) -> bool:
     """Whether the package models a TrainSetup field or a strategy of this name yet (a reader sets it if so, and
     lists the setting as not modelled otherwise): e.g. 'tensor_parallel', 'context_parallel', 'base_weights', 'fsdp1'."""

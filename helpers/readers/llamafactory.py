@@ -46,7 +46,7 @@ NOT_MODELLED = {
     "use_unsloth": "unsloth's kernels and offloaded checkpointing",
     "use_unsloth_gc": "unsloth's offloaded gradient checkpointing",
     "additional_target": "extra modules trained in full beside LoRA",
-    "lora_alpha": None, "lora_dropout": "LoRA dropout keeps a dropped copy of each adapted layer's input",
+    "lora_alpha": None,
     "use_llama_pro": "LLaMA Pro expanded blocks", "train_mm_proj_only": "multimodal projector only",
     "freeze_vision_tower": None, "image_max_pixels": "image tokens", "video_max_pixels": "video tokens",
     "shift_attn": "S^2-attention", "rope_scaling": "RoPE scaling", "moe_aux_loss_coef": None,
@@ -105,8 +105,13 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     if ft in ("freeze", "oft"):
         c.unmodelled("finetuning_type", ft, "freeze: only the last freeze_trainable_layers layers train; oft: "
                                             "orthogonal adapters; estimated as full fine-tuning")
-    rank, target = take("lora_rank"), take("lora_target")
+    rank, target, dropout = take("lora_rank"), take("lora_target"), take("lora_dropout")
     if ft == "lora":
+        if dropout is None:
+            lf_default("lora_dropout", 0.0, "lora_dropout=0.0", "finetuning_args.py", lora_dropout=0.0)
+        else:
+            p = base.probability(path, "lora_dropout", dropout)
+            c.set("lora_dropout", dropout, f"lora_dropout={p}", lora_dropout=p)
         if rank is None:
             lf_default("lora_rank", 8, "lora_rank=8", "finetuning_args.py", lora_rank=8)
         else:
@@ -126,7 +131,7 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
             targets = ",".join(t.strip() for t in str(target).split(",") if t.strip())
             c.set("lora_target", target, f"lora_targets={targets}", lora_targets=targets)
     else:
-        for key, value in (("lora_rank", rank), ("lora_target", target)):
+        for key, value in (("lora_rank", rank), ("lora_target", target), ("lora_dropout", dropout)):
             if value is not None:
                 c.ignore(key, value)
 

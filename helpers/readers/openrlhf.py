@@ -23,7 +23,7 @@ import re
 import shlex
 from pathlib import Path
 
-from helpers.readers.base import ConfigError, Imported
+from helpers.readers.base import ConfigError, Imported, probability
 from helpers.readers.draft import Draft, model_from, positive_int
 
 NAME = "openrlhf"
@@ -52,6 +52,7 @@ FLAGS = {
     "tensor_parallel": ("--ds_tensor_parallel_size", "--ds.tensor_parallel_size"),
     "lora_rank": ("--lora_rank", "--ds.lora.rank"),
     "target_modules": ("--target_modules", "--ds.lora.target_modules"),
+    "lora_dropout": ("--lora_dropout", "--ds.lora.dropout"),
     "load_in_4bit": ("--load_in_4bit", "--ds.load_in_4bit"),
     "packing_samples": ("--packing_samples", "--ds.packing_samples"),
     "use_liger_kernel": ("--use_liger_kernel", "--ds.use_liger_kernel"),
@@ -451,6 +452,11 @@ class _Reader:
         elif rank:
             d.default(self.tool, FLAGS["target_modules"][self.style == "dotted"], "all-linear", self.source,
                       lora_targets="all-linear")
+        kd, dropout = self.get("lora_dropout")             # argparse default 0 (cli/train_*.py)
+        if kd and rank:
+            d.setting(f, self.line(kd), kd, dropout, lora_dropout=probability(f, kd, dropout))
+        elif kd:
+            d.ignored(f, self.line(kd), kd, dropout)
         k, on = self.get("load_in_4bit")
         if k:            # OpenRLHF always trains through DeepSpeed, and a 4-bit base is modelled without ZeRO only
             d.not_modelled(f, self.line(k), k, True, "a bitsandbytes 4-bit (nf4) base under DeepSpeed ZeRO is not "

@@ -41,7 +41,6 @@ DPO_KEYS = {"beta", "loss_type", "max_prompt_length", "precompute_ref_log_probs"
 NOT_MODELLED = {
     "use_dora": "DoRA adds a magnitude vector and a weight-norm per adapted layer",
     "lora_modules_to_save": "modules trained in full beside LoRA",
-    "lora_dropout": "LoRA dropout keeps a dropped copy of each adapted layer's input",
     "torch_compile": "torch.compile changes which activations are kept",
     "gradient_checkpointing_kwargs": "checkpointing options (use_reentrant)",
     "activation_offloading": "activations offloaded to host memory",
@@ -145,9 +144,15 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
 
     # --- LoRA and quantisation
     peft = take("use_peft")
-    rank, targets = take("lora_r"), take("lora_target_modules")
+    rank, targets, dropout = take("lora_r"), take("lora_target_modules"), take("lora_dropout")
     if peft:
         c.set("use_peft", peft, "LoRA (lora_r, lora_target_modules below)")
+        if dropout is None:
+            trl_default("lora_dropout", 0.05, "lora_dropout=0.05", "model_config.py ModelConfig",
+                        lora_dropout=0.05)
+        else:
+            p = base.probability(path, "lora_dropout", dropout)
+            c.set("lora_dropout", dropout, f"lora_dropout={p}", lora_dropout=p)
         if rank is None:
             trl_default("lora_r", 16, "lora_rank=16", "model_config.py", lora_rank=16)
         else:
@@ -173,7 +178,8 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
             joined = ",".join(str(t).strip() for t in targets)
             c.set("lora_target_modules", targets, f"lora_targets={joined}", lora_targets=joined)
     elif peft is not None or rank is not None or targets is not None:
-        for key, value in (("use_peft", peft), ("lora_r", rank), ("lora_target_modules", targets)):
+        for key, value in (("use_peft", peft), ("lora_r", rank), ("lora_target_modules", targets),
+                           ("lora_dropout", dropout)):
             if value is not None:
                 c.ignore(key, value)
     q4, q8 = take("load_in_4bit"), take("load_in_8bit")
