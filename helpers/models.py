@@ -254,12 +254,6 @@ class ModelSpec:
         """Trainable parameters of LoRA adapters of `rank` on every target: A (rank x in) + B (out x rank)."""
         return sum(rank * (t.shape[0] + t.shape[1]) for t in self.lora_targets(targets))
 
-    @property
-    def max_lora_rank(self) -> int:
-        """The largest useful LoRA rank: the smallest dimension of an adapted weight (a higher rank adds no
-        expressiveness, only parameters)."""
-        return self.max_lora_rank_for("all-linear")
-
     def max_lora_rank_for(self, targets: str) -> int:
         """max_lora_rank for the linear layers `targets` names."""
         return min((min(t.shape) for t in self.lora_targets(targets) if t.shape), default=0)

@@ -10,7 +10,6 @@ import pytest
 
 from helpers import cases, estimate
 from helpers.readers import ConfigError, read
-from helpers.readers.base import modelled
 
 CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
 
@@ -180,10 +179,7 @@ def test_llamafactory_not_modelled(tmp_path):
     nm = by_key(imp.not_modelled)
     assert "reference model" in nm["stage"].why and nm["quantization_bit"].value == 8 and "fp16" in nm
     q4 = read(write(tmp_path, "q4.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nquantization_bit: 4\n"))
-    if modelled("base_weights"):
-        assert q4.setup.base_weights == "nf4"
-    else:
-        assert by_key(q4.not_modelled)["quantization_bit"].value == 4
+    assert q4.setup.base_weights == "nf4"
 
 
 def test_llamafactory_models(tmp_path):
@@ -328,10 +324,7 @@ def test_accelerate_deepspeed_and_fsdp(tmp_path):
                                     "num_processes: 2\n")
     imp = read(v1)
     assert imp.setup.offload_params and (imp.setup.checkpointing == "full")
-    if modelled("fsdp1"):
-        assert imp.setup.strategy == "fsdp1"
-    else:
-        assert imp.setup.strategy == "fsdp2" and "fsdp_config.fsdp_version" in by_key(imp.not_modelled)
+    assert imp.setup.strategy == "fsdp1"
     multi = read(write(tmp_path, "m.yaml", "distributed_type: MULTI_GPU\nnum_processes: 2\nmixed_precision: 'no'\n"))
     assert (multi.setup.strategy, multi.setup.gpus, multi.setup.precision) == ("ddp", 2, "fp32")
     assert "z9.json" in one_line_error([write(tmp_path, "x.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n"

@@ -12,7 +12,6 @@ import pytest
 
 from helpers import cases, estimate
 from helpers.readers import ConfigError, openrlhf, read
-from helpers.readers.base import modelled
 from helpers.readers.draft import GPUS_UNKNOWN_TOOL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,10 +195,7 @@ def test_torchtitan_parallel_degrees_modelled_or_listed(tmp_path):
     i = read(p)
     for field, key in (("tensor_parallel", "parallelism.tensor_parallel_degree"),
                        ("context_parallel", "parallelism.context_parallel_degree")):
-        if modelled(field):
-            assert getattr(i.setup, field) == 2
-        else:
-            assert keyed(i.not_modelled)[key].value == 2
+        assert getattr(i.setup, field) == 2
     assert i.setup.gpus == 8
 
 
@@ -505,15 +501,10 @@ def test_axolotl_fsdp1_and_not_modelled(tmp_path):
     """)
     i = read(p)
     nm = keyed(i.not_modelled)
-    if modelled("fsdp1"):
-        assert i.setup.strategy == "fsdp1"
-    else:
-        assert i.setup.strategy == "fsdp2" and nm["fsdp_version"].value == 1
+    assert i.setup.strategy == "fsdp1"
     assert nm["fsdp_config.fsdp_sharding_strategy"].value == "SHARD_GRAD_OP"
     assert nm["gradient_checkpointing"].value == "offload" and (i.setup.checkpointing == "full")
     assert nm["optimizer"].value == "paged_adamw_32bit" and nm["rl"].value == "kto"
-    if not modelled("context_parallel"):
-        assert nm["context_parallel_size"].value == 2
     assert keyed(i.defaults)["fsdp_version"].value == 1
 
 
@@ -536,10 +527,7 @@ def test_axolotl_plugins_cce_and_qlora_dpo(tmp_path):
     assert (s.batch, s.lora_rank, s.lora_targets, s.fused_ce, s.attention) == (4, 8, "all-linear", True, "sdpa")
     assert keyed(i.defaults)["cut_cross_entropy"].value is True
     assert "liger_fused_linear_cross_entropy" in keyed(i.ignored)            # no Liger plugin: no effect
-    if modelled("base_weights"):
-        assert s.base_weights == "nf4"
-    else:
-        assert keyed(i.not_modelled)["load_in_4bit"].value is True
+    assert s.base_weights == "nf4"
 
 
 def test_axolotl_deepspeed_companion_by_name(tmp_path):

@@ -32,8 +32,6 @@ import dataclasses
 from helpers.errors import InputError
 from helpers.models import ModelSpec, Tensor
 
-COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-"""Linears split over their output features (torchtitan: wq, wk, wv, w1, w3)."""
 ROWWISE = ("o_proj", "down_proj")
 """Linears split over their input features (torchtitan: wo, w2)."""
 

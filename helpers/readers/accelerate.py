@@ -121,7 +121,6 @@ def _parallelism(c: collect.Collector, par) -> None:
     parallelism_config_{dp_replicate,dp_shard,tp,cp,sp}_size as `accelerate launch` writes them): tensor and context
     parallel degrees where TrainSetup and the strategy take them; the rest listed."""
     from helpers import strategies
-    from helpers.readers.base import modelled
 
     if par is None:
         return
@@ -136,7 +135,7 @@ def _parallelism(c: collect.Collector, par) -> None:
             field = {"tp_size": "tensor_parallel", "cp_size": "context_parallel"}.get(short)
             if n == 1 or short == "dp_shard_size":
                 c.set(p + key, n, f"{short}={n}" + (" (FSDP shards over the data-parallel GPUs)" if n > 1 else ""))
-            elif field and modelled(field) and strategy in strategies.NAMES and strategy in ("ddp", "fsdp2"):
+            elif field and strategy in strategies.NAMES and strategies.get(strategy).model_parallel:
                 c.set(p + key, n, f"{field}={n}", **{field: n})
             else:
                 c.unmodelled(p + key, n, {"dp_replicate_size": "replicated FSDP groups (HSDP): each shards over "
@@ -206,7 +205,6 @@ def _deepspeed(c: collect.Collector, path: Path, ds: dict, given, trainer, hidde
 
 def _fsdp(c: collect.Collector, fsdp: dict) -> None:
     """accelerate's fsdp_config: version, sharding, offload, activation checkpointing."""
-    from helpers.readers.base import modelled
 
     p = "fsdp_config."
     if not isinstance(fsdp, dict):
@@ -219,12 +217,8 @@ def _fsdp(c: collect.Collector, fsdp: dict) -> None:
         raise ConfigError(c.path, f"{p}fsdp_version must be 1 or 2, got {version!r}")
     if version == 2:
         c.set(p + "fsdp_version", 2, "strategy=fsdp2", strategy="fsdp2")
-    elif modelled("fsdp1"):
-        c.set(p + "fsdp_version", 1, "strategy=fsdp1", strategy="fsdp1")
     else:
-        c.changes["strategy"] = "fsdp2"
-        c.unmodelled(p + "fsdp_version", 1, "FSDP1 (FlatParameter) is not modelled yet: estimated as FSDP2, which "
-                                            "shards the same states")
+        c.set(p + "fsdp_version", 1, "strategy=fsdp1", strategy="fsdp1")
     shard_key = p + ("fsdp_reshard_after_forward" if "fsdp_reshard_after_forward" in fsdp else "fsdp_sharding_strategy")
     shard = fsdp.get(shard_key[len(p):])
     if shard is not None:

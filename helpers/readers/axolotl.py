@@ -19,7 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers import models
-from helpers.readers.base import ConfigError, Imported, companion, load_json, modelled, probability
+from helpers.readers import hf_names
+from helpers.readers.base import ConfigError, Imported, companion, load_json, probability
 from helpers.readers.draft import Draft, boolean, model_from, positive_int
 
 NAME = "axolotl"
@@ -27,11 +28,7 @@ TOOL = "axolotl 0.18.0 (067b021c)"
 SRC = "github:axolotl-ai-cloud/axolotl src/axolotl/utils/schemas/{file} @067b021c"
 LIGER = "axolotl.integrations.liger.LigerPlugin"
 CCE = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
-ATTENTION = {"flash_attention_2": "flash", "flash_attention_3": "flash", "sdpa": "sdpa", "eager": "eager"}
-OPTIMIZERS = {"adamw_torch": ("adamw", "foreach"), "adamw_torch_fused": ("adamw", "fused"),
-              "adamw_hf": ("adamw", "for-loop"), "adamw_bnb_8bit": ("adamw-8bit", None),
-              "adamw_8bit": ("adamw-8bit", None), "paged_adamw_8bit": ("adamw-8bit", None),
-              "paged_adamw_32bit": ("adamw", None)}
+ATTENTION, OPTIMIZERS = hf_names.ATTENTION, hf_names.OPTIMIZERS
 # keys a reader of memory needs: every one is read below; anything else is listed as ignored.
 FSDP_KEYS = ("offload_params", "activation_checkpointing", "sharding_strategy", "reshard_after_forward",
              "cpu_offload_pin_memory", "fsdp_version", "version")
@@ -174,12 +171,10 @@ class _Reader:
         for key in ("context_parallel_size", "sequence_parallel_degree"):
             if self.has(key):
                 v = positive_int(f, key, self.take(key))
-                d.maybe("context_parallel", f, self.line(key), key, v, v,
-                        f"context parallelism over {v} GPUs (ring attention) is not modelled yet")
+                d.setting(f, self.line(key), key, v, context_parallel=v)
         if self.has("tensor_parallel_size"):
             v = positive_int(f, "tensor_parallel_size", self.take("tensor_parallel_size"))
-            d.maybe("tensor_parallel", f, self.line("tensor_parallel_size"), "tensor_parallel_size", v, v,
-                    "tensor parallelism (DeepSpeed AutoTP) is not modelled yet")
+            d.setting(f, self.line("tensor_parallel_size"), "tensor_parallel_size", v, tensor_parallel=v)
         self.world_size()
         if self.has("fsdp_version"):
             self.take("fsdp_version")
@@ -207,17 +202,10 @@ class _Reader:
             strategy = "fsdp2"
             if vkey:
                 d.setting(f, self.line(vkey), vkey, version, strategy="fsdp2")
-        elif modelled("fsdp1"):
+        else:
             strategy = "fsdp1"
             if vkey:
                 d.setting(f, self.line(vkey), vkey, version, strategy="fsdp1")
-            else:
-                d.fields["strategy"] = "fsdp1"
-        else:
-            strategy = "fsdp2"
-            d.not_modelled(f, self.line(vkey) if vkey else None, vkey or "fsdp_version", version,
-                           "FSDP1 (flat parameters) is not modelled yet: estimated as FSDP2, which shards the same "
-                           "states per parameter")
         d.fields["strategy"] = strategy
         if old:
             words = old if isinstance(old, list) else str(old).split()
@@ -388,8 +376,7 @@ class _Reader:
             raise ConfigError(f, "adapter lora needs lora_target_modules or lora_target_linear: true (axolotl hands "
                                  "PEFT an empty target list otherwise)")
         if four:
-            d.maybe("base_weights", f, self.line("load_in_4bit"), "load_in_4bit", True, "nf4",
-                    "a bitsandbytes 4-bit (nf4) base is not modelled yet: estimated with a bf16 base")
+            d.setting(f, self.line("load_in_4bit"), "load_in_4bit", True, base_weights="nf4")
         if eight:
             d.not_modelled(f, self.line("load_in_8bit"), "load_in_8bit", True, "a bitsandbytes 8-bit base is not "
                                                                               "modelled: estimated with a bf16 base")
@@ -415,10 +402,8 @@ class _Reader:
             fields["adam_impl"] = impl
         (d.setting(f, self.line("optimizer"), "optimizer", name, sets=sets, **fields) if key_given else
          d.default(TOOL, "optimizer", name, SRC.format(file="training.py"), sets=sets, **fields))
-        if name.startswith("paged_"):
-            d.not_modelled(f, self.line("optimizer"), "optimizer", name, "paged optimizer states (unified memory, "
-                                                                        "evicted to the host under pressure) are not "
-                                                                        "modelled: estimated on the GPU")
+        if name in hf_names.PAGED:
+            d.not_modelled(f, self.line("optimizer"), "optimizer", name, hf_names.PAGED_WHY)
 
     def plugins(self):
         d, f = self.d, self.path

@@ -273,14 +273,6 @@ def probability(file, key: str, value) -> float:
     return p
 
 
-def modelled(name: str) -> bool:
-    """Whether the package models a TrainSetup field or a strategy of this name yet (a reader sets it if so, and
-    lists the setting as not modelled otherwise): e.g. 'tensor_parallel', 'context_parallel', 'base_weights', 'fsdp1'."""
-    from helpers import strategies
-
-    return name in {f.name for f in dataclasses.fields(TrainSetup)} or name in strategies.NAMES
-
-
 # Settings the package models with some strategies only: (TrainSetup field, its off value, the registry's test).
 WITH_SOME_STRATEGIES = (
     ("tensor_parallel", 1, "model_parallel", "torch's DTensor plan"),

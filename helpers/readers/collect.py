@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.errors import InputError
-from helpers.readers import base
+from helpers.readers import base, hf_names
 from helpers.readers.base import ConfigError, Default, Ignored, Imported, NotModelled, Setting
 
 
@@ -90,8 +90,6 @@ def transformers_default_optim() -> str:
                        TrainingArguments.__dataclass_fields__["optim"].default))
 
 
-EIGHT_BIT = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adam8bit")
-TORCH_ADAMW = {"adamw_torch": "foreach", "adamw_torch_fused": "fused", "adamw_hf": "foreach"}
 
 
 def optimizer(c: Collector, key: str, value, strategy: str, origin: str | None = None) -> None:
@@ -104,19 +102,19 @@ def optimizer(c: Collector, key: str, value, strategy: str, origin: str | None =
         raise ConfigError(c.path, f"{key} must be an optimizer name (e.g. adamw_torch), got {value!r}")
     torch_opt = strategies.get(strategy).torch_optimizer
     name = value.lower()
-    if name in TORCH_ADAMW:
-        changes = {"adam_impl": TORCH_ADAMW[name]} if torch_opt else {}
-        sets = (f"optimizer=adamw, adam_impl={TORCH_ADAMW[name]}" if torch_opt
+    kind, impl = hf_names.OPTIMIZERS.get(name, (None, None))
+    if kind == "adamw":
+        changes = ({"adam_impl": impl} if impl else {}) if torch_opt else {}
+        sets = ((f"optimizer=adamw, adam_impl={impl}" if impl else "optimizer=adamw") if torch_opt
                 else f"optimizer=adamw ({strategy}: DeepSpeed's Adam, two fp32 states)")
-    elif name in EIGHT_BIT and torch_opt:
+    elif kind == "adamw-8bit" and torch_opt:
         changes, sets = {"optimizer": "adamw-8bit"}, "optimizer=adamw-8bit"
-        if name.startswith("paged"):
-            c.unmodelled(key, value, "paged: bitsandbytes may page the 8-bit states to host memory under pressure; "
-                                     "estimated as plain AdamW8bit on the GPU")
     else:
         c.unmodelled(key, value, f"optimizer {value!r} is not modelled with strategy {strategy} (modelled: AdamW, "
                                  f"and bitsandbytes' AdamW8bit without DeepSpeed); estimated as AdamW")
         return
+    if name in hf_names.PAGED and torch_opt:
+        c.unmodelled(key, value, hf_names.PAGED_WHY)
     if origin is None:
         c.set(key, value, sets, **changes)
     else:

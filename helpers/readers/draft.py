@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.errors import InputError
-from helpers.readers.base import (ConfigError, Default, Ignored, Imported, NotModelled, Setting, modelled,
-                                  only_where_modelled)
+from helpers.readers.base import ConfigError, Default, Ignored, Imported, NotModelled, Setting, only_where_modelled
 from helpers.training import TrainSetup
 
 GPUS_UNKNOWN_TOOL = "not in the files"
@@ -64,16 +63,6 @@ class Draft:
 
     def ignored(self, file, line, key: str, value) -> None:
         self.ignored_.append(Ignored(str(file), line, key, value))
-
-    def maybe(self, name: str, file, line, key: str, value, field_value, why: str) -> None:
-        """Set TrainSetup field (or strategy) `name` if the package models it yet, else list the key as not modelled.
-        Fields that equal their 'off' value (1, None) are set either way (nothing to model)."""
-        if modelled(name):
-            self.setting(file, line, key, value, **{name: field_value})
-        elif field_value in (1, None, False):
-            self.setting(file, line, key, value, sets=f"{name}={field_value} (off: as modelled)")
-        else:
-            self.not_modelled(file, line, key, value, why)
 
     def gpus_unknown(self) -> None:
         """World size absent from the files: gpus=1 (or the tensor x context parallel degrees, in `finish`), said so."""

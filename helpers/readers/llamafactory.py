@@ -142,10 +142,10 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
             raise ConfigError(path, f"quantization_bit must be 2, 3, 4, 5, 6 or 8, got {bits!r}")
         method = take("quantization_method", "bnb")
         qtype = take("quantization_type", "nf4")
-        if bits == 4 and method == "bnb" and qtype == "nf4" and base.modelled("base_weights"):
+        if bits == 4 and method == "bnb" and qtype == "nf4":
             c.set("quantization_bit", bits, "base_weights=nf4 (bitsandbytes 4-bit NF4 base, QLoRA)", base_weights="nf4")
         else:
-            c.unmodelled("quantization_bit", bits, f"{bits}-bit {method} {qtype} base weights are not modelled yet; "
+            c.unmodelled("quantization_bit", bits, f"{bits}-bit {method} {qtype} base weights are not modelled; "
                                                    f"estimated with the base in the compute dtype")
 
     # --- sizes

@@ -23,6 +23,7 @@ import re
 import shlex
 from pathlib import Path
 
+from helpers.readers import hf_names
 from helpers.readers.base import ConfigError, Imported, probability
 from helpers.readers.draft import Draft, model_from, positive_int
 
@@ -90,7 +91,7 @@ MODULE_DEFAULTS = {
     "train_rm": {"classic": (1, 512), "dotted": (1, 512)},
     "train_ppo_ray": {"classic": (4, 2048), "dotted": (1, 2048)},
 }
-ATTENTION = {"flash_attention_2": "flash", "flash_attention_3": "flash", "sdpa": "sdpa", "eager": "eager"}
+ATTENTION = hf_names.ATTENTION
 
 
 def claims(path: Path, data) -> bool:
@@ -319,7 +320,7 @@ class _Reader:
         if k is None:
             return 1
         v = positive_int(f, k, v)
-        d.maybe(field, f, self.line(k), k, v, v, f"{what} of degree {v} is not modelled yet")
+        d.setting(f, self.line(k), k, v, **{field: v})
         return v
 
     def strategy(self):

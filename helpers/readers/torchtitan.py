@@ -172,9 +172,9 @@ class _Reader:
             elif name == "data_parallel_replicate_degree":
                 d.setting(f, self.line(k), k, v, sets=f"data-parallel replicate degree {v}")
             elif name == "tensor_parallel_degree":
-                d.maybe("tensor_parallel", f, self.line(k), k, v, v, "tensor parallelism is not modelled yet")
+                d.setting(f, self.line(k), k, v, tensor_parallel=v)
             elif name == "context_parallel_degree":
-                d.maybe("context_parallel", f, self.line(k), k, v, v, "context parallelism is not modelled yet")
+                d.setting(f, self.line(k), k, v, context_parallel=v)
             elif v > 1:
                 d.not_modelled(f, self.line(k), k, v, f"{name.replace('_degree', '').replace('_', ' ')} is not "
                                                       f"modelled: each GPU holds a share of the layers"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.readers import accelerate, base, collect, model_ref
+from helpers.readers import accelerate, base, collect, hf_names, model_ref
 from helpers.readers.base import ConfigError, Imported
 from helpers.readers.deepspeed import transformers_tool
 
@@ -32,9 +32,7 @@ SRC = "github:huggingface/trl@f2cd577 trl/trainer/"
 TRAINING_KEYS = {"model_name_or_path", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
                  "max_seq_length", "use_peft", "lora_r", "dataset_name", "output_dir", "gradient_checkpointing",
                  "learning_rate", "num_train_epochs"}
-ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "flash", "flash_attention_3": "flash",
-             "kernels-community/flash-attn": "flash", "kernels-community/flash-attn3": "flash",
-             "kernels-community/vllm-flash-attn3": "flash"}
+ATTENTION = hf_names.ATTENTION
 PEFT_QV = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2"}
 DPO_KEYS = {"beta", "loss_type", "max_prompt_length", "precompute_ref_log_probs", "ref_model_init_kwargs",
             "rpo_alpha", "reference_free", "sync_ref_model"}
@@ -185,10 +183,10 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     q4, q8 = take("load_in_4bit"), take("load_in_8bit")
     if q4:
         qtype = take("bnb_4bit_quant_type", "nf4")
-        if qtype == "nf4" and base.modelled("base_weights"):
+        if qtype == "nf4":
             c.set("load_in_4bit", True, "base_weights=nf4 (bitsandbytes 4-bit, QLoRA)", base_weights="nf4")
         else:
-            c.unmodelled("load_in_4bit", True, f"4-bit {qtype} base weights are not modelled yet: estimated with the "
+            c.unmodelled("load_in_4bit", True, f"4-bit {qtype} base weights are not modelled: estimated with the "
                                                f"base in the compute dtype")
     if q8:
         c.unmodelled("load_in_8bit", True, "8-bit base weights are not modelled: estimated in the compute dtype")
@@ -246,7 +244,6 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
 
 def _fsdp(c: collect.Collector, fsdp, config: dict) -> None:
     """transformers' own FSDP options (`fsdp: "full_shard auto_wrap"`, `fsdp_config: {version: 2, ...}`)."""
-    from helpers.readers.base import modelled
 
     if not isinstance(fsdp, (str, list)) or (isinstance(fsdp, list) and not all(isinstance(w, str) for w in fsdp)):
         raise ConfigError(c.path, f"fsdp must be FSDP options as a string or a list (e.g. \"full_shard auto_wrap\"), "
@@ -259,11 +256,8 @@ def _fsdp(c: collect.Collector, fsdp, config: dict) -> None:
         c.unmodelled("fsdp", fsdp, "FSDP sharding other than full_shard is not modelled: estimated as full shard")
     if version == 2:
         c.set("fsdp", fsdp, "strategy=fsdp2 (fsdp_config version 2)", strategy="fsdp2")
-    elif modelled("fsdp1"):
-        c.set("fsdp", fsdp, "strategy=fsdp1", strategy="fsdp1")
     else:
-        c.changes["strategy"] = "fsdp2"
-        c.unmodelled("fsdp", fsdp, "FSDP1 is not modelled yet: estimated as FSDP2, which shards the same states")
+        c.set("fsdp", fsdp, "strategy=fsdp1", strategy="fsdp1")
     if "offload" in words:
         c.set("fsdp", fsdp, "offload_optimizer=True, offload_params=True (offload)", offload_optimizer=True,
               offload_params=True)
