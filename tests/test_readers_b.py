@@ -12,7 +12,7 @@ import pytest
 
 from helpers import cases, estimate
 from helpers.readers import ConfigError, openrlhf, read
-from helpers.readers.draft import GPUS_UNKNOWN_TOOL
+from helpers.readers.provenance import GPUS_UNKNOWN_TOOL
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "data" / "configs"

@@ -17,7 +17,7 @@ from typing import Any
 
 from helpers.readers import base, collect
 from helpers.readers.base import ConfigError, Imported
-from helpers.readers.deepspeed import Applied
+from helpers.readers.provenance import Record
 
 NAME = "accelerate"
 TOOL = "accelerate 1.15.0"
@@ -34,21 +34,19 @@ def claims(path: Path, data) -> bool:
 
 def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
     """An accelerate config alone: no model (the CLI asks for --model), its DeepSpeed file if it names one."""
-    c = collect.Collector(Path(path), lines)
-    applied, files = apply(path, data, lines, given, trainer=None, hidden=None)
-    c.merge(applied)
+    c, files = apply(path, data, lines, given, trainer=None, hidden=None)
     c.files += files
-    return c.finish(NAME, None, None)
+    return c.finish(None, None)
 
 
 def apply(path: Path, data, lines: dict[str, int], given: list[Path], trainer: dict[str, tuple[Any, str]] | None,
-          hidden: int | None) -> tuple[Applied, list[str]]:
+          hidden: int | None) -> tuple[Record, list[str]]:
     """What an accelerate config does to a set-up, and the files it read (its DeepSpeed config file).
 
     trainer: the TrainingArguments values of the script's own config (see deepspeed.apply); when given, its
     precision wins over mixed_precision (as transformers' Trainer does)."""
     data = collect.read_yaml_mapping(path, data)
-    c = collect.Collector(Path(path), lines)
+    c = Record(NAME, path, lines)
     done = {"distributed_type", "num_processes", "num_machines", "mixed_precision", "deepspeed_config", "fsdp_config",
             "parallelism_config"}
     kind = data.get("distributed_type", "NO")
@@ -57,7 +55,7 @@ def apply(path: Path, data, lines: dict[str, int], given: list[Path], trainer: d
         raise ConfigError(path, f"distributed_type must be a name (NO, MULTI_GPU, DEEPSPEED, FSDP, ...), got "
                                 f"{kind!r}{hint}")
     if "distributed_type" not in data:
-        c.default(TOOL, "distributed_type", "NO", "strategy=single", "accelerate config_args.py", strategy="single")
+        c.default(TOOL, "distributed_type", "NO", "accelerate config_args.py", "strategy=single", strategy="single")
     if kind not in KINDS and kind.startswith("MULTI_"):
         c.unmodelled("distributed_type", kind, f"{kind}: data parallel on another accelerator; estimated as DDP on "
                                                f"GPUs")
@@ -113,10 +111,10 @@ def apply(path: Path, data, lines: dict[str, int], given: list[Path], trainer: d
     for key, value in data.items():
         if key not in done:
             c.ignore(key, value)
-    return Applied(c.changes, c.settings, c.defaults, c.not_modelled, c.ignored), files
+    return c, files
 
 
-def _parallelism(c: collect.Collector, par) -> None:
+def _parallelism(c: Record, par) -> None:
     """accelerate's parallelism_config (accelerate 1.15.0 `parallelism_config.py` ParallelismConfig, keys
     parallelism_config_{dp_replicate,dp_shard,tp,cp,sp}_size as `accelerate launch` writes them): tensor and context
     parallel degrees where TrainSetup and the strategy take them; the rest listed."""
@@ -127,7 +125,7 @@ def _parallelism(c: collect.Collector, par) -> None:
     if not isinstance(par, dict):
         raise ConfigError(c.path, f"parallelism_config must be a mapping, got {par!r}")
     p = "parallelism_config."
-    strategy = c.changes.get("strategy", "single")
+    strategy = c.fields.get("strategy", "single")
     for key, value in par.items():
         short = key.removeprefix("parallelism_config_")
         if short in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
@@ -147,7 +145,7 @@ def _parallelism(c: collect.Collector, par) -> None:
             c.ignore(p + key, value)
 
 
-def _deepspeed(c: collect.Collector, path: Path, ds: dict, given, trainer, hidden) -> list[str]:
+def _deepspeed(c: Record, path: Path, ds: dict, given, trainer, hidden) -> list[str]:
     """accelerate's deepspeed_config: a DeepSpeed JSON (deepspeed_config_file) or its own few keys."""
     from helpers.readers import deepspeed
 
@@ -162,7 +160,7 @@ def _deepspeed(c: collect.Collector, path: Path, ds: dict, given, trainer, hidde
         applied = deepspeed.apply(ds_path, data, lines, trainer, hidden)
         if trainer is None and not {"bf16", "bfloat16", "fp16"} & set(data):
             # accelerate fills the missing section from mixed_precision (DeepSpeedPlugin.set_mixed_precision)
-            applied.changes.pop("precision", None)
+            applied.fields.pop("precision", None)
         c.merge(applied)
         for key in ds:
             if key != "deepspeed_config_file":
@@ -170,7 +168,7 @@ def _deepspeed(c: collect.Collector, path: Path, ds: dict, given, trainer, hidde
         return [str(ds_path)]
     stage = ds.get("zero_stage")
     if stage is None:
-        c.default(TOOL, p + "zero_stage", 2, "strategy=zero2", SRC + " DeepSpeedPlugin.zero_stage", strategy="zero2")
+        c.default(TOOL, p + "zero_stage", 2, SRC + " DeepSpeedPlugin.zero_stage", "strategy=zero2", strategy="zero2")
         stage = 2
     else:
         stage = deepspeed._stage(path, p + "zero_stage", stage)
@@ -203,7 +201,7 @@ def _deepspeed(c: collect.Collector, path: Path, ds: dict, given, trainer, hidde
     return []
 
 
-def _fsdp(c: collect.Collector, fsdp: dict) -> None:
+def _fsdp(c: Record, fsdp: dict) -> None:
     """accelerate's fsdp_config: version, sharding, offload, activation checkpointing."""
 
     p = "fsdp_config."
@@ -211,7 +209,7 @@ def _fsdp(c: collect.Collector, fsdp: dict) -> None:
         raise ConfigError(c.path, f"fsdp_config must be a mapping, got {fsdp!r}")
     version = fsdp.get("fsdp_version")
     if version is None:
-        c.default(TOOL, p + "fsdp_version", 1, "FSDP1", SRC + " FullyShardedDataParallelPlugin.fsdp_version")
+        c.default(TOOL, p + "fsdp_version", 1, SRC + " FullyShardedDataParallelPlugin.fsdp_version", "FSDP1")
         version = 1
     elif isinstance(version, bool) or version not in (1, 2):
         raise ConfigError(c.path, f"{p}fsdp_version must be 1 or 2, got {version!r}")

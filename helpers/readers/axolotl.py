@@ -21,7 +21,7 @@ from pathlib import Path
 from helpers import models
 from helpers.readers import hf_names
 from helpers.readers.base import ConfigError, Imported, companion, load_json, probability
-from helpers.readers.draft import Draft, boolean, model_from, positive_int
+from helpers.readers.provenance import Record, boolean, model_from, positive_int
 
 NAME = "axolotl"
 TOOL = "axolotl 0.18.0 (067b021c)"
@@ -56,7 +56,7 @@ def _deepspeed(path: Path, ref, given: list[Path], trainer: dict, hidden: int | 
 class _Reader:
     def __init__(self, path: Path, data: dict, lines: dict, given: list[Path]):
         self.path, self.data, self.lines, self.given = Path(path), data, lines, given
-        self.d = Draft(NAME, path)
+        self.d = Record(NAME, path)
         self.used: set[str] = set()
 
     def has(self, key: str) -> bool:
@@ -92,7 +92,7 @@ class _Reader:
             d.gpus_unknown()
         for key, value in self.data.items():
             if key not in self.used:
-                d.ignored(self.path, self.line(key), key, value)
+                d.ignored_at(self.path, self.line(key), key, value)
         return d.finish(model, named)
 
     def model(self):
@@ -123,7 +123,7 @@ class _Reader:
         self.micro = d.fields["batch"]
         if self.has("batch_size"):
             v = positive_int(f, "batch_size", self.take("batch_size"))
-            d.not_modelled(f, self.line("batch_size"), "batch_size", v, "the total batch (deprecated): axolotl "
+            d.unmodelled_at(f, self.line("batch_size"), "batch_size", v, "the total batch (deprecated): axolotl "
                            "derives gradient_accumulation_steps from it and the world size; give "
                            "gradient_accumulation_steps instead")
         if self.has("sample_packing"):
@@ -142,7 +142,7 @@ class _Reader:
         if pure_bf16:
             d.setting(f, self.line("bfloat16"), "bfloat16", True, precision="bf16")
         elif fp16:
-            d.not_modelled(f, self.line("fp16"), "fp16", True, "fp16 mixed precision (loss scaling) is not modelled: "
+            d.unmodelled_at(f, self.line("fp16"), "fp16", True, "fp16 mixed precision (loss scaling) is not modelled: "
                                                                "estimated as bf16-mixed, the same sizes")
             d.fields["precision"] = "bf16-mixed"
         elif bf16 in (True, "auto", "full"):
@@ -236,7 +236,7 @@ class _Reader:
             if name == "FULL_SHARD":
                 d.setting(f, self.line(ck(key)), ck(key), v, sets="every state sharded (as modelled)")
             elif name in ("SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
-                d.not_modelled(f, self.line(ck(key)) or self.line("fsdp"), key if key.startswith("fsdp:") else ck(key),
+                d.unmodelled_at(f, self.line(ck(key)) or self.line("fsdp"), key if key.startswith("fsdp:") else ck(key),
                                v, f"FSDP sharding strategy {name} is not modelled: estimated as FULL_SHARD")
             else:
                 raise ConfigError(f, f"fsdp_config.{key} must be FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD, "
@@ -246,11 +246,11 @@ class _Reader:
             if boolean(f, key, v):
                 d.setting(f, self.line(ck(key)), ck(key), v, sets="resharded after forward (as modelled)")
             else:
-                d.not_modelled(f, self.line(ck(key)), ck(key), v, "parameters kept gathered from forward to backward "
+                d.unmodelled_at(f, self.line(ck(key)), ck(key), v, "parameters kept gathered from forward to backward "
                                                                   "are not modelled")
         for name, (key, value) in plain.items():
             if name not in FSDP_KEYS:
-                d.ignored(f, self.line(ck(key)), ck(key), value)
+                d.ignored_at(f, self.line(ck(key)), ck(key), value)
         return strategy
 
     def world_size(self):
@@ -269,7 +269,7 @@ class _Reader:
         d.setting(f, self.line("dp_shard_size"), "dp_shard_size", shard, gpus=world,
                   sets=f"gpus={world} (dp_shard_size x dp_replicate_size x context/tensor parallel sizes)")
         if replicate > 1:
-            d.not_modelled(f, self.line("dp_replicate_size"), "dp_replicate_size", replicate,
+            d.unmodelled_at(f, self.line("dp_replicate_size"), "dp_replicate_size", replicate,
                            "HSDP (replicas of a sharded group) is not modelled: estimated as sharding over all GPUs")
 
     def checkpointing(self):
@@ -288,7 +288,7 @@ class _Reader:
                           **({} if d.fields.get("checkpointing") == "full" else {"checkpointing": "none"}))
             elif v in ("unsloth", "offload", "offload_disk"):
                 d.setting(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v, checkpointing="full")
-                d.not_modelled(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v,
+                d.unmodelled_at(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v,
                                "the checkpointed layer inputs are offloaded to the CPU" + (" (to disk)" if v ==
                                "offload_disk" else "") + ": not modelled, estimated as full checkpointing on the GPU "
                                "(an upper bound)")
@@ -297,7 +297,7 @@ class _Reader:
                                      f"got {v!r}")
         for key in ("activation_offloading", "layer_offloading", "selective_checkpointing"):
             if self.has(key) and self.data[key]:
-                d.not_modelled(f, self.line(key), key, self.take(key), f"axolotl's {key.replace('_', ' ')} is not "
+                d.unmodelled_at(f, self.line(key), key, self.take(key), f"axolotl's {key.replace('_', ' ')} is not "
                                                                        f"modelled")
             elif key in self.data:
                 self.used.add(key)
@@ -309,7 +309,7 @@ class _Reader:
             raise ConfigError(f, f"attn_implementation must be a name such as flash_attention_2 or sdpa, got {impl!r}")
         if impl is not None:
             if impl not in ATTENTION:
-                d.not_modelled(f, self.line("attn_implementation"), "attn_implementation", impl,
+                d.unmodelled_at(f, self.line("attn_implementation"), "attn_implementation", impl,
                                f"attention {impl!r} is not modelled: estimated as sdpa")
                 d.fields["attention"] = "sdpa"
             else:
@@ -323,7 +323,7 @@ class _Reader:
                 self.used.add(key)
         for key in ("xformers_attention", "flex_attention", "sage_attention"):
             if self.has(key) and self.data[key]:
-                d.not_modelled(f, self.line(key), key, self.take(key), f"{key} is not modelled: estimated as sdpa")
+                d.unmodelled_at(f, self.line(key), key, self.take(key), f"{key} is not modelled: estimated as sdpa")
                 d.fields["attention"] = "sdpa"
                 return
         d.default("transformers (from_pretrained)", "attn_implementation", "sdpa", "transformers picks sdpa when "
@@ -338,14 +338,14 @@ class _Reader:
             for key in ("lora_r", "lora_target_modules", "lora_target_linear", "lora_alpha", "lora_dropout"):
                 if key in self.data:
                     self.take(key)
-                    d.ignored(f, self.line(key), key, self.data[key])
+                    d.ignored_at(f, self.line(key), key, self.data[key])
             if four or eight:
-                d.not_modelled(f, self.line("load_in_4bit" if four else "load_in_8bit"),
+                d.unmodelled_at(f, self.line("load_in_4bit" if four else "load_in_8bit"),
                                "load_in_4bit" if four else "load_in_8bit", True, "a quantised base without an adapter "
                                "is not trained by axolotl; not modelled")
             return
         if adapter not in ("lora", "qlora"):
-            d.not_modelled(f, self.line("adapter"), "adapter", adapter, f"adapter {adapter!r} is not modelled: "
+            d.unmodelled_at(f, self.line("adapter"), "adapter", adapter, f"adapter {adapter!r} is not modelled: "
                                                                         f"estimated as full fine-tuning")
             return
         rank = positive_int(f, "lora_r", self.take("lora_r"))
@@ -362,11 +362,11 @@ class _Reader:
         if linear:
             d.setting(f, self.line("lora_target_linear"), "lora_target_linear", True, lora_targets="all-linear")
             if targets:
-                d.ignored(f, self.line("lora_target_modules"), "lora_target_modules", targets)
+                d.ignored_at(f, self.line("lora_target_modules"), "lora_target_modules", targets)
         elif targets:
             names = targets if isinstance(targets, list) else [targets]
             if not all(isinstance(n, str) and n.isidentifier() for n in names):
-                d.not_modelled(f, self.line("lora_target_modules"), "lora_target_modules", targets,
+                d.unmodelled_at(f, self.line("lora_target_modules"), "lora_target_modules", targets,
                                "regular-expression targets are not modelled: estimated on every linear layer")
                 d.fields["lora_targets"] = "all-linear"
             else:
@@ -378,7 +378,7 @@ class _Reader:
         if four:
             d.setting(f, self.line("load_in_4bit"), "load_in_4bit", True, base_weights="nf4")
         if eight:
-            d.not_modelled(f, self.line("load_in_8bit"), "load_in_8bit", True, "a bitsandbytes 8-bit base is not "
+            d.unmodelled_at(f, self.line("load_in_8bit"), "load_in_8bit", True, "a bitsandbytes 8-bit base is not "
                                                                               "modelled: estimated with a bf16 base")
 
     def optimizer(self, strategy: str):
@@ -389,7 +389,7 @@ class _Reader:
             raise ConfigError(f, f"optimizer must be an optimizer name such as adamw_torch_fused, got {name!r}")
         name = name or "adamw_torch_fused"
         if name not in OPTIMIZERS:
-            d.not_modelled(f, self.line("optimizer"), "optimizer", name, f"optimizer {name!r} is not modelled: "
+            d.unmodelled_at(f, self.line("optimizer"), "optimizer", name, f"optimizer {name!r} is not modelled: "
                                                                         f"estimated as torch AdamW")
             return
         optimizer, impl = OPTIMIZERS[name]
@@ -403,7 +403,7 @@ class _Reader:
         (d.setting(f, self.line("optimizer"), "optimizer", name, sets=sets, **fields) if key_given else
          d.default(TOOL, "optimizer", name, SRC.format(file="training.py"), sets=sets, **fields))
         if name in hf_names.PAGED:
-            d.not_modelled(f, self.line("optimizer"), "optimizer", name, hf_names.PAGED_WHY)
+            d.unmodelled_at(f, self.line("optimizer"), "optimizer", name, hf_names.PAGED_WHY)
 
     def plugins(self):
         d, f = self.d, self.path
@@ -420,18 +420,18 @@ class _Reader:
             value = self.take(key)
             active = (liger if key.startswith("liger") else cce) and bool(value)
             if not active:
-                d.ignored(f, self.line(key), key, value)
+                d.ignored_at(f, self.line(key), key, value)
             elif key in ("liger_fused_linear_cross_entropy", "cut_cross_entropy"):
                 d.setting(f, self.line(key), key, value, fused_ce=True)
             else:
-                d.not_modelled(f, self.line(key), key, value, "Liger's kernel saves other activations than the "
+                d.unmodelled_at(f, self.line(key), key, value, "Liger's kernel saves other activations than the "
                                                               "eager modules: not modelled")
         if cce and "cut_cross_entropy" not in self.data:
             d.default(TOOL, "cut_cross_entropy", True, "github:axolotl-ai-cloud/axolotl src/axolotl/integrations/"
                       "cut_cross_entropy/args.py @067b021c", fused_ce=True)
         for p in plugins:
             if p not in (LIGER, CCE):
-                d.not_modelled(f, self.line("plugins"), "plugins", p, "this plugin's memory effect is not modelled")
+                d.unmodelled_at(f, self.line("plugins"), "plugins", p, "this plugin's memory effect is not modelled")
 
     def rl(self):
         d, f = self.d, self.path
@@ -444,10 +444,10 @@ class _Reader:
                       sets=f"batch={2 * batch} (chosen and rejected of each pair in one forward, TRL's "
                            f"concatenated_forward)")
             if d.fields.get("lora_rank") is None:
-                d.not_modelled(f, self.line("rl"), "rl", rl, "DPO's frozen reference model (a second copy of the "
+                d.unmodelled_at(f, self.line("rl"), "rl", rl, "DPO's frozen reference model (a second copy of the "
                                                             "weights) is not modelled")
         else:
-            d.not_modelled(f, self.line("rl"), "rl", rl, f"rl {rl!r} (its extra models and sequences) is not "
+            d.unmodelled_at(f, self.line("rl"), "rl", rl, f"rl {rl!r} (its extra models and sequences) is not "
                                                         f"modelled: estimated as supervised fine-tuning")
 
     def apply_deepspeed(self, ref, model: str | None):
@@ -463,18 +463,15 @@ class _Reader:
         d.files.append(str(ds_path))
         d.setting(f, self.line("deepspeed"), "deepspeed", ref if isinstance(ref, str) else "(inline)",
                   sets=f"the DeepSpeed config {ds_path if isinstance(ref, str) else 'inline in ' + f.name}")
-        changes = dict(applied.changes)
+        changes = dict(applied.fields)
         if changes.get("strategy", "ddp") in ("zero1", "zero2", "zero3"):
             d.fields.pop("adam_impl", None)                                   # DeepSpeed brings its own Adam
         if d.fields.get("strategy") in ("fsdp1", "fsdp2") and "strategy" in changes:
             raise ConfigError(f, "both deepspeed and fsdp are set: axolotl runs one of them")
         if "batch" in changes and self.data.get("rl") in ("dpo", "ipo"):
             changes["batch"] = 2 * changes["batch"]                           # the pair doubling stays
-        d.fields.update(changes)
-        d.settings += applied.settings
-        d.defaults += applied.defaults
-        d.not_modelled_ += applied.not_modelled
-        d.ignored_ += applied.ignored
+        applied.fields = changes
+        d.merge(applied)
         if "gpus" not in d.fields:
             d.gpus_unknown()
 

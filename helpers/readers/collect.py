@@ -1,5 +1,5 @@
-"""What the YAML readers (LLaMA-Factory, TRL, accelerate) share: a collector of TrainSetup changes with where each
-came from, and the HF TrainingArguments keys they all take (batch, accumulation, precision, optimizer).
+"""What the YAML readers (LLaMA-Factory, TRL, accelerate) share: the HF TrainingArguments keys they all take (batch,
+accumulation, precision, optimizer) and their DeepSpeed companion, each recorded in the reader's provenance Record.
 
 Sources: transformers (installed) `training_args.py` (TrainingArguments: per_device_train_batch_size 8,
 gradient_accumulation_steps 1, bf16/fp16 False, optim "adamw_torch_fused" with torch >= 2.8, else "adamw_torch") and
@@ -9,77 +9,11 @@ paged_adamw_8bit, ...).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from helpers.errors import InputError
 from helpers.readers import base, hf_names
-from helpers.readers.base import ConfigError, Default, Ignored, Imported, NotModelled, Setting
-
-
-@dataclass
-class Collector:
-    """The TrainSetup changes read from one file, with a Setting/Default/NotModelled/Ignored for each."""
-
-    path: Path
-    lines: dict[str, int]
-    changes: dict[str, Any] = field(default_factory=dict)
-    settings: list[Setting] = field(default_factory=list)
-    defaults: list[Default] = field(default_factory=list)
-    not_modelled: list[NotModelled] = field(default_factory=list)
-    ignored: list[Ignored] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)
-
-    def set(self, key: str, value, sets: str, **changes) -> None:
-        self.settings.append(Setting(str(self.path), self.lines.get(key), key, value, sets, changes))
-        self.changes.update(changes)
-
-    def default(self, tool: str, key: str, value, sets: str, source: str, **changes) -> None:
-        self.defaults.append(Default(tool, key, value, sets, source, changes))
-        self.changes.update(changes)
-
-    def unmodelled(self, key: str, value, why: str) -> None:
-        self.not_modelled.append(NotModelled(str(self.path), self.lines.get(key), key, value, why))
-
-    def ignore(self, key: str, value) -> None:
-        self.ignored.append(Ignored(str(self.path), self.lines.get(key), key, value))
-
-    def merge(self, applied) -> None:
-        """Take in what another file (a DeepSpeed or accelerate config) did: its changes override ours."""
-        self.changes.update(applied.changes)
-        self.settings += applied.settings
-        self.defaults += applied.defaults
-        self.not_modelled += applied.not_modelled
-        self.ignored += applied.ignored
-
-    def integer(self, key: str, value, least: int = 1) -> int:
-        """A whole number >= least, or a one-line ConfigError naming the file and the key."""
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigError(self.path, f"{key} must be an integer >= {least}, got {value!r}")
-        return value
-
-    def flag(self, key: str, value) -> bool:
-        if not isinstance(value, bool):
-            raise ConfigError(self.path, f"{key} must be true or false, got {value!r}")
-        return value
-
-    def finish(self, fmt: str, model: str | None, named: str | None):
-        """The Imported result, its set-up validated (a bad combination is a one-line error naming the file)."""
-        from helpers.training import TrainSetup
-
-        self.not_modelled += base.only_where_modelled(self.changes, self.settings)
-        if "gpus" not in self.changes:
-            from helpers.readers.deepspeed import world_size_default
-
-            self.defaults.append(world_size_default())
-            self.changes["gpus"] = 1
-        try:
-            setup = TrainSetup().replace(**self.changes)
-        except InputError as e:
-            raise ConfigError(self.path, str(e)) from None
-        return Imported(fmt, model, setup, [str(self.path)] + self.files, self.settings, self.defaults,
-                        self.not_modelled, self.ignored, named)
+from helpers.readers.base import ConfigError
+from helpers.readers.provenance import Record
 
 
 def transformers_default_optim() -> str:
@@ -92,7 +26,7 @@ def transformers_default_optim() -> str:
 
 
 
-def optimizer(c: Collector, key: str, value, strategy: str, origin: str | None = None) -> None:
+def optimizer(c: Record, key: str, value, strategy: str, origin: str | None = None) -> None:
     """transformers' `optim` name -> optimizer / adam_impl. Under ZeRO the estimate models DeepSpeed's Adam (the
     strategy decides); an optimizer other than AdamW is listed as not modelled. origin: a default's tool, or None
     when the file sets it."""
@@ -118,10 +52,10 @@ def optimizer(c: Collector, key: str, value, strategy: str, origin: str | None =
     if origin is None:
         c.set(key, value, sets, **changes)
     else:
-        c.default(origin, key, value, sets, "transformers/training_args.py TrainingArguments.optim", **changes)
+        c.default(origin, key, value, "transformers/training_args.py TrainingArguments.optim", sets, **changes)
 
 
-def take_optimizer(c: Collector, take, strategy: str, origin: str) -> None:
+def take_optimizer(c: Record, take, strategy: str, origin: str) -> None:
     """The Trainer's `optim` key of a config (transformers' default, from `origin`, when the file leaves it out)."""
     optim = take("optim")
     if optim is None:
@@ -151,7 +85,7 @@ def load_deepspeed(ds_path: Path, referring: Path, key: str):
     return data, lines
 
 
-def companion_deepspeed(c: Collector, ref, given: list[Path], trainer: dict, hidden: int | None, key: str = "deepspeed"):
+def companion_deepspeed(c: Record, ref, given: list[Path], trainer: dict, hidden: int | None, key: str = "deepspeed"):
     """Read the DeepSpeed JSON that `key` names (relative to the file, then among the given files) and merge it."""
     from helpers.readers import deepspeed
 
@@ -165,7 +99,7 @@ def companion_deepspeed(c: Collector, ref, given: list[Path], trainer: dict, hid
     return ds_path
 
 
-def trainer_sizes(c: Collector, take, name: str) -> dict:
+def trainer_sizes(c: Record, take, name: str) -> dict:
     """per_device_train_batch_size and gradient_accumulation_steps of an HF-Trainer YAML (LLaMA-Factory, TRL), or
     TrainingArguments' defaults: set on `c`, and returned as the trainer values a DeepSpeed "auto" resolves to
     ({key: (value, where it came from)})."""
@@ -177,7 +111,7 @@ def trainer_sizes(c: Collector, take, name: str) -> dict:
         value = take(key)
         if value is None:
             value = HF_DEFAULTS[key]
-            c.default(hf, key, value, f"{field_}={value}", "transformers/training_args.py TrainingArguments",
+            c.default(hf, key, value, "transformers/training_args.py TrainingArguments", f"{field_}={value}",
                       **{field_: value})
             trainer[key] = (value, f"{hf} default")
         else:

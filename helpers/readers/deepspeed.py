@@ -18,11 +18,11 @@ Sources (read for this module):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helpers.readers.base import ConfigError, Default, Ignored, Imported, NotModelled, Setting
+from helpers.readers.base import ConfigError, Default, Ignored, Imported, NotModelled
+from helpers.readers.provenance import Record
 
 NAME = "deepspeed"
 
@@ -81,17 +81,6 @@ def transformers_tool() -> str:
 HF_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "bf16": False, "fp16": False}
 
 
-@dataclass
-class Applied:
-    """What a DeepSpeed config does to a set-up: TrainSetup changes, and where each came from."""
-
-    changes: dict[str, Any] = field(default_factory=dict)
-    settings: list[Setting] = field(default_factory=list)
-    defaults: list[Default] = field(default_factory=list)
-    not_modelled: list[NotModelled] = field(default_factory=list)
-    ignored: list[Ignored] = field(default_factory=list)
-
-
 def claims(path: Path, data) -> bool:
     """A JSON object with DeepSpeed's own top-level keys."""
     keys = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "zero_allow_untested_optimizer",
@@ -102,32 +91,7 @@ def claims(path: Path, data) -> bool:
 def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
     """A DeepSpeed JSON alone: no model (the CLI asks for --model), "auto" values from TrainingArguments' defaults,
     the world size from train_batch_size when that is a number, else gpus=1 as a default."""
-    from helpers.training import TrainSetup
-
-    a = apply(path, data, lines)
-    defaults = list(a.defaults)
-    changes = dict(a.changes)
-    if "gpus" not in changes:
-        changes["gpus"] = 1
-        defaults.append(world_size_default())
-    setup = _setup(path, TrainSetup(), changes)
-    return Imported(NAME, None, setup, [str(path)], a.settings, defaults, a.not_modelled, a.ignored, None)
-
-
-def world_size_default() -> Default:
-    """gpus=1 when no file says the world size (the launcher's --num_gpus / --nproc_per_node does)."""
-    return Default("not in the files", "gpus", 1, "gpus=1",
-                   "the world size is set by the launcher, not these files: pass --gpus N", {"gpus": 1})
-
-
-def _setup(path, setup, changes: dict):
-    """`setup` with the changes, validated; the validation's message as a one-line ConfigError naming the file."""
-    from helpers.errors import InputError
-
-    try:
-        return setup.replace(**changes)
-    except InputError as e:
-        raise ConfigError(path, str(e)) from None
+    return apply(path, data, lines).finish(None, None)
 
 
 def _number(path, key: str, value, integer: bool = True, positive: bool = True):
@@ -146,7 +110,7 @@ def _number(path, key: str, value, integer: bool = True, positive: bool = True):
 
 
 def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any, str]] | None = None,
-          hidden: int | None = None) -> Applied:
+          hidden: int | None = None) -> Record:
     """Lay the DeepSpeed config `data` (read from `path`) over a trainer's values.
 
     trainer: TrainingArguments values the referring tool sets, name -> (value, where it came from, e.g.
@@ -158,14 +122,13 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
     if not isinstance(data, dict):
         raise ConfigError(path, f"a DeepSpeed config must be a JSON object, got {type(data).__name__}")
     f = str(path)
-    out = Applied()
+    out = Record(NAME, path, lines)
     line = lines.get
     hf = transformers_tool()
 
     def setting(key, value, sets, **fields):
-        """A value of the file: its Setting, and the fields it sets taken into the changes."""
-        out.settings.append(Setting(f, line(key), key, value, sets, fields))
-        out.changes.update(fields)
+        """A value of the file: its Setting, and the fields it sets."""
+        out.set(key, value, sets, **fields)
 
     def from_trainer(name: str, ds_key: str, render, fields=lambda v: {}) -> Any:
         """The trainer's value of `name` for an "auto" DeepSpeed key: recorded as a Setting of the DS file
@@ -206,7 +169,7 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
     else:
         out.defaults.append(Default(DS_VERSION, "zero_optimization.stage", 0, "strategy=ddp", DS_SOURCE,
                                     {"strategy": "ddp"}))
-    out.changes["strategy"] = STAGES[stage]
+    out.fields["strategy"] = STAGES[stage]
 
     # --- offload
     pins = []
@@ -256,7 +219,7 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
             setting(key, pin, f"pin_memory={pin}", pin_memory=pin)
     if pins:
         values = {p for _, p in pins}
-        out.changes["pin_memory"] = all(values)
+        out.fields["pin_memory"] = all(values)
         if len(values) > 1:
             out.not_modelled.append(NotModelled(f, None, "pin_memory", [p for _, p in pins],
                                                 "pinned for one offload and pageable for the other: estimated as "
@@ -342,7 +305,7 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
     elif unsaid:
         out.defaults.append(Default(DS_VERSION, "bf16.enabled", False, "precision=fp32", DS_SOURCE,
                                     {"precision": "fp32"}))
-    out.changes["precision"] = "bf16-mixed" if (bf16 or fp16) else "fp32"
+    out.fields["precision"] = "bf16-mixed" if (bf16 or fp16) else "fp32"
 
     # --- sizes
     def size(ds_key: str, name: str, field: str):
@@ -355,7 +318,7 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
             matches(name, ds_key, value)
             setting(ds_key, value, f"{field}={value}", **{field: value})
         if value is not None:
-            out.changes[field] = value
+            out.fields[field] = value
         return value
 
     micro = size("train_micro_batch_size_per_gpu", "per_device_train_batch_size", "batch")
@@ -386,7 +349,7 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
                                                f"(accumulation {steps} x world size), world size 1: with N GPUs "
                                                f"it is {total}/({steps} x N))", batch=micro)
             if accum is None:
-                out.changes["grad_accum"] = 1
+                out.fields["grad_accum"] = 1
         else:
             out.not_modelled.append(NotModelled(
                 f, line("train_batch_size"), "train_batch_size", total,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from helpers.readers import base, collect, model_ref
 from helpers.readers.base import ConfigError, Imported
+from helpers.readers.provenance import Record
 from helpers.readers.deepspeed import transformers_tool
 
 NAME = "llamafactory"
@@ -65,11 +66,11 @@ def claims(path: Path, data) -> bool:
 
 def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
     data = collect.read_yaml_mapping(path, data)
-    c = collect.Collector(Path(path), lines)
+    c = Record(NAME, path, lines)
     take, done = collect.taker(data)
 
     def lf_default(key, value, sets, file, **changes):
-        c.default(TOOL, key, value, sets, SRC + file, **changes)
+        c.default(TOOL, key, value, SRC + file, sets, **changes)
 
     # --- model
     named = take("model_name_or_path")
@@ -183,7 +184,7 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
         c.unmodelled("fp16", True, "fp16 mixed precision (loss scaling) is not modelled: estimated as bf16-mixed, "
                                    "which keeps the same bytes per value")
     else:
-        c.default(hf, "bf16", False, "precision=fp32", "transformers/training_args.py TrainingArguments.bf16/fp16",
+        c.default(hf, "bf16", False, "transformers/training_args.py TrainingArguments.bf16/fp16", "precision=fp32",
                   precision="fp32")
     for key, value in (("bf16", bf16 or pure), ("fp16", fp16)):
         trainer[key] = (bool(value), f"{Path(path).name} line {lines.get(key)}" if key in data else f"{hf} default")
@@ -214,19 +215,19 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     ds = take("deepspeed")
     if ds is not None:
         collect.companion_deepspeed(c, ds, given, trainer, model_ref.hidden_size(model))
-        if pure and c.changes.get("strategy") == "zero3":
+        if pure and c.fields.get("strategy") == "zero3":
             raise ConfigError(path, "pure_bf16 is incompatible with DeepSpeed ZeRO-3 (LLaMA-Factory refuses it, "
                                     "hparams/parser.py)")
         if pure:
             from helpers import strategies
 
-            if strategies.get(c.changes.get("strategy", "single")).deepspeed:
+            if strategies.get(c.fields.get("strategy", "single")).deepspeed:
                 c.unmodelled("pure_bf16", True, "DeepSpeed's bf16 mode keeps fp32 master weights and Adam states "
                                                 "whatever the model's dtype: estimated as bf16-mixed")
-                c.changes["precision"] = "bf16-mixed"
+                c.fields["precision"] = "bf16-mixed"
             else:
-                c.changes["precision"] = "bf16"
-    strategy = c.changes.get("strategy", "single")
+                c.fields["precision"] = "bf16"
+    strategy = c.fields.get("strategy", "single")
 
     # --- optimizer
     collect.take_optimizer(c, take, strategy, origin=hf)
@@ -239,4 +240,4 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
             c.unmodelled(key, value, NOT_MODELLED[key])
         else:
             c.ignore(key, value)
-    return c.finish(NAME, model, named)
+    return c.finish(model, named)

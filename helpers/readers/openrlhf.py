@@ -25,7 +25,7 @@ from pathlib import Path
 
 from helpers.readers import hf_names
 from helpers.readers.base import ConfigError, Imported, probability
-from helpers.readers.draft import Draft, model_from, positive_int
+from helpers.readers.provenance import Record, model_from, positive_int
 
 NAME = "openrlhf"
 MODULE_RE = re.compile(r"openrlhf\.cli\.(train_sft|train_dpo|train_rm|train_ppo_ray|train_kto|train_prm|train_kd)\b")
@@ -228,7 +228,7 @@ class _Reader:
         self.tool = DOTTED if self.style == "dotted" else (CLASSIC_NEW if newer else CLASSIC)
         ref = {DOTTED: "3c3be623", CLASSIC_NEW: "76351db1", CLASSIC: "v0.8.5"}[self.tool]
         self.source = SRC.format(module=self.module, ref=ref)
-        self.d = Draft(NAME, path)
+        self.d = Record(NAME, path)
         self.used: set[str] = set()
 
     def line(self, flag: str) -> int | None:
@@ -264,7 +264,7 @@ class _Reader:
         self.others()
         for flag, value in self.flags.items():
             if flag not in self.used:
-                d.ignored(f, self.line(flag), flag, value)
+                d.ignored_at(f, self.line(flag), flag, value)
         return d.finish(model, named)
 
     def model(self):
@@ -331,7 +331,7 @@ class _Reader:
             raise ConfigError(f, f"{k} must be 0, 1, 2 or 3 (a DeepSpeed ZeRO stage), got {stage!r}")
         strategy = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
         if stage == 0:
-            d.not_modelled(f, self.line(k), k, stage, "ZeRO stage 0 under DeepSpeed (its own optimizer, no sharding) "
+            d.unmodelled_at(f, self.line(k), k, stage, "ZeRO stage 0 under DeepSpeed (its own optimizer, no sharding) "
                                                       "is modelled as torch DDP")
         (d.setting(f, self.line(k), k, stage, strategy=strategy) if k else
          d.default(self.tool, FLAGS["zero_stage"][self.style == "dotted"], 2, self.source, strategy=strategy))
@@ -378,7 +378,7 @@ class _Reader:
             if dtype not in ("bf16", "fp16"):
                 raise ConfigError(f, f"{kp} must be bf16 or fp16, got {dtype!r}")
             if dtype == "fp16":
-                d.not_modelled(f, self.line(kp), kp, dtype, "fp16 training (loss scaling, fp16 copies) is not "
+                d.unmodelled_at(f, self.line(kp), kp, dtype, "fp16 training (loss scaling, fp16 copies) is not "
                                                             "modelled: estimated as bf16-mixed, the same sizes")
             d.setting(f, self.line(kp), kp, dtype, precision="bf16-mixed")
         elif kb:
@@ -449,7 +449,7 @@ class _Reader:
             joined = "all-linear" if targets == ["all-linear"] else ",".join(targets)
             d.setting(f, self.line(kt), kt, targets, lora_targets=joined)
         elif kt:
-            d.ignored(f, self.line(kt), kt, targets)
+            d.ignored_at(f, self.line(kt), kt, targets)
         elif rank:
             d.default(self.tool, FLAGS["target_modules"][self.style == "dotted"], "all-linear", self.source,
                       lora_targets="all-linear")
@@ -457,10 +457,10 @@ class _Reader:
         if kd and rank:
             d.setting(f, self.line(kd), kd, dropout, lora_dropout=probability(f, kd, dropout))
         elif kd:
-            d.ignored(f, self.line(kd), kd, dropout)
+            d.ignored_at(f, self.line(kd), kd, dropout)
         k, on = self.get("load_in_4bit")
         if k:            # OpenRLHF always trains through DeepSpeed, and a 4-bit base is modelled without ZeRO only
-            d.not_modelled(f, self.line(k), k, True, "a bitsandbytes 4-bit (nf4) base under DeepSpeed ZeRO is not "
+            d.unmodelled_at(f, self.line(k), k, True, "a bitsandbytes 4-bit (nf4) base under DeepSpeed ZeRO is not "
                            "modelled (QLoRA is, with strategies single and ddp): estimated with a bf16 base")
 
     def others(self):
@@ -477,12 +477,12 @@ class _Reader:
                 if k:
                     d.setting(f, self.line(k), k, v, sets="off (as modelled)")
                 continue
-            d.not_modelled(f, self.line(k), k, v, why)
+            d.unmodelled_at(f, self.line(k), k, v, why)
         if self.module == "train_dpo":
             k, ref = self.get("ref_pretrain")
             ko, off = self.get("ref_offload")
             named = ref if k else "the --pretrain model (ref_pretrain defaults to it)"
-            d.not_modelled(f, self.line(k) if k else None, k or FLAGS["ref_pretrain"][self.style == "dotted"], named,
+            d.unmodelled_at(f, self.line(k) if k else None, k or FLAGS["ref_pretrain"][self.style == "dotted"], named,
                            "DPO's frozen reference model (a second copy of the weights"
                            + (", offloaded to the CPU by --ref_offload" if ko else
                               ", ZeRO-3-sharded when zero_stage is 3, else whole on every GPU")
@@ -491,10 +491,10 @@ class _Reader:
             for name in ("critic_pretrain", "reward_pretrain"):
                 k, v = self.get(name)
                 if k:
-                    d.not_modelled(f, self.line(k), k, v, "PPO's other models (critic, reward, reference, vLLM "
+                    d.unmodelled_at(f, self.line(k), k, v, "PPO's other models (critic, reward, reference, vLLM "
                                                           "engines) run on their own GPUs or colocated: not modelled; "
                                                           "the estimate is the actor's training")
-            d.not_modelled(f, None, "PPO reference model and vLLM engines", "(always loaded)",
+            d.unmodelled_at(f, None, "PPO reference model and vLLM engines", "(always loaded)",
                            "PPO's reference model and rollout engines are not modelled: the estimate is the actor's "
                            "training step alone")
 

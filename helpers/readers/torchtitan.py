@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers.readers.base import ConfigError, Imported, get
-from helpers.readers.draft import Draft, boolean, positive_int
+from helpers.readers.provenance import Record, boolean, positive_int
 
 NAME = "torchtitan"
 TOOL = "torchtitan @238fa99 (job_config.py)"
@@ -71,7 +71,7 @@ def claims(path: Path, data) -> bool:
 class _Reader:
     def __init__(self, path: Path, data: dict, lines: dict):
         self.path, self.data, self.lines = Path(path), data, lines
-        self.d = Draft(NAME, path)
+        self.d = Record(NAME, path)
         self.used: set[str] = set()
 
     def find(self, key: str):
@@ -101,7 +101,7 @@ class _Reader:
                   "math in that priority)", attention="flash")
         for key, value in _leaves(self.data):
             if key not in self.used:
-                d.ignored(f, self.line(key), key, value)
+                d.ignored_at(f, self.line(key), key, value)
         return d.finish(model, named)
 
     def model(self):
@@ -176,7 +176,7 @@ class _Reader:
             elif name == "context_parallel_degree":
                 d.setting(f, self.line(k), k, v, context_parallel=v)
             elif v > 1:
-                d.not_modelled(f, self.line(k), k, v, f"{name.replace('_degree', '').replace('_', ' ')} is not "
+                d.unmodelled_at(f, self.line(k), k, v, f"{name.replace('_degree', '').replace('_', ' ')} is not "
                                                       f"modelled: each GPU holds a share of the layers"
                                if name.startswith("pipeline") else "expert parallelism is not modelled")
             else:
@@ -201,7 +201,7 @@ class _Reader:
             (d.setting(f, self.line(km), km, param, precision=precision) if km else
              d.default(TOOL, "training.mixed_precision_param", param, SOURCE, precision=precision))
         elif km:
-            d.ignored(f, self.line(km), km, param)
+            d.ignored_at(f, self.line(km), km, param)
         k, reduce = self.find("training.mixed_precision_reduce")
         if k:
             d.setting(f, self.line(k), k, reduce, sets="fp32 gradient reduction (as modelled)")
@@ -213,7 +213,7 @@ class _Reader:
             strategy = "fsdp2"
             if dp_rep > 1:
                 gpus = world // dp_rep
-                d.not_modelled(f, self.line("parallelism.data_parallel_replicate_degree"),
+                d.unmodelled_at(f, self.line("parallelism.data_parallel_replicate_degree"),
                                "parallelism.data_parallel_replicate_degree", dp_rep,
                                f"HSDP (shards over {dp_shard * cp}, replicated {dp_rep} times) is not modelled: "
                                f"modelled as FSDP2 over {gpus} GPUs, what one replica's shards hold")
@@ -227,14 +227,14 @@ class _Reader:
         if reshard not in ("default", "always", "never"):
             raise ConfigError(f, f"{k} must be default, always or never, got {reshard!r}")
         if k and reshard == "never" and strategy == "fsdp2":
-            d.not_modelled(f, self.line(k), k, reshard, "FSDP2 keeping every layer's gathered parameters from "
+            d.unmodelled_at(f, self.line(k), k, reshard, "FSDP2 keeping every layer's gathered parameters from "
                                                         "forward to backward is not modelled (modelled: resharded)")
         elif k:
             d.setting(f, self.line(k), k, reshard, sets="reshard after forward (as modelled)")
         k, offload = self.find("training.enable_cpu_offload")
         offload = boolean(f, "training.enable_cpu_offload", offload)
         if offload and strategy != "fsdp2":
-            d.not_modelled(f, self.line(k), k, offload, "CPU offload applies to FSDP (data_parallel_shard_degree "
+            d.unmodelled_at(f, self.line(k), k, offload, "CPU offload applies to FSDP (data_parallel_shard_degree "
                                                         "> 1); here FSDP is not applied")
         elif k:
             d.setting(f, self.line(k), k, offload, offload_optimizer=offload, offload_params=offload)
@@ -274,7 +274,7 @@ class _Reader:
             add(checkpointing="full")
         elif mode == "memory_budget":
             add(checkpointing="none", sets="checkpointing='none' (an upper bound)")
-            d.not_modelled(f, self.line(k), k or "activation_checkpoint.mode", mode,
+            d.unmodelled_at(f, self.line(k), k or "activation_checkpoint.mode", mode,
                            "the compiler's memory-budget checkpointing is not modelled: estimated without "
                            "checkpointing")
         else:
@@ -299,7 +299,7 @@ class _Reader:
         d, f = self.d, self.path
         k, name = self.find("optimizer.name")
         if name not in ("AdamW", "Adam"):
-            d.not_modelled(f, self.line(k), k or "optimizer.name", name, "only AdamW/Adam is modelled")
+            d.unmodelled_at(f, self.line(k), k or "optimizer.name", name, "only AdamW/Adam is modelled")
         elif k:
             d.setting(f, self.line(k), k, name, optimizer="adamw")
         old = get(self.data, "optimizer.fused", _MISSING)
@@ -316,7 +316,7 @@ class _Reader:
         k = "optimizer.early_step_in_backward"
         if get(self.data, k, False):
             self.used.add(k)
-            d.not_modelled(f, self.line(k), k, True, "the optimizer step inside backward (gradients freed layer by "
+            d.unmodelled_at(f, self.line(k), k, True, "the optimizer step inside backward (gradients freed layer by "
                                                      "layer) is not modelled")
 
     def extras(self):
@@ -324,7 +324,7 @@ class _Reader:
         k, compiled = self.find("compile.enable")
         if compiled is not None:
             if boolean(f, k, compiled):
-                d.not_modelled(f, self.line(k), k, compiled, "torch.compile's fusions change the saved activations: "
+                d.unmodelled_at(f, self.line(k), k, compiled, "torch.compile's fusions change the saved activations: "
                                                              "not modelled (estimated eager)")
             else:
                 d.setting(f, self.line(k), k, compiled, sets="eager (as modelled)")
@@ -332,13 +332,13 @@ class _Reader:
         if converters is not None:
             self.used.add("model.converters")
             if converters:
-                d.not_modelled(f, self.line("model.converters"), "model.converters", converters,
+                d.unmodelled_at(f, self.line("model.converters"), "model.converters", converters,
                                "float8/MX linears (torchao) are not modelled")
             else:
                 d.setting(f, self.line("model.converters"), "model.converters", converters, sets="none (as modelled)")
         if get(self.data, "float8.enable_float8_linear"):
             self.used.add("float8.enable_float8_linear")
-            d.not_modelled(f, self.line("float8.enable_float8_linear"), "float8.enable_float8_linear", True,
+            d.unmodelled_at(f, self.line("float8.enable_float8_linear"), "float8.enable_float8_linear", True,
                            "float8 linears (torchao) are not modelled")
         loss = get(self.data, "parallelism.disable_loss_parallel", get(self.data, "training.enable_loss_parallel"))
         for key in ("parallelism.disable_loss_parallel", "training.enable_loss_parallel"):

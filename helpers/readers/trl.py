@@ -24,6 +24,7 @@ from pathlib import Path
 
 from helpers.readers import accelerate, base, collect, hf_names, model_ref
 from helpers.readers.base import ConfigError, Imported
+from helpers.readers.provenance import Record
 from helpers.readers.deepspeed import transformers_tool
 
 NAME = "trl"
@@ -56,12 +57,12 @@ def claims(path: Path, data) -> bool:
 
 def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
     data = collect.read_yaml_mapping(path, data)
-    c = collect.Collector(Path(path), lines)
+    c = Record(NAME, path, lines)
     take, done = collect.taker(data)
     name = Path(path).name
 
     def trl_default(key, value, sets, file, **changes):
-        c.default(TOOL, key, value, sets, SRC + file, **changes)
+        c.default(TOOL, key, value, SRC + file, sets, **changes)
 
     named = take("model_name_or_path")
     model, named = model_ref.resolve(named, path)
@@ -83,7 +84,7 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     done.add("max_seq_length")
     if seq is None and seq_key == "max_length" and "max_length" in data:
         c.unmodelled("max_length", None, "no truncation: sequences as long as the data's longest; estimated at 1024")
-        c.changes["seq"] = 1024
+        c.fields["seq"] = 1024
     elif seq is None:
         trl_default("max_length", 1024, "seq=1024", "sft_config.py SFTConfig", seq=1024)
     else:
@@ -160,9 +161,9 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
 
             mtype = models.spec(model).model_type if model else None
             if mtype in PEFT_QV:
-                c.default("peft", "lora_target_modules", None, f"lora_targets=q_proj,v_proj (peft's default for "
-                          f"{mtype})", "peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING",
-                          lora_targets="q_proj,v_proj")
+                c.default("peft", "lora_target_modules", None,
+                          "peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING",
+                          f"lora_targets=q_proj,v_proj (peft's default for {mtype})", lora_targets="q_proj,v_proj")
             else:
                 c.unmodelled("lora_target_modules", None, f"peft's default targets for model type {mtype!r} are not "
                                                           f"known here: estimated on every linear layer")
@@ -213,12 +214,12 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     fsdp = take("fsdp")
     if fsdp:
         _fsdp(c, fsdp, take("fsdp_config") or {})
-    strategy = c.changes.get("strategy", "single")
+    strategy = c.fields.get("strategy", "single")
 
     from helpers import strategies
 
     if fp16:
-        c.changes["precision"] = "bf16-mixed"
+        c.fields["precision"] = "bf16-mixed"
         c.unmodelled("fp16", True, "fp16 mixed precision is not modelled: estimated as bf16-mixed (same bytes)")
     elif bf16 and dtype in ("bfloat16", "bf16") and strategies.get(strategy).torch_optimizer:
         c.set(dtype_key, dtype, "precision=bf16 (bf16 weights, gradients and AdamW states; no fp32 master)",
@@ -226,9 +227,9 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     else:
         if dtype_key in data:
             c.set(dtype_key, data[dtype_key], f"weights loaded in {dtype}")
-        c.changes.setdefault("precision", "bf16-mixed" if bf16 else "fp32")
+        c.fields.setdefault("precision", "bf16-mixed" if bf16 else "fp32")
         if strategies.get(strategy).engine != "deepspeed":
-            c.changes["precision"] = "bf16-mixed" if bf16 else "fp32"
+            c.fields["precision"] = "bf16-mixed" if bf16 else "fp32"
 
     collect.take_optimizer(c, take, strategy, origin=hf)
 
@@ -239,10 +240,10 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
             c.unmodelled(key, value, NOT_MODELLED[key])
         else:
             c.ignore(key, value)
-    return c.finish(NAME, model, named)
+    return c.finish(model, named)
 
 
-def _fsdp(c: collect.Collector, fsdp, config: dict) -> None:
+def _fsdp(c: Record, fsdp, config: dict) -> None:
     """transformers' own FSDP options (`fsdp: "full_shard auto_wrap"`, `fsdp_config: {version: 2, ...}`)."""
 
     if not isinstance(fsdp, (str, list)) or (isinstance(fsdp, list) and not all(isinstance(w, str) for w in fsdp)):
