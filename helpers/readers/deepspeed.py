@@ -119,273 +119,309 @@ def apply(path: Path, data, lines: dict[str, int], trainer: dict[str, tuple[Any,
     hidden: the model's hidden size, for the "auto" bucket sizes (None: no model named; DeepSpeed's defaults stay
     and the "auto" is listed as not modelled).
     Raises ConfigError where a number differs from the trainer's value (the HF Trainer refuses that mismatch)."""
-    if not isinstance(data, dict):
-        raise ConfigError(path, f"a DeepSpeed config must be a JSON object, got {type(data).__name__}")
-    f = str(path)
-    out = Record(NAME, path, lines)
-    line = lines.get
-    hf = transformers_tool()
+    return _Reader(path, data, lines, trainer, hidden).read()
 
-    def setting(key, value, sets, **fields):
+
+class _Reader:
+    """One DeepSpeed config laid over a trainer's values, a topic per method, into one provenance Record."""
+
+    def __init__(self, path: Path, data, lines: dict[str, int], trainer, hidden):
+        if not isinstance(data, dict):
+            raise ConfigError(path, f"a DeepSpeed config must be a JSON object, got {type(data).__name__}")
+        self.path, self.data, self.trainer, self.hidden = path, data, trainer, hidden
+        self.f = str(path)
+        self.out = Record(NAME, path, lines)
+        self.hf = transformers_tool()
+        self.zero, self.stage = {}, 0
+
+    def read(self) -> Record:
+        for topic in (self.stage_, self.offload, self.buckets, self.precision, self.sizes, self.ds_checkpointing,
+                      self.optimizer, self.rest):
+            topic()
+        return self.out
+
+    def setting(self, key, value, sets, **fields):
         """A value of the file: its Setting, and the fields it sets."""
-        out.set(key, value, sets, **fields)
+        self.out.set(key, value, sets, **fields)
 
-    def from_trainer(name: str, ds_key: str, render, fields=lambda v: {}) -> Any:
+    def from_trainer(self, name: str, ds_key: str, render, fields=lambda v: {}) -> Any:
         """The trainer's value of `name` for an "auto" DeepSpeed key: recorded as a Setting of the DS file
         (`fields(value)`: the TrainSetup fields it sets)."""
-        if trainer is not None and name in trainer:
-            value, origin = trainer[name]
-            setting(ds_key, "auto", f"{render(value)} (auto -> {name} = {value!r} from {origin}; {HF_SOURCE})",
-                    **fields(value))
+        if self.trainer is not None and name in self.trainer:
+            value, origin = self.trainer[name]
+            self.setting(ds_key, "auto", f"{render(value)} (auto -> {name} = {value!r} from {origin}; {HF_SOURCE})",
+                         **fields(value))
             return value
         value = HF_DEFAULTS[name]
-        setting(ds_key, "auto", f"{render(value)} (auto -> {name}, TrainingArguments default; {HF_SOURCE})",
-                **fields(value))
-        out.defaults.append(Default(hf, name, value, render(value),
-                                    f"transformers/training_args.py TrainingArguments.{name} (the DeepSpeed file's "
-                                    f"{ds_key} is \"auto\" and no trainer config was given)", fields(value)))
+        self.setting(ds_key, "auto", f"{render(value)} (auto -> {name}, TrainingArguments default; {HF_SOURCE})",
+                     **fields(value))
+        self.out.defaults.append(Default(self.hf, name, value, render(value),
+                                         f"transformers/training_args.py TrainingArguments.{name} (the DeepSpeed "
+                                         f"file's {ds_key} is \"auto\" and no trainer config was given)", fields(value)))
         return value
 
-    def matches(name: str, ds_key: str, value):
+    def matches(self, name: str, ds_key: str, value):
+        trainer = self.trainer
         if trainer is not None and name in trainer and trainer[name][0] != value:
-            raise ConfigError(path, f"{ds_key} is {value!r} but {name} is {trainer[name][0]!r} ({trainer[name][1]}): "
-                                    f"the HF Trainer refuses that mismatch; set one of them to \"auto\"")
+            raise ConfigError(self.path, f"{ds_key} is {value!r} but {name} is {trainer[name][0]!r} "
+                                         f"({trainer[name][1]}): the HF Trainer refuses that mismatch; set one of "
+                                         f"them to \"auto\"")
 
-    # --- ZeRO stage -> strategy
-    zero = data.get("zero_optimization") or {}
-    if not isinstance(zero, dict):
-        raise ConfigError(path, f"zero_optimization must be an object, got {zero!r}")
-    stage = zero.get("stage", 0)
-    if stage == "auto":
-        # DeepSpeedConfigModel drops every "auto" value before validation (runtime/config_utils.py), so the default
-        # stage applies; transformers has no rule for the stage.
-        setting("zero_optimization.stage", stage, f"strategy=ddp (auto: DeepSpeed drops \"auto\" values of its "
-                                                  f"zero_optimization and takes its default, stage 0; {DS_SOURCE})",
-                strategy="ddp")
-        stage = 0
-    elif "stage" in zero:
-        stage = _stage(path, "zero_optimization.stage", stage)
-        setting("zero_optimization.stage", zero["stage"], f"strategy={STAGES[stage]}", strategy=STAGES[stage])
-    else:
-        out.defaults.append(Default(DS_VERSION, "zero_optimization.stage", 0, "strategy=ddp", DS_SOURCE,
-                                    {"strategy": "ddp"}))
-    out.fields["strategy"] = STAGES[stage]
+    def stage_(self) -> None:
+        """ZeRO stage -> strategy."""
+        out, data, path, setting = self.out, self.data, self.path, self.setting
+        zero = data.get("zero_optimization") or {}
+        if not isinstance(zero, dict):
+            raise ConfigError(path, f"zero_optimization must be an object, got {zero!r}")
+        stage = zero.get("stage", 0)
+        if stage == "auto":
+            # DeepSpeedConfigModel drops every "auto" value before validation (runtime/config_utils.py), so the default
+            # stage applies; transformers has no rule for the stage.
+            setting("zero_optimization.stage", stage, f"strategy=ddp (auto: DeepSpeed drops \"auto\" values of its "
+                                                      f"zero_optimization and takes its default, stage 0; {DS_SOURCE})",
+                    strategy="ddp")
+            stage = 0
+        elif "stage" in zero:
+            stage = _stage(path, "zero_optimization.stage", stage)
+            setting("zero_optimization.stage", zero["stage"], f"strategy={STAGES[stage]}", strategy=STAGES[stage])
+        else:
+            out.defaults.append(Default(DS_VERSION, "zero_optimization.stage", 0, "strategy=ddp", DS_SOURCE,
+                                        {"strategy": "ddp"}))
+        out.fields["strategy"] = STAGES[stage]
+        self.zero, self.stage = zero, stage
 
-    # --- offload
-    pins = []
-    for section, flag in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
-        sub = zero.get(section)
-        if sub is None:
-            continue
-        key = f"zero_optimization.{section}"
-        if not isinstance(sub, dict):
-            raise ConfigError(path, f"{key} must be an object, got {sub!r}")
-        device = sub.get("device", "none")
-        if device == "auto":                 # dropped by DeepSpeedConfigModel: the default, "none"
-            out.not_modelled.append(NotModelled(f, line(f"{key}.device"), f"{key}.device", device,
-                                                "auto: DeepSpeed drops it and takes its default, none (no offload)"))
-            device = "none"
-        if not isinstance(device, (str, type(None))) or device not in ("none", "cpu", "nvme", None):
-            raise ConfigError(path, f"{key}.device must be none, cpu or nvme, got {device!r}")
-        if device == "nvme":
-            out.not_modelled.append(NotModelled(f, line(f"{key}.device"), f"{key}.device", device,
-                                                "NVMe offload is not modelled (host memory would hold only buffers)"))
-            continue
-        if section == "offload_param" and stage != 3:
-            out.ignored.append(Ignored(f, line(f"{key}.device"), f"{key}.device", device))
-            continue
-        on = device == "cpu"
-        setting(f"{key}.device", device, f"{flag}={on}", **{flag: on})
-        if on:
-            if "pin_memory" in sub and sub["pin_memory"] != "auto":
-                if not isinstance(sub["pin_memory"], bool):
-                    raise ConfigError(path, f"{key}.pin_memory must be true or false, got {sub['pin_memory']!r}")
-                pins.append((f"{key}.pin_memory", sub["pin_memory"]))
-            else:
-                out.defaults.append(Default(DS_VERSION, f"{key}.pin_memory", True, "pin_memory=True", DS_SOURCE,
-                                            {"pin_memory": True}))
-                pins.append((None, True))
-            if section == "offload_optimizer" and "ratio" in sub and sub["ratio"] != "auto":
-                ratio = sub["ratio"]
-                if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-                    # NaN fails the comparison too; DeepSpeed's offload_config.py: ratio: float = Field(1.0, ge=0, le=1)
-                    raise ConfigError(path, f"{key}.ratio must be a number in [0, 1], got {ratio!r}")
-                if stage == 3:
-                    setting(f"{key}.ratio", ratio, f"offload_ratio={ratio}", offload_ratio=float(ratio))
+    def offload(self) -> None:
+        """Offload."""
+        out, f, line = self.out, self.f, self.out.lines.get
+        path, setting, zero, stage = self.path, self.setting, self.zero, self.stage
+        pins = []
+        for section, flag in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
+            sub = zero.get(section)
+            if sub is None:
+                continue
+            key = f"zero_optimization.{section}"
+            if not isinstance(sub, dict):
+                raise ConfigError(path, f"{key} must be an object, got {sub!r}")
+            device = sub.get("device", "none")
+            if device == "auto":                 # dropped by DeepSpeedConfigModel: the default, "none"
+                out.not_modelled.append(NotModelled(f, line(f"{key}.device"), f"{key}.device", device,
+                                                    "auto: DeepSpeed drops it and takes its default, none (no offload)"))
+                device = "none"
+            if not isinstance(device, (str, type(None))) or device not in ("none", "cpu", "nvme", None):
+                raise ConfigError(path, f"{key}.device must be none, cpu or nvme, got {device!r}")
+            if device == "nvme":
+                out.not_modelled.append(NotModelled(f, line(f"{key}.device"), f"{key}.device", device,
+                                                    "NVMe offload is not modelled (host memory would hold only buffers)"))
+                continue
+            if section == "offload_param" and stage != 3:
+                out.ignored.append(Ignored(f, line(f"{key}.device"), f"{key}.device", device))
+                continue
+            on = device == "cpu"
+            setting(f"{key}.device", device, f"{flag}={on}", **{flag: on})
+            if on:
+                if "pin_memory" in sub and sub["pin_memory"] != "auto":
+                    if not isinstance(sub["pin_memory"], bool):
+                        raise ConfigError(path, f"{key}.pin_memory must be true or false, got {sub['pin_memory']!r}")
+                    pins.append((f"{key}.pin_memory", sub["pin_memory"]))
                 else:
-                    out.ignored.append(Ignored(f, line(f"{key}.ratio"), f"{key}.ratio", ratio))
-    for key, pin in pins:
-        if key is not None:
-            setting(key, pin, f"pin_memory={pin}", pin_memory=pin)
-    if pins:
-        values = {p for _, p in pins}
-        out.fields["pin_memory"] = all(values)
-        if len(values) > 1:
-            out.not_modelled.append(NotModelled(f, None, "pin_memory", [p for _, p in pins],
-                                                "pinned for one offload and pageable for the other: estimated as "
-                                                "pageable for both"))
+                    out.defaults.append(Default(DS_VERSION, f"{key}.pin_memory", True, "pin_memory=True", DS_SOURCE,
+                                                {"pin_memory": True}))
+                    pins.append((None, True))
+                if section == "offload_optimizer" and "ratio" in sub and sub["ratio"] != "auto":
+                    ratio = sub["ratio"]
+                    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+                        # NaN fails the comparison too; DeepSpeed's offload_config.py: ratio: float = Field(1.0, ge=0, le=1)
+                        raise ConfigError(path, f"{key}.ratio must be a number in [0, 1], got {ratio!r}")
+                    if stage == 3:
+                        setting(f"{key}.ratio", ratio, f"offload_ratio={ratio}", offload_ratio=float(ratio))
+                    else:
+                        out.ignored.append(Ignored(f, line(f"{key}.ratio"), f"{key}.ratio", ratio))
+        for key, pin in pins:
+            if key is not None:
+                setting(key, pin, f"pin_memory={pin}", pin_memory=pin)
+        if pins:
+            values = {p for _, p in pins}
+            out.fields["pin_memory"] = all(values)
+            if len(values) > 1:
+                out.not_modelled.append(NotModelled(f, None, "pin_memory", [p for _, p in pins],
+                                                    "pinned for one offload and pageable for the other: estimated as "
+                                                    "pageable for both"))
 
-    # --- bucket sizes ("auto": hidden-size rules of transformers' integration)
-    for key, name, rule in (("reduce_bucket_size", "reduce_bucket_size", (1.0, "hidden_size^2")),
-                            ("stage3_prefetch_bucket_size", "prefetch_bucket_size", (0.9, "int(0.9 x hidden_size^2)")),
-                            ("sub_group_size", "sub_group_size", None)):
-        if key not in zero:
-            continue
-        dotted, value = f"zero_optimization.{key}", zero[key]
-        if value == "auto" and rule is None:
-            n = getattr(_defaults(), name)
-            setting(dotted, value, f"{name}={n} (auto: DeepSpeed drops it and takes its default; {DS_SOURCE})")
-            continue
-        if value == "auto" and rule is not None:
-            if key.startswith("stage3") and stage != 3:
-                out.ignored.append(Ignored(f, line(dotted), dotted, value))
+    def buckets(self) -> None:
+        """Bucket sizes ("auto": hidden-size rules of transformers' integration)."""
+        out, f, line, path = self.out, self.f, self.out.lines.get, self.path
+        hidden, setting, zero, stage = self.hidden, self.setting, self.zero, self.stage
+        for key, name, rule in (("reduce_bucket_size", "reduce_bucket_size", (1.0, "hidden_size^2")),
+                                ("stage3_prefetch_bucket_size", "prefetch_bucket_size", (0.9, "int(0.9 x hidden_size^2)")),
+                                ("sub_group_size", "sub_group_size", None)):
+            if key not in zero:
                 continue
-            if hidden is None:
+            dotted, value = f"zero_optimization.{key}", zero[key]
+            if value == "auto" and rule is None:
+                n = getattr(_defaults(), name)
+                setting(dotted, value, f"{name}={n} (auto: DeepSpeed drops it and takes its default; {DS_SOURCE})")
+                continue
+            if value == "auto" and rule is not None:
+                if key.startswith("stage3") and stage != 3:
+                    out.ignored.append(Ignored(f, line(dotted), dotted, value))
+                    continue
+                if hidden is None:
+                    out.not_modelled.append(NotModelled(
+                        f, line(dotted), dotted, value, f"auto = {rule[1]} of the model, and no model is named: "
+                        f"DeepSpeed's default {getattr(_defaults(), name):,} elements is estimated until --model is given"))
+                    continue
+                n = int(rule[0] * hidden * hidden)
+                setting(dotted, value, f"{name}={n} (auto -> {rule[1]}, hidden_size {hidden}; {HF_SOURCE})", **{name: n})
+                continue
+            if key == "sub_group_size" and value == 0:      # DeepSpeed accepts 0 (Field(ge=0)); axolotl's zero3 files use it
+                setting(dotted, value, "sub_group_size=1 (0 and 1 both close a sub-group after every parameter in stage 3's "
+                                       "grouping: DeepSpeed 0.19.8 runtime/zero/stage3.py)", **{name: 1})
+                continue
+            n = _number(path, dotted, value)
+            from helpers.training import MAX_ELEMENTS
+
+            if name == "sub_group_size" and n > MAX_ELEMENTS:
+                # a sub-group larger than the partition is the whole partition in one group (transformers' own
+                # tests/deepspeed/ds_config_zero3.json sets 1e14): the same as any size above every model's count
+                setting(dotted, value, f"{name}={MAX_ELEMENTS} (any size above the partition's parameter count is one "
+                                       f"group; {n:,} elements is estimated as {MAX_ELEMENTS:,})", **{name: MAX_ELEMENTS})
+                continue
+            setting(dotted, value, f"{name}={n}", **{name: n})
+        if "overlap_comm" in zero and zero["overlap_comm"] != "auto":
+            v = zero["overlap_comm"]
+            if not isinstance(v, bool):
+                raise ConfigError(path, f"zero_optimization.overlap_comm must be true or false, got {v!r}")
+            setting("zero_optimization.overlap_comm", v, f"overlap_comm={v}", overlap_comm=v)
+        elif stage in (1, 2, 3):
+            if "overlap_comm" in zero:            # "auto": dropped by DeepSpeedConfigModel, so its default applies
+                out.ignored.append(Ignored(f, line("zero_optimization.overlap_comm"), "zero_optimization.overlap_comm",
+                                           "auto (DeepSpeed's default below)"))
+            out.defaults.append(Default(DS_VERSION, "zero_optimization.overlap_comm", stage == 3,
+                                        f"overlap_comm={stage == 3}", DS_SOURCE + ": None -> True for stage 3 only",
+                                        {"overlap_comm": stage == 3}))
+
+    def precision(self) -> None:
+        """Precision."""
+        out, f, line, data = self.out, self.f, self.out.lines.get, self.data
+        path, trainer, setting, from_trainer, matches = self.path, self.trainer, self.setting, self.from_trainer, self.matches
+        bf16 = _enabled(path, data, "bf16") if "bf16" in data else _enabled(path, data, "bfloat16")
+        bf16_key = "bf16.enabled" if "bf16" in data else "bfloat16.enabled"
+        fp16 = _enabled(path, data, "fp16")
+        unsaid = bf16 is None and (trainer is None or "bf16" not in trainer)    # no file says bf16
+        if bf16 == "auto":
+            bf16 = from_trainer("bf16", bf16_key, lambda v: f"precision={'bf16-mixed' if v else 'fp32'}",
+                                lambda v: {"precision": "bf16-mixed" if v else "fp32"})
+        elif bf16 is not None:
+            matches("bf16", bf16_key, bf16)
+            setting(bf16_key, bf16, f"precision={'bf16-mixed' if bf16 else 'fp32'}",
+                    precision="bf16-mixed" if bf16 else "fp32")
+        elif trainer is not None and "bf16" in trainer:
+            bf16 = trainer["bf16"][0]
+        if fp16 == "auto":
+            fp16 = from_trainer("fp16", "fp16.enabled", lambda v: "fp16 (not modelled)" if v else "fp16 off")
+        elif fp16 is not None:
+            matches("fp16", "fp16.enabled", fp16)
+        elif trainer is not None and "fp16" in trainer:
+            fp16 = trainer["fp16"][0]
+        if fp16:
+            out.not_modelled.append(NotModelled(f, line("fp16.enabled"), "fp16.enabled", True,
+                                                "fp16 mixed precision (loss scaling) is not modelled: estimated as "
+                                                "bf16-mixed, which keeps the same bytes per value"))
+            if not bf16:
+                setting("fp16.enabled", True, "precision=bf16-mixed (fp16's stand-in: the same bytes per value)",
+                        precision="bf16-mixed")
+        elif unsaid:
+            out.defaults.append(Default(DS_VERSION, "bf16.enabled", False, "precision=fp32", DS_SOURCE,
+                                        {"precision": "fp32"}))
+        out.fields["precision"] = "bf16-mixed" if (bf16 or fp16) else "fp32"
+
+    def sizes(self) -> None:
+        """Sizes."""
+        out, f, line, data = self.out, self.f, self.out.lines.get, self.data
+        path, trainer, setting, from_trainer, matches = self.path, self.trainer, self.setting, self.from_trainer, self.matches
+        def size(ds_key: str, name: str, field: str):
+            """A micro-batch-like count: "auto" takes the trainer's `name`, a number must match it; sets `field`."""
+            value = data.get(ds_key)
+            if value == "auto":
+                value = from_trainer(name, ds_key, lambda v: f"{field}={v}", lambda v: {field: v})
+            elif value is not None:
+                value = _number(path, ds_key, value)
+                matches(name, ds_key, value)
+                setting(ds_key, value, f"{field}={value}", **{field: value})
+            if value is not None:
+                out.fields[field] = value
+            return value
+
+        micro = size("train_micro_batch_size_per_gpu", "per_device_train_batch_size", "batch")
+        accum = size("gradient_accumulation_steps", "gradient_accumulation_steps", "grad_accum")
+        total = data.get("train_batch_size")
+        if total == "auto":
+            out.ignored.append(Ignored(f, line("train_batch_size"), "train_batch_size",
+                                       "auto (world size x micro batch x accumulation)"))
+        elif total is not None:
+            total = _number(path, "train_batch_size", total)
+            if micro is not None and accum is not None:
+                if total % (micro * accum):
+                    raise ConfigError(path, f"train_batch_size {total} is not world size x micro batch {micro} x "
+                                            f"accumulation {accum}, as DeepSpeed requires")
+                gpus = total // (micro * accum)
+                setting("train_batch_size", total, f"gpus={gpus} (= {total} / ({micro} x {accum}), DeepSpeed's "
+                                                   f"train_batch_size = world size x micro batch x accumulation)",
+                        gpus=gpus)
+            elif micro is None and trainer is None:
+                # DeepSpeed derives the micro batch: train_batch_size / (accumulation x world size) (runtime/config.py
+                # _set_batch_related_parameters); alone, the world size is the gpus=1 default, so it is all one GPU's
+                steps = accum if accum is not None else 1
+                if total % steps:
+                    raise ConfigError(path, f"train_batch_size {total} is not a multiple of gradient_accumulation_steps "
+                                            f"{steps}, as DeepSpeed requires")
+                micro = total // steps
+                setting("train_batch_size", total, f"batch={micro} (DeepSpeed's micro batch = train_batch_size / "
+                                                   f"(accumulation {steps} x world size), world size 1: with N GPUs "
+                                                   f"it is {total}/({steps} x N))", batch=micro)
+                if accum is None:
+                    out.fields["grad_accum"] = 1
+            else:
                 out.not_modelled.append(NotModelled(
-                    f, line(dotted), dotted, value, f"auto = {rule[1]} of the model, and no model is named: "
-                    f"DeepSpeed's default {getattr(_defaults(), name):,} elements is estimated until --model is given"))
-                continue
-            n = int(rule[0] * hidden * hidden)
-            setting(dotted, value, f"{name}={n} (auto -> {rule[1]}, hidden_size {hidden}; {HF_SOURCE})", **{name: n})
-            continue
-        if key == "sub_group_size" and value == 0:      # DeepSpeed accepts 0 (Field(ge=0)); axolotl's zero3 files use it
-            setting(dotted, value, "sub_group_size=1 (0 and 1 both close a sub-group after every parameter in stage 3's "
-                                   "grouping: DeepSpeed 0.19.8 runtime/zero/stage3.py)", **{name: 1})
-            continue
-        n = _number(path, dotted, value)
-        from helpers.training import MAX_ELEMENTS
+                    f, line("train_batch_size"), "train_batch_size", total,
+                    "with no train_micro_batch_size_per_gpu, DeepSpeed's micro batch is train_batch_size / (accumulation "
+                    "x world size); the batch is estimated from the other files"))
 
-        if name == "sub_group_size" and n > MAX_ELEMENTS:
-            # a sub-group larger than the partition is the whole partition in one group (transformers' own
-            # tests/deepspeed/ds_config_zero3.json sets 1e14): the same as any size above every model's count
-            setting(dotted, value, f"{name}={MAX_ELEMENTS} (any size above the partition's parameter count is one "
-                                   f"group; {n:,} elements is estimated as {MAX_ELEMENTS:,})", **{name: MAX_ELEMENTS})
-            continue
-        setting(dotted, value, f"{name}={n}", **{name: n})
-    if "overlap_comm" in zero and zero["overlap_comm"] != "auto":
-        v = zero["overlap_comm"]
-        if not isinstance(v, bool):
-            raise ConfigError(path, f"zero_optimization.overlap_comm must be true or false, got {v!r}")
-        setting("zero_optimization.overlap_comm", v, f"overlap_comm={v}", overlap_comm=v)
-    elif stage in (1, 2, 3):
-        if "overlap_comm" in zero:            # "auto": dropped by DeepSpeedConfigModel, so its default applies
-            out.ignored.append(Ignored(f, line("zero_optimization.overlap_comm"), "zero_optimization.overlap_comm",
-                                       "auto (DeepSpeed's default below)"))
-        out.defaults.append(Default(DS_VERSION, "zero_optimization.overlap_comm", stage == 3,
-                                    f"overlap_comm={stage == 3}", DS_SOURCE + ": None -> True for stage 3 only",
-                                    {"overlap_comm": stage == 3}))
-
-    # --- precision
-    bf16 = _enabled(path, data, "bf16") if "bf16" in data else _enabled(path, data, "bfloat16")
-    bf16_key = "bf16.enabled" if "bf16" in data else "bfloat16.enabled"
-    fp16 = _enabled(path, data, "fp16")
-    unsaid = bf16 is None and (trainer is None or "bf16" not in trainer)    # no file says bf16
-    if bf16 == "auto":
-        bf16 = from_trainer("bf16", bf16_key, lambda v: f"precision={'bf16-mixed' if v else 'fp32'}",
-                            lambda v: {"precision": "bf16-mixed" if v else "fp32"})
-    elif bf16 is not None:
-        matches("bf16", bf16_key, bf16)
-        setting(bf16_key, bf16, f"precision={'bf16-mixed' if bf16 else 'fp32'}",
-                precision="bf16-mixed" if bf16 else "fp32")
-    elif trainer is not None and "bf16" in trainer:
-        bf16 = trainer["bf16"][0]
-    if fp16 == "auto":
-        fp16 = from_trainer("fp16", "fp16.enabled", lambda v: "fp16 (not modelled)" if v else "fp16 off")
-    elif fp16 is not None:
-        matches("fp16", "fp16.enabled", fp16)
-    elif trainer is not None and "fp16" in trainer:
-        fp16 = trainer["fp16"][0]
-    if fp16:
-        out.not_modelled.append(NotModelled(f, line("fp16.enabled"), "fp16.enabled", True,
-                                            "fp16 mixed precision (loss scaling) is not modelled: estimated as "
-                                            "bf16-mixed, which keeps the same bytes per value"))
-        if not bf16:
-            setting("fp16.enabled", True, "precision=bf16-mixed (fp16's stand-in: the same bytes per value)",
-                    precision="bf16-mixed")
-    elif unsaid:
-        out.defaults.append(Default(DS_VERSION, "bf16.enabled", False, "precision=fp32", DS_SOURCE,
-                                    {"precision": "fp32"}))
-    out.fields["precision"] = "bf16-mixed" if (bf16 or fp16) else "fp32"
-
-    # --- sizes
-    def size(ds_key: str, name: str, field: str):
-        """A micro-batch-like count: "auto" takes the trainer's `name`, a number must match it; sets `field`."""
-        value = data.get(ds_key)
-        if value == "auto":
-            value = from_trainer(name, ds_key, lambda v: f"{field}={v}", lambda v: {field: v})
-        elif value is not None:
-            value = _number(path, ds_key, value)
-            matches(name, ds_key, value)
-            setting(ds_key, value, f"{field}={value}", **{field: value})
-        if value is not None:
-            out.fields[field] = value
-        return value
-
-    micro = size("train_micro_batch_size_per_gpu", "per_device_train_batch_size", "batch")
-    accum = size("gradient_accumulation_steps", "gradient_accumulation_steps", "grad_accum")
-    total = data.get("train_batch_size")
-    if total == "auto":
-        out.ignored.append(Ignored(f, line("train_batch_size"), "train_batch_size",
-                                   "auto (world size x micro batch x accumulation)"))
-    elif total is not None:
-        total = _number(path, "train_batch_size", total)
-        if micro is not None and accum is not None:
-            if total % (micro * accum):
-                raise ConfigError(path, f"train_batch_size {total} is not world size x micro batch {micro} x "
-                                        f"accumulation {accum}, as DeepSpeed requires")
-            gpus = total // (micro * accum)
-            setting("train_batch_size", total, f"gpus={gpus} (= {total} / ({micro} x {accum}), DeepSpeed's "
-                                               f"train_batch_size = world size x micro batch x accumulation)",
-                    gpus=gpus)
-        elif micro is None and trainer is None:
-            # DeepSpeed derives the micro batch: train_batch_size / (accumulation x world size) (runtime/config.py
-            # _set_batch_related_parameters); alone, the world size is the gpus=1 default, so it is all one GPU's
-            steps = accum if accum is not None else 1
-            if total % steps:
-                raise ConfigError(path, f"train_batch_size {total} is not a multiple of gradient_accumulation_steps "
-                                        f"{steps}, as DeepSpeed requires")
-            micro = total // steps
-            setting("train_batch_size", total, f"batch={micro} (DeepSpeed's micro batch = train_batch_size / "
-                                               f"(accumulation {steps} x world size), world size 1: with N GPUs "
-                                               f"it is {total}/({steps} x N))", batch=micro)
-            if accum is None:
-                out.fields["grad_accum"] = 1
-        else:
+    def ds_checkpointing(self) -> None:
+        """DeepSpeed's own activation checkpointing."""
+        out, f, line, data = self.out, self.f, self.out.lines.get, self.data
+        if "activation_checkpointing" in data:
             out.not_modelled.append(NotModelled(
-                f, line("train_batch_size"), "train_batch_size", total,
-                "with no train_micro_batch_size_per_gpu, DeepSpeed's micro batch is train_batch_size / (accumulation "
-                "x world size); the batch is estimated from the other files"))
+                f, line("activation_checkpointing"), "activation_checkpointing", data["activation_checkpointing"],
+                "configures deepspeed.checkpointing.checkpoint(), used only by model code that calls it (Megatron-style "
+                "models); a transformers model checkpoints through gradient_checkpointing instead, so this does not turn "
+                "checkpointing on; its partition_activations / cpu_checkpointing are not modelled"))
 
-    # --- DeepSpeed's own activation checkpointing
-    if "activation_checkpointing" in data:
-        out.not_modelled.append(NotModelled(
-            f, line("activation_checkpointing"), "activation_checkpointing", data["activation_checkpointing"],
-            "configures deepspeed.checkpointing.checkpoint(), used only by model code that calls it (Megatron-style "
-            "models); a transformers model checkpoints through gradient_checkpointing instead, so this does not turn "
-            "checkpointing on; its partition_activations / cpu_checkpointing are not modelled"))
+    def optimizer(self) -> None:
+        """Optimizer."""
+        out, f, line, data, setting = self.out, self.f, self.out.lines.get, self.data, self.setting
+        opt = data.get("optimizer")
+        if isinstance(opt, dict) and "type" in opt:
+            kind = str(opt["type"])
+            if kind.lower() in ("adam", "adamw", "fusedadam", "cpuadam"):
+                setting("optimizer.type", kind, "optimizer=adamw")
+            else:
+                out.not_modelled.append(NotModelled(f, line("optimizer.type"), "optimizer.type", kind,
+                                                    "only Adam/AdamW (two states per parameter) is modelled"))
 
-    # --- optimizer
-    opt = data.get("optimizer")
-    if isinstance(opt, dict) and "type" in opt:
-        kind = str(opt["type"])
-        if kind.lower() in ("adam", "adamw", "fusedadam", "cpuadam"):
-            setting("optimizer.type", kind, "optimizer=adamw")
-        else:
-            out.not_modelled.append(NotModelled(f, line("optimizer.type"), "optimizer.type", kind,
-                                                "only Adam/AdamW (two states per parameter) is modelled"))
-
-    # --- the rest: not modelled (listed) or ignored
-    for key, value in _leaves(data):
-        if key in READ or any(key.startswith(k + ".") for k in ("activation_checkpointing",)):
-            continue
-        why = next((w for k, w in NOT_MODELLED.items() if key == k or key.startswith(k + ".")), None)
-        if why is not None:
-            if key.endswith("stage3_param_persistence_threshold") and value == "auto" and hidden and stage == 3:
-                why += f" (auto -> 10 x hidden_size = {10 * hidden:,} elements; {HF_SOURCE})"
-            out.not_modelled.append(NotModelled(f, line(key), key, value, why))
-        else:
-            out.ignored.append(Ignored(f, line(key), key, value))
-    return out
+    def rest(self) -> None:
+        """The rest: not modelled (listed) or ignored."""
+        out, f, line, data, hidden, stage = self.out, self.f, self.out.lines.get, self.data, self.hidden, self.stage
+        for key, value in _leaves(data):
+            if key in READ or any(key.startswith(k + ".") for k in ("activation_checkpointing",)):
+                continue
+            why = next((w for k, w in NOT_MODELLED.items() if key == k or key.startswith(k + ".")), None)
+            if why is not None:
+                if key.endswith("stage3_param_persistence_threshold") and value == "auto" and hidden and stage == 3:
+                    why += f" (auto -> 10 x hidden_size = {10 * hidden:,} elements; {HF_SOURCE})"
+                out.not_modelled.append(NotModelled(f, line(key), key, value, why))
+            else:
+                out.ignored.append(Ignored(f, line(key), key, value))
 
 
 def _defaults():
