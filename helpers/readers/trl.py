@@ -56,191 +56,229 @@ def claims(path: Path, data) -> bool:
 
 
 def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
-    data = collect.read_yaml_mapping(path, data)
-    c = Record(NAME, path, lines)
-    take, done = collect.taker(data)
-    name = Path(path).name
+    return _Reader(path, data, lines, given).read()
 
-    def trl_default(key, value, sets, file, **changes):
-        c.default(TOOL, key, value, SRC + file, sets, **changes)
 
-    named = take("model_name_or_path")
-    model, named = model_ref.resolve(named, path)
-    if named is None:
-        c.unmodelled("model_name_or_path", None, "no model named (a script may pass one itself): pass --model")
-    else:
-        c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
+class _Reader:
+    """A TRL config (TrainingArguments, SFTConfig, ModelConfig keys), a topic per method, into one provenance Record,
+    with the accelerate config the run is launched with and the DeepSpeed file it names."""
 
-    dpo = sorted(DPO_KEYS & set(data))
-    if dpo:
-        c.unmodelled(dpo[0], data[dpo[0]], "DPO keys: a chosen and a rejected sequence per example (twice the "
-                                           "activations) and a frozen reference model; estimated as SFT of one model")
+    def __init__(self, path, data, lines: dict[str, int], given: list[Path]):
+        self.path, self.lines, self.given = Path(path), lines, given
+        self.data = collect.read_yaml_mapping(path, data)
+        self.c = Record(NAME, path, lines)
+        self.take, self.done = collect.taker(self.data)
+        self.hf = transformers_tool()
 
-    # --- sizes
-    hf = transformers_tool()
-    trainer = collect.trainer_sizes(c, take, name)
-    seq_key = "max_length" if "max_length" in data or "max_seq_length" not in data else "max_seq_length"
-    seq = take(seq_key)
-    done.add("max_seq_length")
-    if seq is None and seq_key == "max_length" and "max_length" in data:
-        c.unmodelled("max_length", None, "no truncation: sequences as long as the data's longest; estimated at 1024")
-        c.fields["seq"] = 1024
-    elif seq is None:
-        trl_default("max_length", 1024, "seq=1024", "sft_config.py SFTConfig", seq=1024)
-    else:
-        c.set(seq_key, seq, f"seq={c.integer(seq_key, seq)}", seq=seq)
-    for key in ("packing", "padding_free"):
-        value = take(key)
-        if value:
-            c.set(key, value, "sequences packed / flattened: micro batches are full length (seq as above)")
-        elif value is not None:
-            c.ignore(key, value)
+    def read(self) -> Imported:
+        for topic in (self.model_named, self.sizes, self.precision_keys, self.checkpointing, self.lora,
+                      self.quantisation, self.engine, self.precision):
+            topic()
+        collect.take_optimizer(self.c, self.take, self.strategy, origin=self.hf)
+        self.rest()
+        return self.c.finish(self.model, self.named)
 
-    # --- precision (decided after the strategy: DeepSpeed keeps fp32 masters in its bf16 mode)
-    bf16, fp16 = take("bf16"), take("fp16")
-    for key, value in (("bf16", bf16), ("fp16", fp16)):
-        if value is not None:
-            c.flag(key, value)
-    if bf16 is None:
-        bf16 = not fp16
-        trl_default("bf16", None, f"bf16={bf16} (None -> not fp16)", "base_config.py")
-    trainer["bf16"] = (bool(bf16), f"{name} line {lines.get('bf16')}" if "bf16" in data else f"{TOOL} default")
-    trainer["fp16"] = (bool(fp16), f"{name} line {lines.get('fp16')}" if "fp16" in data else f"{hf} default")
-    dtype_key = "dtype" if "dtype" in data or "torch_dtype" not in data else "torch_dtype"
-    dtype = take(dtype_key)
-    done.add("torch_dtype")
-    if dtype == "auto" and model is not None:
-        from helpers import models
+    def default(self, key, value, sets, file, **changes):
+        """TRL's own default of `key` (at the commit in TOOL), from `file` under trl/trainer/."""
+        self.c.default(TOOL, key, value, SRC + file, sets, **changes)
 
-        raw = models.read_config_dict(model)
-        dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-    if dtype is None:
-        trl_default("dtype", "float32", "weights loaded in fp32", "model_config.py ModelConfig")
-        dtype = "float32"
-
-    # --- checkpointing, kernels, attention
-    gc = take("gradient_checkpointing")
-    if gc is None:
-        trl_default("gradient_checkpointing", True, "checkpointing=full", "base_config.py",
-                    checkpointing="full")
-    else:
-        on = c.flag("gradient_checkpointing", gc)
-        c.set("gradient_checkpointing", gc, f"checkpointing={'full' if on else 'none'}",
-              checkpointing="full" if on else "none")
-    liger = take("use_liger_kernel")
-    if liger is not None:
-        c.set("use_liger_kernel", liger, f"fused_ce={c.flag('use_liger_kernel', liger)}", fused_ce=liger)
-    attn = take("attn_implementation")
-    if attn is None:
-        trl_default("attn_implementation", None, "attention=sdpa (transformers' default)", "model_config.py")
-    elif not isinstance(attn, str):
-        raise ConfigError(path, f"attn_implementation must be a name (sdpa, eager, flash_attention_2, ...), "
-                                f"got {attn!r}")
-    elif attn in ATTENTION:
-        c.set("attn_implementation", attn, f"attention={ATTENTION[str(attn)]}", attention=ATTENTION[str(attn)])
-    else:
-        c.unmodelled("attn_implementation", attn, "attention kernel not modelled: estimated as sdpa")
-
-    # --- LoRA and quantisation
-    peft = take("use_peft")
-    rank, targets, dropout = take("lora_r"), take("lora_target_modules"), take("lora_dropout")
-    if peft:
-        c.set("use_peft", peft, "LoRA (lora_r, lora_target_modules below)")
-        if dropout is None:
-            trl_default("lora_dropout", 0.05, "lora_dropout=0.05", "model_config.py ModelConfig",
-                        lora_dropout=0.05)
+    def model_named(self) -> None:
+        """The model the config names; DPO keys noted."""
+        c, take, data, path = self.c, self.take, self.data, self.path
+        named = take("model_name_or_path")
+        self.model, self.named = model, named = model_ref.resolve(named, path)
+        if named is None:
+            c.unmodelled("model_name_or_path", None, "no model named (a script may pass one itself): pass --model")
         else:
-            p = base.probability(path, "lora_dropout", dropout)
-            c.set("lora_dropout", dropout, f"lora_dropout={p}", lora_dropout=p)
-        if rank is None:
-            trl_default("lora_r", 16, "lora_rank=16", "model_config.py", lora_rank=16)
+            c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
+
+        dpo = sorted(DPO_KEYS & set(data))
+        if dpo:
+            c.unmodelled(dpo[0], data[dpo[0]], "DPO keys: a chosen and a rejected sequence per example (twice the "
+                                               "activations) and a frozen reference model; estimated as SFT of one model")
+
+    def sizes(self) -> None:
+        """Micro batch, accumulation and sequence length."""
+        c, take, data, trl_default, done = self.c, self.take, self.data, self.default, self.done
+        self.trainer = collect.trainer_sizes(c, take, self.path.name)
+        seq_key = "max_length" if "max_length" in data or "max_seq_length" not in data else "max_seq_length"
+        seq = take(seq_key)
+        done.add("max_seq_length")
+        if seq is None and seq_key == "max_length" and "max_length" in data:
+            c.unmodelled("max_length", None, "no truncation: sequences as long as the data's longest; estimated at 1024")
+            c.fields["seq"] = 1024
+        elif seq is None:
+            trl_default("max_length", 1024, "seq=1024", "sft_config.py SFTConfig", seq=1024)
         else:
-            c.set("lora_r", rank, f"lora_rank={c.integer('lora_r', rank)}", lora_rank=rank)
-        if targets is None:
+            c.set(seq_key, seq, f"seq={c.integer(seq_key, seq)}", seq=seq)
+        for key in ("packing", "padding_free"):
+            value = take(key)
+            if value:
+                c.set(key, value, "sequences packed / flattened: micro batches are full length (seq as above)")
+            elif value is not None:
+                c.ignore(key, value)
+
+    def precision_keys(self) -> None:
+        """bf16 / fp16 / dtype as the config says them (the precision is decided with the strategy)."""
+        c, take, data, lines, trl_default, done = self.c, self.take, self.data, self.lines, self.default, self.done
+        self.bf16, self.fp16 = bf16, fp16 = take("bf16"), take("fp16")
+        for key, value in (("bf16", bf16), ("fp16", fp16)):
+            if value is not None:
+                c.flag(key, value)
+        if bf16 is None:
+            self.bf16 = bf16 = not fp16
+            trl_default("bf16", None, f"bf16={bf16} (None -> not fp16)", "base_config.py")
+        self.trainer["bf16"] = (bool(bf16), f"{self.path.name} line {lines.get('bf16')}" if "bf16" in data else f"{TOOL} default")
+        self.trainer["fp16"] = (bool(fp16), f"{self.path.name} line {lines.get('fp16')}" if "fp16" in data else f"{self.hf} default")
+        self.dtype_key = dtype_key = "dtype" if "dtype" in data or "torch_dtype" not in data else "torch_dtype"
+        dtype = take(dtype_key)
+        done.add("torch_dtype")
+        if dtype == "auto" and self.model is not None:
             from helpers import models
 
-            mtype = models.spec(model).model_type if model else None
-            if mtype in PEFT_QV:
-                c.default("peft", "lora_target_modules", None,
-                          "peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING",
-                          f"lora_targets=q_proj,v_proj (peft's default for {mtype})", lora_targets="q_proj,v_proj")
+            raw = models.read_config_dict(self.model)
+            dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+        if dtype is None:
+            trl_default("dtype", "float32", "weights loaded in fp32", "model_config.py ModelConfig")
+            dtype = "float32"
+        self.dtype = dtype
+
+    def checkpointing(self) -> None:
+        """Gradient checkpointing, Liger kernels, the attention implementation."""
+        c, take, path, trl_default = self.c, self.take, self.path, self.default
+        gc = take("gradient_checkpointing")
+        if gc is None:
+            trl_default("gradient_checkpointing", True, "checkpointing=full", "base_config.py",
+                        checkpointing="full")
+        else:
+            on = c.flag("gradient_checkpointing", gc)
+            c.set("gradient_checkpointing", gc, f"checkpointing={'full' if on else 'none'}",
+                  checkpointing="full" if on else "none")
+        liger = take("use_liger_kernel")
+        if liger is not None:
+            c.set("use_liger_kernel", liger, f"fused_ce={c.flag('use_liger_kernel', liger)}", fused_ce=liger)
+        attn = take("attn_implementation")
+        if attn is None:
+            trl_default("attn_implementation", None, "attention=sdpa (transformers' default)", "model_config.py")
+        elif not isinstance(attn, str):
+            raise ConfigError(path, f"attn_implementation must be a name (sdpa, eager, flash_attention_2, ...), "
+                                    f"got {attn!r}")
+        elif attn in ATTENTION:
+            c.set("attn_implementation", attn, f"attention={ATTENTION[str(attn)]}", attention=ATTENTION[str(attn)])
+        else:
+            c.unmodelled("attn_implementation", attn, "attention kernel not modelled: estimated as sdpa")
+
+    def lora(self) -> None:
+        """peft LoRA: rank, targets and dropout."""
+        c, take, path, trl_default = self.c, self.take, self.path, self.default
+        peft = take("use_peft")
+        rank, targets, dropout = take("lora_r"), take("lora_target_modules"), take("lora_dropout")
+        if peft:
+            c.set("use_peft", peft, "LoRA (lora_r, lora_target_modules below)")
+            if dropout is None:
+                trl_default("lora_dropout", 0.05, "lora_dropout=0.05", "model_config.py ModelConfig",
+                            lora_dropout=0.05)
             else:
-                c.unmodelled("lora_target_modules", None, f"peft's default targets for model type {mtype!r} are not "
-                                                          f"known here: estimated on every linear layer")
+                p = base.probability(path, "lora_dropout", dropout)
+                c.set("lora_dropout", dropout, f"lora_dropout={p}", lora_dropout=p)
+            if rank is None:
+                trl_default("lora_r", 16, "lora_rank=16", "model_config.py", lora_rank=16)
+            else:
+                c.set("lora_r", rank, f"lora_rank={c.integer('lora_r', rank)}", lora_rank=rank)
+            if targets is None:
+                from helpers import models
+
+                mtype = models.spec(self.model).model_type if self.model else None
+                if mtype in PEFT_QV:
+                    c.default("peft", "lora_target_modules", None,
+                              "peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING",
+                              f"lora_targets=q_proj,v_proj (peft's default for {mtype})", lora_targets="q_proj,v_proj")
+                else:
+                    c.unmodelled("lora_target_modules", None, f"peft's default targets for model type {mtype!r} are not "
+                                                              f"known here: estimated on every linear layer")
+            else:
+                if not isinstance(targets, str) and not (isinstance(targets, list)
+                                                         and all(isinstance(t, str) for t in targets)):
+                    raise ConfigError(path, f"lora_target_modules must be module names (a list or comma-separated) or "
+                                            f"all-linear, got {targets!r}")
+                if isinstance(targets, str):
+                    targets = [t for t in targets.split(",")] if targets != "all-linear" else ["all-linear"]
+                joined = ",".join(str(t).strip() for t in targets)
+                c.set("lora_target_modules", targets, f"lora_targets={joined}", lora_targets=joined)
+        elif peft is not None or rank is not None or targets is not None:
+            for key, value in (("use_peft", peft), ("lora_r", rank), ("lora_target_modules", targets),
+                               ("lora_dropout", dropout)):
+                if value is not None:
+                    c.ignore(key, value)
+
+    def quantisation(self) -> None:
+        """A bitsandbytes base (QLoRA)."""
+        c, take = self.c, self.take
+        q4, q8 = take("load_in_4bit"), take("load_in_8bit")
+        if q4:
+            qtype = take("bnb_4bit_quant_type", "nf4")
+            if qtype == "nf4":
+                c.set("load_in_4bit", True, "base_weights=nf4 (bitsandbytes 4-bit, QLoRA)", base_weights="nf4")
+            else:
+                c.unmodelled("load_in_4bit", True, f"4-bit {qtype} base weights are not modelled: estimated with the "
+                                                   f"base in the compute dtype")
+        if q8:
+            c.unmodelled("load_in_8bit", True, "8-bit base weights are not modelled: estimated in the compute dtype")
+
+    def engine(self) -> None:
+        """The accelerate config the run is launched with, then the DeepSpeed file or FSDP the config names."""
+        c, take, path = self.c, self.take, self.path
+        hidden = model_ref.hidden_size(self.model)
+        launcher: Path | None = None
+        for other in self.given:
+            other = Path(other)
+            if other.resolve() == Path(path).resolve() or other.suffix.lower() not in (".yaml", ".yml"):
+                continue
+            odata, olines = base.load_yaml(other)
+            if accelerate.claims(other, odata):
+                if launcher is not None and launcher.resolve() != other.resolve():
+                    raise ConfigError(other, f"a second accelerate config (with {launcher.name}): `accelerate launch "
+                                             f"--config_file` takes one; give the one this run is launched with")
+                launcher = other
+                applied, files = accelerate.apply(other, odata, olines, self.given, self.trainer, hidden)
+                c.merge(applied)
+                c.files += [str(other)] + files
+        ds = take("deepspeed")
+        if ds is not None:
+            collect.companion_deepspeed(c, ds, self.given, self.trainer, hidden)
+        fsdp = take("fsdp")
+        if fsdp:
+            _fsdp(c, fsdp, take("fsdp_config") or {})
+        self.strategy = c.fields.get("strategy", "single")
+
+    def precision(self) -> None:
+        """The precision, decided after the strategy: DeepSpeed keeps fp32 masters in its bf16 mode."""
+        c, data, bf16, fp16, dtype, dtype_key = self.c, self.data, self.bf16, self.fp16, self.dtype, self.dtype_key
+        from helpers import strategies
+
+        if fp16:
+            c.fields["precision"] = "bf16-mixed"
+            c.unmodelled("fp16", True, "fp16 mixed precision is not modelled: estimated as bf16-mixed (same bytes)")
+        elif bf16 and dtype in ("bfloat16", "bf16") and strategies.get(self.strategy).torch_optimizer:
+            c.set(dtype_key, dtype, "precision=bf16 (bf16 weights, gradients and AdamW states; no fp32 master)",
+                  precision="bf16")
         else:
-            if not isinstance(targets, str) and not (isinstance(targets, list)
-                                                     and all(isinstance(t, str) for t in targets)):
-                raise ConfigError(path, f"lora_target_modules must be module names (a list or comma-separated) or "
-                                        f"all-linear, got {targets!r}")
-            if isinstance(targets, str):
-                targets = [t for t in targets.split(",")] if targets != "all-linear" else ["all-linear"]
-            joined = ",".join(str(t).strip() for t in targets)
-            c.set("lora_target_modules", targets, f"lora_targets={joined}", lora_targets=joined)
-    elif peft is not None or rank is not None or targets is not None:
-        for key, value in (("use_peft", peft), ("lora_r", rank), ("lora_target_modules", targets),
-                           ("lora_dropout", dropout)):
-            if value is not None:
+            if dtype_key in data:
+                c.set(dtype_key, data[dtype_key], f"weights loaded in {dtype}")
+            c.fields.setdefault("precision", "bf16-mixed" if bf16 else "fp32")
+            if strategies.get(self.strategy).engine != "deepspeed":
+                c.fields["precision"] = "bf16-mixed" if bf16 else "fp32"
+
+    def rest(self) -> None:
+        """Every key not read above: not modelled (listed) or ignored."""
+        c, data, done = self.c, self.data, self.done
+        for key, value in data.items():
+            if key in done or key in DPO_KEYS:
+                continue
+            if key in NOT_MODELLED:
+                c.unmodelled(key, value, NOT_MODELLED[key])
+            else:
                 c.ignore(key, value)
-    q4, q8 = take("load_in_4bit"), take("load_in_8bit")
-    if q4:
-        qtype = take("bnb_4bit_quant_type", "nf4")
-        if qtype == "nf4":
-            c.set("load_in_4bit", True, "base_weights=nf4 (bitsandbytes 4-bit, QLoRA)", base_weights="nf4")
-        else:
-            c.unmodelled("load_in_4bit", True, f"4-bit {qtype} base weights are not modelled: estimated with the "
-                                               f"base in the compute dtype")
-    if q8:
-        c.unmodelled("load_in_8bit", True, "8-bit base weights are not modelled: estimated in the compute dtype")
-
-    # --- launcher and engine: the accelerate config, then a DeepSpeed file the TRL config names
-    hidden = model_ref.hidden_size(model)
-    launcher: Path | None = None
-    for other in given:
-        other = Path(other)
-        if other.resolve() == Path(path).resolve() or other.suffix.lower() not in (".yaml", ".yml"):
-            continue
-        odata, olines = base.load_yaml(other)
-        if accelerate.claims(other, odata):
-            if launcher is not None and launcher.resolve() != other.resolve():
-                raise ConfigError(other, f"a second accelerate config (with {launcher.name}): `accelerate launch "
-                                         f"--config_file` takes one; give the one this run is launched with")
-            launcher = other
-            applied, files = accelerate.apply(other, odata, olines, given, trainer, hidden)
-            c.merge(applied)
-            c.files += [str(other)] + files
-    ds = take("deepspeed")
-    if ds is not None:
-        collect.companion_deepspeed(c, ds, given, trainer, hidden)
-    fsdp = take("fsdp")
-    if fsdp:
-        _fsdp(c, fsdp, take("fsdp_config") or {})
-    strategy = c.fields.get("strategy", "single")
-
-    from helpers import strategies
-
-    if fp16:
-        c.fields["precision"] = "bf16-mixed"
-        c.unmodelled("fp16", True, "fp16 mixed precision is not modelled: estimated as bf16-mixed (same bytes)")
-    elif bf16 and dtype in ("bfloat16", "bf16") and strategies.get(strategy).torch_optimizer:
-        c.set(dtype_key, dtype, "precision=bf16 (bf16 weights, gradients and AdamW states; no fp32 master)",
-              precision="bf16")
-    else:
-        if dtype_key in data:
-            c.set(dtype_key, data[dtype_key], f"weights loaded in {dtype}")
-        c.fields.setdefault("precision", "bf16-mixed" if bf16 else "fp32")
-        if strategies.get(strategy).engine != "deepspeed":
-            c.fields["precision"] = "bf16-mixed" if bf16 else "fp32"
-
-    collect.take_optimizer(c, take, strategy, origin=hf)
-
-    for key, value in data.items():
-        if key in done or key in DPO_KEYS:
-            continue
-        if key in NOT_MODELLED:
-            c.unmodelled(key, value, NOT_MODELLED[key])
-        else:
-            c.ignore(key, value)
-    return c.finish(model, named)
 
 
 def _fsdp(c: Record, fsdp, config: dict) -> None:
