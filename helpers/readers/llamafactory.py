@@ -65,179 +65,213 @@ def claims(path: Path, data) -> bool:
 
 
 def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
-    data = collect.read_yaml_mapping(path, data)
-    c = Record(NAME, path, lines)
-    take, done = collect.taker(data)
+    return _Reader(path, data, lines, given).read()
 
-    def lf_default(key, value, sets, file, **changes):
-        c.default(TOOL, key, value, SRC + file, sets, **changes)
 
-    # --- model
-    named = take("model_name_or_path")
-    if named is None:
-        raise ConfigError(path, "model_name_or_path is missing (LLaMA-Factory requires it)")
-    model, named = model_ref.resolve(named, path)
-    c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
+class _Reader:
+    """A LLaMA-Factory YAML, a topic per method, into one provenance Record with the DeepSpeed file it names."""
 
-    # --- stage and fine-tuning method
-    stage = take("stage")
-    if stage is None:
-        lf_default("stage", "sft", "one model, one sequence per example", "finetuning_args.py")
-        stage = "sft"
-    elif not isinstance(stage, str) or stage not in STAGES:
-        raise ConfigError(path, f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
-    elif stage in ("pt", "sft"):
-        c.set("stage", stage, "one model, one sequence per example")
-    else:
-        c.unmodelled("stage", stage, {"dpo": "DPO runs a chosen and a rejected sequence per example (twice the "
-                                             "activations) and keeps a frozen reference model",
-                                      "kto": "KTO keeps a frozen reference model and its KL batch",
-                                      "rm": "a reward model: value head instead of the LM head's logits",
-                                      "ppo": "PPO keeps policy, value, reference and reward models"}[stage]
-                     + "; estimated as SFT of one model")
-    ft = take("finetuning_type")
-    if ft is None:
-        lf_default("finetuning_type", "lora", "LoRA (lora_rank, lora_target below)", "finetuning_args.py")
-        ft = "lora"
-    elif not isinstance(ft, str) or ft not in FULL_LIKE:
-        raise ConfigError(path, f"finetuning_type must be full, lora, freeze or oft, got {ft!r}")
-    else:
-        c.set("finetuning_type", ft, "full fine-tuning" if ft == "full" else ft)
-    if ft in ("freeze", "oft"):
-        c.unmodelled("finetuning_type", ft, "freeze: only the last freeze_trainable_layers layers train; oft: "
-                                            "orthogonal adapters; estimated as full fine-tuning")
-    rank, target, dropout = take("lora_rank"), take("lora_target"), take("lora_dropout")
-    if ft == "lora":
-        if dropout is None:
-            lf_default("lora_dropout", 0.0, "lora_dropout=0.0", "finetuning_args.py", lora_dropout=0.0)
+    def __init__(self, path, data, lines: dict[str, int], given: list[Path]):
+        self.path, self.lines, self.given = Path(path), lines, given
+        self.data = collect.read_yaml_mapping(path, data)
+        self.c = Record(NAME, path, lines)
+        self.take, self.done = collect.taker(self.data)
+        self.hf = transformers_tool()
+
+    def read(self) -> Imported:
+        for topic in (self.model_named, self.stage_method, self.quantisation, self.sizes, self.precision,
+                      self.checkpointing, self.deepspeed, self.optimizer, self.rest):
+            topic()
+        return self.c.finish(self.model, self.named)
+
+    def default(self, key, value, sets, file, **changes):
+        """LLaMA-Factory's own default of `key` (at the commit in TOOL), from `file` under hparams/."""
+        self.c.default(TOOL, key, value, SRC + file, sets, **changes)
+
+    def model_named(self) -> None:
+        """The model the config names."""
+        c, take, path = self.c, self.take, self.path
+        named = take("model_name_or_path")
+        if named is None:
+            raise ConfigError(path, "model_name_or_path is missing (LLaMA-Factory requires it)")
+        self.model, self.named = model, named = model_ref.resolve(named, path)
+        c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
+
+    def stage_method(self) -> None:
+        """Stage and fine-tuning method."""
+        c, take, path, lf_default = self.c, self.take, self.path, self.default
+        stage = take("stage")
+        if stage is None:
+            lf_default("stage", "sft", "one model, one sequence per example", "finetuning_args.py")
+            stage = "sft"
+        elif not isinstance(stage, str) or stage not in STAGES:
+            raise ConfigError(path, f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
+        elif stage in ("pt", "sft"):
+            c.set("stage", stage, "one model, one sequence per example")
         else:
-            p = base.probability(path, "lora_dropout", dropout)
-            c.set("lora_dropout", dropout, f"lora_dropout={p}", lora_dropout=p)
-        if rank is None:
-            lf_default("lora_rank", 8, "lora_rank=8", "finetuning_args.py", lora_rank=8)
+            c.unmodelled("stage", stage, {"dpo": "DPO runs a chosen and a rejected sequence per example (twice the "
+                                                 "activations) and keeps a frozen reference model",
+                                          "kto": "KTO keeps a frozen reference model and its KL batch",
+                                          "rm": "a reward model: value head instead of the LM head's logits",
+                                          "ppo": "PPO keeps policy, value, reference and reward models"}[stage]
+                         + "; estimated as SFT of one model")
+        self.stage = stage
+        ft = take("finetuning_type")
+        if ft is None:
+            lf_default("finetuning_type", "lora", "LoRA (lora_rank, lora_target below)", "finetuning_args.py")
+            ft = "lora"
+        elif not isinstance(ft, str) or ft not in FULL_LIKE:
+            raise ConfigError(path, f"finetuning_type must be full, lora, freeze or oft, got {ft!r}")
         else:
-            c.set("lora_rank", rank, f"lora_rank={c.integer('lora_rank', rank)}", lora_rank=rank)
-        if isinstance(target, list) and all(isinstance(t, str) for t in target):
-            target = ",".join(target)          # finetuning_args.py split_arg: a list is taken as it is
-        if target is not None and not isinstance(target, str):
-            raise ConfigError(path, f"lora_target must be module names separated by commas (or all), got {target!r}")
-        if target is None or str(target).strip() == "all":
-            targets = "all-linear"
-            if target is None:
-                lf_default("lora_target", "all", "lora_targets=all-linear", "finetuning_args.py",
-                           lora_targets=targets)
+            c.set("finetuning_type", ft, "full fine-tuning" if ft == "full" else ft)
+        if ft in ("freeze", "oft"):
+            c.unmodelled("finetuning_type", ft, "freeze: only the last freeze_trainable_layers layers train; oft: "
+                                                "orthogonal adapters; estimated as full fine-tuning")
+        rank, target, dropout = take("lora_rank"), take("lora_target"), take("lora_dropout")
+        if ft == "lora":
+            if dropout is None:
+                lf_default("lora_dropout", 0.0, "lora_dropout=0.0", "finetuning_args.py", lora_dropout=0.0)
             else:
-                c.set("lora_target", target, "lora_targets=all-linear", lora_targets=targets)
+                p = base.probability(path, "lora_dropout", dropout)
+                c.set("lora_dropout", dropout, f"lora_dropout={p}", lora_dropout=p)
+            if rank is None:
+                lf_default("lora_rank", 8, "lora_rank=8", "finetuning_args.py", lora_rank=8)
+            else:
+                c.set("lora_rank", rank, f"lora_rank={c.integer('lora_rank', rank)}", lora_rank=rank)
+            if isinstance(target, list) and all(isinstance(t, str) for t in target):
+                target = ",".join(target)          # finetuning_args.py split_arg: a list is taken as it is
+            if target is not None and not isinstance(target, str):
+                raise ConfigError(path, f"lora_target must be module names separated by commas (or all), got {target!r}")
+            if target is None or str(target).strip() == "all":
+                targets = "all-linear"
+                if target is None:
+                    lf_default("lora_target", "all", "lora_targets=all-linear", "finetuning_args.py",
+                               lora_targets=targets)
+                else:
+                    c.set("lora_target", target, "lora_targets=all-linear", lora_targets=targets)
+            else:
+                targets = ",".join(t.strip() for t in str(target).split(",") if t.strip())
+                c.set("lora_target", target, f"lora_targets={targets}", lora_targets=targets)
         else:
-            targets = ",".join(t.strip() for t in str(target).split(",") if t.strip())
-            c.set("lora_target", target, f"lora_targets={targets}", lora_targets=targets)
-    else:
-        for key, value in (("lora_rank", rank), ("lora_target", target), ("lora_dropout", dropout)):
+            for key, value in (("lora_rank", rank), ("lora_target", target), ("lora_dropout", dropout)):
+                if value is not None:
+                    c.ignore(key, value)
+
+    def quantisation(self) -> None:
+        """Quantisation."""
+        c, take, path = self.c, self.take, self.path
+        bits = take("quantization_bit")
+        if bits is not None:
+            if isinstance(bits, bool) or not isinstance(bits, int) or bits not in (2, 3, 4, 5, 6, 8):
+                raise ConfigError(path, f"quantization_bit must be 2, 3, 4, 5, 6 or 8, got {bits!r}")
+            method = take("quantization_method", "bnb")
+            qtype = take("quantization_type", "nf4")
+            if bits == 4 and method == "bnb" and qtype == "nf4":
+                c.set("quantization_bit", bits, "base_weights=nf4 (bitsandbytes 4-bit NF4 base, QLoRA)", base_weights="nf4")
+            else:
+                c.unmodelled("quantization_bit", bits, f"{bits}-bit {method} {qtype} base weights are not modelled; "
+                                                       f"estimated with the base in the compute dtype")
+
+    def sizes(self) -> None:
+        """Sizes."""
+        c, take, path, lf_default = self.c, self.take, self.path, self.default
+        self.trainer = collect.trainer_sizes(c, take, Path(path).name)
+        cutoff = take("cutoff_len")
+        if cutoff is None:
+            lf_default("cutoff_len", 2048, "seq=2048", "data_args.py", seq=2048)
+        else:
+            c.set("cutoff_len", cutoff, f"seq={c.integer('cutoff_len', cutoff)} (the longest sequence; shorter ones pad "
+                                        f"to the batch's longest)", seq=cutoff)
+        packing, neat = take("packing"), take("neat_packing")
+        for key, value in (("packing", packing), ("neat_packing", neat)):
             if value is not None:
-                c.ignore(key, value)
+                c.flag(key, value)
+        if packing or neat or (packing is None and self.stage == "pt"):
+            key = "neat_packing" if neat else "packing"
+            c.set(key, True if packing is None and not neat else (neat or packing),
+                  "sequences packed to cutoff_len: every micro batch is full length (seq as above)")
+        elif packing is not None:
+            c.set("packing", packing, "no packing")
 
-    # --- quantisation
-    bits = take("quantization_bit")
-    if bits is not None:
-        if isinstance(bits, bool) or not isinstance(bits, int) or bits not in (2, 3, 4, 5, 6, 8):
-            raise ConfigError(path, f"quantization_bit must be 2, 3, 4, 5, 6 or 8, got {bits!r}")
-        method = take("quantization_method", "bnb")
-        qtype = take("quantization_type", "nf4")
-        if bits == 4 and method == "bnb" and qtype == "nf4":
-            c.set("quantization_bit", bits, "base_weights=nf4 (bitsandbytes 4-bit NF4 base, QLoRA)", base_weights="nf4")
-        else:
-            c.unmodelled("quantization_bit", bits, f"{bits}-bit {method} {qtype} base weights are not modelled; "
-                                                   f"estimated with the base in the compute dtype")
-
-    # --- sizes
-    hf = transformers_tool()
-    trainer = collect.trainer_sizes(c, take, Path(path).name)
-    cutoff = take("cutoff_len")
-    if cutoff is None:
-        lf_default("cutoff_len", 2048, "seq=2048", "data_args.py", seq=2048)
-    else:
-        c.set("cutoff_len", cutoff, f"seq={c.integer('cutoff_len', cutoff)} (the longest sequence; shorter ones pad "
-                                    f"to the batch's longest)", seq=cutoff)
-    packing, neat = take("packing"), take("neat_packing")
-    for key, value in (("packing", packing), ("neat_packing", neat)):
-        if value is not None:
-            c.flag(key, value)
-    if packing or neat or (packing is None and stage == "pt"):
-        key = "neat_packing" if neat else "packing"
-        c.set(key, True if packing is None and not neat else (neat or packing),
-              "sequences packed to cutoff_len: every micro batch is full length (seq as above)")
-    elif packing is not None:
-        c.set("packing", packing, "no packing")
-
-    # --- precision
-    bf16, fp16, pure = take("bf16"), take("fp16"), take("pure_bf16")
-    for key, value in (("bf16", bf16), ("fp16", fp16), ("pure_bf16", pure)):
-        if value is not None:
-            c.flag(key, value)
-    if pure:
-        c.set("pure_bf16", True, "precision=bf16 (weights, gradients and Adam states in bf16, no fp32 master)",
-              precision="bf16")
-    elif bf16:
-        c.set("bf16", True, "precision=bf16-mixed", precision="bf16-mixed")
-    elif fp16:
-        c.set("fp16", True, "precision=bf16-mixed (same bytes)", precision="bf16-mixed")
-        c.unmodelled("fp16", True, "fp16 mixed precision (loss scaling) is not modelled: estimated as bf16-mixed, "
-                                   "which keeps the same bytes per value")
-    else:
-        c.default(hf, "bf16", False, "transformers/training_args.py TrainingArguments.bf16/fp16", "precision=fp32",
-                  precision="fp32")
-    for key, value in (("bf16", bf16 or pure), ("fp16", fp16)):
-        trainer[key] = (bool(value), f"{Path(path).name} line {lines.get(key)}" if key in data else f"{hf} default")
-
-    # --- checkpointing, kernels, attention
-    off = take("disable_gradient_checkpointing")
-    if off is None:
-        lf_default("disable_gradient_checkpointing", False, "checkpointing=full (LLaMA-Factory enables it "
-                   "unless disabled: model/model_utils/checkpointing.py prepare_model_for_training)", "model_args.py",
-                   checkpointing="full")
-    else:
-        on = not c.flag("disable_gradient_checkpointing", off)
-        c.set("disable_gradient_checkpointing", off, f"checkpointing={'full' if on else 'none'}",
-              checkpointing="full" if on else "none")
-    liger = take("enable_liger_kernel")
-    if liger is not None:
-        c.set("enable_liger_kernel", liger, f"fused_ce={c.flag('enable_liger_kernel', liger)} (Liger's fused linear "
-                                            f"cross-entropy: no full logits)", fused_ce=liger)
-    attn = take("flash_attn")
-    if attn is None:
-        lf_default("flash_attn", "auto", "attention=sdpa (auto: transformers' default implementation)", "model_args.py")
-    elif not isinstance(attn, str) or attn not in ATTENTION:
-        raise ConfigError(path, f"flash_attn must be auto, sdpa, fa2 or disabled, got {attn!r}")
-    else:
-        c.set("flash_attn", attn, f"attention={ATTENTION[str(attn)]}", attention=ATTENTION[str(attn)])
-
-    # --- DeepSpeed (after the trainer values it takes "auto" from)
-    ds = take("deepspeed")
-    if ds is not None:
-        collect.companion_deepspeed(c, ds, given, trainer, model_ref.hidden_size(model))
-        if pure and c.fields.get("strategy") == "zero3":
-            raise ConfigError(path, "pure_bf16 is incompatible with DeepSpeed ZeRO-3 (LLaMA-Factory refuses it, "
-                                    "hparams/parser.py)")
+    def precision(self) -> None:
+        """Precision."""
+        c, take, data, path, lines = self.c, self.take, self.data, self.path, self.lines
+        bf16, fp16, pure = take("bf16"), take("fp16"), take("pure_bf16")
+        self.pure = pure
+        for key, value in (("bf16", bf16), ("fp16", fp16), ("pure_bf16", pure)):
+            if value is not None:
+                c.flag(key, value)
         if pure:
-            from helpers import strategies
-
-            if strategies.get(c.fields.get("strategy", "single")).deepspeed:
-                c.unmodelled("pure_bf16", True, "DeepSpeed's bf16 mode keeps fp32 master weights and Adam states "
-                                                "whatever the model's dtype: estimated as bf16-mixed")
-                c.fields["precision"] = "bf16-mixed"
-            else:
-                c.fields["precision"] = "bf16"
-    strategy = c.fields.get("strategy", "single")
-
-    # --- optimizer
-    collect.take_optimizer(c, take, strategy, origin=hf)
-
-    # --- everything else
-    for key, value in data.items():
-        if key in done:
-            continue
-        if key in NOT_MODELLED and NOT_MODELLED[key]:
-            c.unmodelled(key, value, NOT_MODELLED[key])
+            c.set("pure_bf16", True, "precision=bf16 (weights, gradients and Adam states in bf16, no fp32 master)",
+                  precision="bf16")
+        elif bf16:
+            c.set("bf16", True, "precision=bf16-mixed", precision="bf16-mixed")
+        elif fp16:
+            c.set("fp16", True, "precision=bf16-mixed (same bytes)", precision="bf16-mixed")
+            c.unmodelled("fp16", True, "fp16 mixed precision (loss scaling) is not modelled: estimated as bf16-mixed, "
+                                       "which keeps the same bytes per value")
         else:
-            c.ignore(key, value)
-    return c.finish(model, named)
+            c.default(self.hf, "bf16", False, "transformers/training_args.py TrainingArguments.bf16/fp16", "precision=fp32",
+                      precision="fp32")
+        for key, value in (("bf16", bf16 or pure), ("fp16", fp16)):
+            self.trainer[key] = (bool(value), f"{Path(path).name} line {lines.get(key)}" if key in data else f"{self.hf} default")
+
+    def checkpointing(self) -> None:
+        """Checkpointing, kernels, attention."""
+        c, take, path, lf_default = self.c, self.take, self.path, self.default
+        off = take("disable_gradient_checkpointing")
+        if off is None:
+            lf_default("disable_gradient_checkpointing", False, "checkpointing=full (LLaMA-Factory enables it "
+                       "unless disabled: model/model_utils/checkpointing.py prepare_model_for_training)", "model_args.py",
+                       checkpointing="full")
+        else:
+            on = not c.flag("disable_gradient_checkpointing", off)
+            c.set("disable_gradient_checkpointing", off, f"checkpointing={'full' if on else 'none'}",
+                  checkpointing="full" if on else "none")
+        liger = take("enable_liger_kernel")
+        if liger is not None:
+            c.set("enable_liger_kernel", liger, f"fused_ce={c.flag('enable_liger_kernel', liger)} (Liger's fused linear "
+                                                f"cross-entropy: no full logits)", fused_ce=liger)
+        attn = take("flash_attn")
+        if attn is None:
+            lf_default("flash_attn", "auto", "attention=sdpa (auto: transformers' default implementation)", "model_args.py")
+        elif not isinstance(attn, str) or attn not in ATTENTION:
+            raise ConfigError(path, f"flash_attn must be auto, sdpa, fa2 or disabled, got {attn!r}")
+        else:
+            c.set("flash_attn", attn, f"attention={ATTENTION[str(attn)]}", attention=ATTENTION[str(attn)])
+
+    def deepspeed(self) -> None:
+        """DeepSpeed (after the trainer values it takes "auto" from)."""
+        c, take, path = self.c, self.take, self.path
+        ds, pure = take("deepspeed"), self.pure
+        if ds is not None:
+            collect.companion_deepspeed(c, ds, self.given, self.trainer, model_ref.hidden_size(self.model))
+            if pure and c.fields.get("strategy") == "zero3":
+                raise ConfigError(path, "pure_bf16 is incompatible with DeepSpeed ZeRO-3 (LLaMA-Factory refuses it, "
+                                        "hparams/parser.py)")
+            if pure:
+                from helpers import strategies
+
+                if strategies.get(c.fields.get("strategy", "single")).deepspeed:
+                    c.unmodelled("pure_bf16", True, "DeepSpeed's bf16 mode keeps fp32 master weights and Adam states "
+                                                    "whatever the model's dtype: estimated as bf16-mixed")
+                    c.fields["precision"] = "bf16-mixed"
+                else:
+                    c.fields["precision"] = "bf16"
+        self.strategy = c.fields.get("strategy", "single")
+
+    def optimizer(self) -> None:
+        """Optimizer."""
+        c, take = self.c, self.take
+        collect.take_optimizer(c, take, self.strategy, origin=self.hf)
+
+    def rest(self) -> None:
+        """Everything else."""
+        c, done, data = self.c, self.done, self.data
+        for key, value in data.items():
+            if key in done:
+                continue
+            if key in NOT_MODELLED and NOT_MODELLED[key]:
+                c.unmodelled(key, value, NOT_MODELLED[key])
+            else:
+                c.ignore(key, value)
