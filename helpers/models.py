@@ -336,7 +336,6 @@ _BUILD_LOCK = threading.RLock()
 def _spec_from_path(path: str) -> ModelSpec:
     import torch
     from transformers import AutoModelForCausalLM
-
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()

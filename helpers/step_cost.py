@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from helpers import models, published
 from helpers.degrees import ceil_div
-from helpers.units import to_gib
 from helpers.models import DATA_DIR
 from helpers.training import TrainSetup
+from helpers.units import to_gib
 
 RATE_FILE = DATA_DIR / "results" / "cpu_adam_rate.json"
 GPU_ROW = "GPU matrix throughput, A100"

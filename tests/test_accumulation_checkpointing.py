@@ -4,8 +4,8 @@ engines on the scaled twin, within 3% on every phase."""
 
 import pytest
 
-from helpers import estimate, explore, models
 from helpers import __main__ as cli
+from helpers import estimate, explore, models
 from helpers.errors import InputError
 from helpers.estimate import activations
 from helpers.measure import dryrun, scaled

@@ -6,15 +6,14 @@ on every phase, and the option in the CLI, the explorer, the torchtitan reader, 
 import json
 
 import pytest
+from test_accumulation_checkpointing import worst_phase
 
-from helpers import estimate, explore, fixes, models, step_cost
 from helpers import __main__ as cli
+from helpers import estimate, explore, fixes, models, step_cost
 from helpers.errors import InputError
 from helpers.estimate import activations
 from helpers.measure import checkpointing, dryrun, scaled
 from helpers.training import TrainSetup
-
-from test_accumulation_checkpointing import worst_phase
 
 M = "llama-3.2-3b"          # 28 layers
 

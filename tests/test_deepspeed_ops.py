@@ -2,13 +2,12 @@
 announces itself, with its expected time, before it starts; a partial offload, which needs the C++ op, is refused."""
 
 import pytest
+from test_scaled import M, falls, twin_params, within_10_percent_of_estimate
 
-from helpers.errors import InputError
 from helpers import deepspeed_ops
+from helpers.errors import InputError
 from helpers.measure import scaled
 from helpers.training import TrainSetup
-
-from test_scaled import M, falls, twin_params, within_10_percent_of_estimate
 
 
 @pytest.mark.parametrize("offload", [False, True])

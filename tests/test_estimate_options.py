@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from helpers import estimate, models
-from helpers import deepspeed_rules
+from helpers import deepspeed_rules, estimate, models
 from helpers.training import TrainSetup
 from helpers.units import GiB, next_power_of_2
 

@@ -4,12 +4,11 @@ embedding's backward, the last, after which the two gradients of the one weight 
 The estimate placed the group like an untied one and was 20% under the dry run's backward at short sequences."""
 
 import pytest
+from test_accumulation_checkpointing import worst_phase
 
 from helpers import estimate, models
 from helpers.measure import dryrun
 from helpers.training import TrainSetup
-
-from test_accumulation_checkpointing import worst_phase
 
 
 @pytest.mark.parametrize("model, setup", [

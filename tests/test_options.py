@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from helpers import cases, explore, fixes
 from helpers import __main__ as cli
+from helpers import cases, explore, fixes
 from helpers.errors import InputError
 from helpers.training import FACES, Face, TrainSetup
 

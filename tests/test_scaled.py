@@ -4,9 +4,8 @@ numel * element_size and placed by role, the estimate of the same twin agrees, a
 import pytest
 import torch
 
-from helpers import cases, estimate, models
+from helpers import cases, deepspeed_ops, estimate, models
 from helpers.errors import InputError
-from helpers import deepspeed_ops
 from helpers.measure import gpu, scaled
 from helpers.training import TrainSetup
 

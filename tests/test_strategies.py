@@ -60,7 +60,8 @@ def test_choices_come_from_the_registry():
 def test_cli_and_explorer_offer_the_registry():
     import argparse
 
-    from helpers import __main__ as cli, explore
+    from helpers import __main__ as cli
+    from helpers import explore
 
     p = argparse.ArgumentParser()
     cli.setup_parser(p)

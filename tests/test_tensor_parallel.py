@@ -125,7 +125,8 @@ def test_models_the_plan_cannot_take_are_refused():
 
 
 def test_cli_and_explorer_take_tp_and_cp():
-    from helpers import __main__ as cli, explore
+    from helpers import __main__ as cli
+    from helpers import explore
 
     p = argparse.ArgumentParser()
     cli.setup_parser(p)

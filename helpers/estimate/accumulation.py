@@ -19,7 +19,6 @@ batch's figures are never larger (the same buffers, fewer of them). Sources, in 
 
 from __future__ import annotations
 
-
 from helpers.estimate.items import BWD_DONE, FWD_BWD, MOMENTS, Item
 from helpers.estimate.states import Builder, dtype_bytes, lora_adapters
 from helpers.models import ModelSpec

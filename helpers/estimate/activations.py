@@ -15,8 +15,7 @@ from __future__ import annotations
 import math
 
 from helpers.errors import InputError
-from helpers.estimate import quantized
-from helpers.estimate import parallel
+from helpers.estimate import parallel, quantized
 from helpers.estimate.items import BWD_END, BWD_HEAD, BWD_START, FORWARDS, LOSS
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec

@@ -12,7 +12,6 @@ holds a full copy per rank), other processes of the job (inference engines, data
 
 from __future__ import annotations
 
-
 from helpers.estimate.items import MOMENTS, Item
 from helpers.estimate.states import Builder, dtype_bytes
 from helpers.models import ModelSpec

@@ -18,13 +18,28 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from helpers.deepspeed_rules import first_host_group, zero3_sub_groups
+from helpers.degrees import ceil_div
 from helpers.estimate import quantized
 from helpers.estimate.items import (
-    ALWAYS, BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARD_INIT, FORWARDS, FWD_BWD, GATHER, GRADS, LOSS, MOMENTS,
-    START, STATES, STEP, STEP_PREPARE, Item,
+    ALWAYS,
+    BWD_DONE,
+    BWD_END,
+    BWD_HEAD,
+    BWD_START,
+    FORWARD_INIT,
+    FORWARDS,
+    FWD_BWD,
+    GATHER,
+    GRADS,
+    LOSS,
+    MOMENTS,
+    START,
+    STATES,
+    STEP,
+    STEP_PREPARE,
+    Item,
 )
-from helpers.degrees import ceil_div
-from helpers.deepspeed_rules import first_host_group, zero3_sub_groups
 from helpers.models import ModelSpec, Tensor
 from helpers.training import TrainSetup
 

@@ -15,10 +15,9 @@ import time
 
 import torch
 
-from helpers import estimate, gpus, models, strategies
+from helpers import estimate, gpus, models, provenance, strategies
 from helpers.degrees import ceil_div
 from helpers.errors import InputError
-from helpers import provenance
 from helpers.measure import allocator, engines, fakegpu, nf4, reserved, tensor_parallel
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker

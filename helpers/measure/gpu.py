@@ -24,12 +24,9 @@ import time
 
 import torch
 
-from helpers import models
+from helpers import models, provenance
 from helpers.errors import InputError
-from helpers.measure import engines, procgroup
-from helpers import provenance
-from helpers.measure import reserved
-from helpers.measure import scaled
+from helpers.measure import engines, procgroup, reserved, scaled
 from helpers.measure.scaled import check_steps
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker

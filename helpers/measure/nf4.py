@@ -18,6 +18,7 @@ import contextlib
 
 import torch
 
+
 def quantize(net, device=None):
     """Replace every nn.Linear of the decoder layers (not the output head) with an NF4 Linear4bit holding the same
     weight, quantised on `device` (the weight's own device by default); the compute dtype is the model's own (bf16,

@@ -29,9 +29,8 @@ from pathlib import Path
 
 import torch
 
-from helpers import deepspeed_rules, estimate, models
+from helpers import deepspeed_rules, estimate, models, provenance
 from helpers.errors import InputError
-from helpers import provenance
 from helpers.measure import children, procmem
 from helpers.training import TrainSetup, checked
 from helpers.units import to_gib

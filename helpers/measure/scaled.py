@@ -28,9 +28,8 @@ from pathlib import Path
 import psutil
 import torch
 
-from helpers import deepspeed_ops, deepspeed_rules, estimate, models
+from helpers import deepspeed_ops, deepspeed_rules, estimate, models, provenance
 from helpers.errors import InputError, MeasurementError
-from helpers import provenance
 from helpers.measure import children, engines, nf4, procgroup
 from helpers.measure.fsdp_engines import FSDP1Engine, FSDP2Engine
 from helpers.measure.steps import Hooks, run_steps

@@ -21,7 +21,11 @@ def apply(model, tp_mesh) -> None:
     """Parallelise `model` (a Hugging Face causal LM with Llama's module names) over the 1-D mesh `tp_mesh`."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
-        ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module,
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
     )
 
     inner = model.base_model

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from helpers.readers import base, collect, model_ref
 from helpers.readers.base import ConfigError, Imported
-from helpers.readers.provenance import Record
 from helpers.readers.deepspeed import transformers_tool
+from helpers.readers.provenance import Record
 
 NAME = "llamafactory"
 TOOL = "LLaMA-Factory 0.9.6.dev0 (commit ff6d4d1)"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from helpers.readers import accelerate, base, collect, hf_names, model_ref
 from helpers.readers.base import ConfigError, Imported
-from helpers.readers.provenance import Record
 from helpers.readers.deepspeed import transformers_tool
+from helpers.readers.provenance import Record
 
 NAME = "trl"
 TOOL = "TRL 1.10.0.dev0 (commit f2cd577)"
