@@ -130,3 +130,39 @@ def taker(data: dict):
         return data.get(key, default)
 
     return take, done
+
+
+class TrainerYaml:
+    """A reader of an HF-Trainer YAML (LLaMA-Factory, TRL): its keys taken one topic method at a time, in TOPICS
+    order, into one provenance Record; `default` records the tool's own default of a key."""
+
+    NAME = TOOL = SRC = ""
+    TOPICS: tuple[str, ...] = ()
+
+    def __init__(self, path, data, lines: dict[str, int], given: list[Path]):
+        from helpers.readers.deepspeed import transformers_tool
+
+        self.path, self.lines, self.given = Path(path), lines, given
+        self.data = read_yaml_mapping(path, data)
+        self.c = Record(self.NAME, path, lines)
+        self.take, self.done = taker(self.data)
+        self.hf = transformers_tool()
+        self.model = self.named = None
+
+    def read(self):
+        for topic in self.TOPICS:
+            getattr(self, topic)()
+        return self.c.finish(self.model, self.named)
+
+    def default(self, key, value, sets, file, **changes):
+        """The tool's own default of `key` (at the version in TOOL), from `file` under SRC."""
+        self.c.default(self.TOOL, key, value, self.SRC + file, sets, **changes)
+
+    def value_or_default(self, key: str, value, field: str, default, file: str, parse) -> None:
+        """`key`'s value (checked by `parse(key, value)`) setting `field`, or the tool's default from `file` where
+        the config leaves it out."""
+        if value is None:
+            self.default(key, default, f"{field}={default}", file, **{field: default})
+        else:
+            v = parse(key, value)
+            self.c.set(key, value, f"{field}={v}", **{field: v})

@@ -23,8 +23,6 @@ from pathlib import Path
 
 from helpers.readers import base, collect, model_ref
 from helpers.readers.base import ConfigError, Imported
-from helpers.readers.deepspeed import transformers_tool
-from helpers.readers.provenance import Record
 
 NAME = "llamafactory"
 TOOL = "LLaMA-Factory 0.9.6.dev0 (commit ff6d4d1)"
@@ -68,25 +66,12 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     return _Reader(path, data, lines, given).read()
 
 
-class _Reader:
-    """A LLaMA-Factory YAML, a topic per method, into one provenance Record with the DeepSpeed file it names."""
+class _Reader(collect.TrainerYaml):
+    """A LLaMA-Factory YAML, a topic per method, with the DeepSpeed file it names."""
 
-    def __init__(self, path, data, lines: dict[str, int], given: list[Path]):
-        self.path, self.lines, self.given = Path(path), lines, given
-        self.data = collect.read_yaml_mapping(path, data)
-        self.c = Record(NAME, path, lines)
-        self.take, self.done = collect.taker(self.data)
-        self.hf = transformers_tool()
-
-    def read(self) -> Imported:
-        for topic in (self.model_named, self.stage_method, self.quantisation, self.sizes, self.precision,
-                      self.checkpointing, self.deepspeed, self.optimizer, self.rest):
-            topic()
-        return self.c.finish(self.model, self.named)
-
-    def default(self, key, value, sets, file, **changes):
-        """LLaMA-Factory's own default of `key` (at the commit in TOOL), from `file` under hparams/."""
-        self.c.default(TOOL, key, value, SRC + file, sets, **changes)
+    NAME, TOOL, SRC = NAME, TOOL, SRC
+    TOPICS = ("model_named", "stage_method", "quantisation", "sizes", "precision", "checkpointing", "deepspeed",
+              "optimizer", "rest")
 
     def model_named(self) -> None:
         """The model the config names."""
@@ -129,15 +114,9 @@ class _Reader:
                                                 "orthogonal adapters; estimated as full fine-tuning")
         rank, target, dropout = take("lora_rank"), take("lora_target"), take("lora_dropout")
         if ft == "lora":
-            if dropout is None:
-                lf_default("lora_dropout", 0.0, "lora_dropout=0.0", "finetuning_args.py", lora_dropout=0.0)
-            else:
-                p = base.probability(path, "lora_dropout", dropout)
-                c.set("lora_dropout", dropout, f"lora_dropout={p}", lora_dropout=p)
-            if rank is None:
-                lf_default("lora_rank", 8, "lora_rank=8", "finetuning_args.py", lora_rank=8)
-            else:
-                c.set("lora_rank", rank, f"lora_rank={c.integer('lora_rank', rank)}", lora_rank=rank)
+            self.value_or_default("lora_dropout", dropout, "lora_dropout", 0.0, "finetuning_args.py",
+                                  lambda k, v: base.probability(path, k, v))
+            self.value_or_default("lora_rank", rank, "lora_rank", 8, "finetuning_args.py", c.integer)
             if isinstance(target, list) and all(isinstance(t, str) for t in target):
                 target = ",".join(target)          # finetuning_args.py split_arg: a list is taken as it is
             if target is not None and not isinstance(target, str):

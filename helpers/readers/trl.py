@@ -24,7 +24,6 @@ from pathlib import Path
 
 from helpers.readers import accelerate, base, collect, hf_names, model_ref
 from helpers.readers.base import ConfigError, Imported
-from helpers.readers.deepspeed import transformers_tool
 from helpers.readers.provenance import Record
 
 NAME = "trl"
@@ -59,28 +58,17 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     return _Reader(path, data, lines, given).read()
 
 
-class _Reader:
-    """A TRL config (TrainingArguments, SFTConfig, ModelConfig keys), a topic per method, into one provenance Record,
-    with the accelerate config the run is launched with and the DeepSpeed file it names."""
+class _Reader(collect.TrainerYaml):
+    """A TRL config (TrainingArguments, SFTConfig, ModelConfig keys), a topic per method, with the accelerate config
+    the run is launched with and the DeepSpeed file it names."""
 
-    def __init__(self, path, data, lines: dict[str, int], given: list[Path]):
-        self.path, self.lines, self.given = Path(path), lines, given
-        self.data = collect.read_yaml_mapping(path, data)
-        self.c = Record(NAME, path, lines)
-        self.take, self.done = collect.taker(self.data)
-        self.hf = transformers_tool()
+    NAME, TOOL, SRC = NAME, TOOL, SRC
+    TOPICS = ("model_named", "sizes", "precision_keys", "checkpointing", "lora", "quantisation", "engine", "precision",
+              "optimizer", "rest")
 
-    def read(self) -> Imported:
-        for topic in (self.model_named, self.sizes, self.precision_keys, self.checkpointing, self.lora,
-                      self.quantisation, self.engine, self.precision):
-            topic()
+    def optimizer(self) -> None:
+        """The Trainer's optim (transformers' default where the config leaves it out)."""
         collect.take_optimizer(self.c, self.take, self.strategy, origin=self.hf)
-        self.rest()
-        return self.c.finish(self.model, self.named)
-
-    def default(self, key, value, sets, file, **changes):
-        """TRL's own default of `key` (at the commit in TOOL), from `file` under trl/trainer/."""
-        self.c.default(TOOL, key, value, SRC + file, sets, **changes)
 
     def model_named(self) -> None:
         """The model the config names; DPO keys noted."""
@@ -170,21 +158,14 @@ class _Reader:
 
     def lora(self) -> None:
         """peft LoRA: rank, targets and dropout."""
-        c, take, path, trl_default = self.c, self.take, self.path, self.default
+        c, take, path = self.c, self.take, self.path
         peft = take("use_peft")
         rank, targets, dropout = take("lora_r"), take("lora_target_modules"), take("lora_dropout")
         if peft:
             c.set("use_peft", peft, "LoRA (lora_r, lora_target_modules below)")
-            if dropout is None:
-                trl_default("lora_dropout", 0.05, "lora_dropout=0.05", "model_config.py ModelConfig",
-                            lora_dropout=0.05)
-            else:
-                p = base.probability(path, "lora_dropout", dropout)
-                c.set("lora_dropout", dropout, f"lora_dropout={p}", lora_dropout=p)
-            if rank is None:
-                trl_default("lora_r", 16, "lora_rank=16", "model_config.py", lora_rank=16)
-            else:
-                c.set("lora_r", rank, f"lora_rank={c.integer('lora_r', rank)}", lora_rank=rank)
+            self.value_or_default("lora_dropout", dropout, "lora_dropout", 0.05, "model_config.py ModelConfig",
+                                  lambda k, v: base.probability(path, k, v))
+            self.value_or_default("lora_r", rank, "lora_rank", 16, "model_config.py", c.integer)
             if targets is None:
                 from helpers import models
 
