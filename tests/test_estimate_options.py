@@ -140,6 +140,15 @@ def test_resume_adds_a_phase():
     assert cat(r, "host", "resume", "checkpoint") == 12 * P
 
 
+def test_resume_loads_the_optimizer_shard_each_rank_holds():
+    """The checkpoint a rank loads is its optimizer states: under FSDP2 with TP, 1/(dp x cp) of its TP shard (`m` is
+    the TP rank's share already). Before the degrees object it was 1/gpus of the TP shard: half the states at TP 2."""
+    for tp in (1, 2):
+        r = estimate.run("qwen2.5-7b", TrainSetup(strategy="fsdp2", gpus=8, tensor_parallel=tp, seq=512, resume=True))
+        states_ = sum(i["bytes"] for i in r.items if i["category"] == "optimizer_states" and i["device"] == "gpu")
+        assert cat(r, "host", "resume", "checkpoint") == states_ * 8, tp          # 8 ranks on the node
+
+
 def test_second_iteration_can_be_the_peak():
     r = estimate.run(M, TrainSetup(batch=8, seq=4096, precision="bf16", adam_impl="fused"))
     assert r.gpu.peak_phase == "steady"      # activations of iteration 2 sit on top of Adam's states
