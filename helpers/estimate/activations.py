@@ -91,6 +91,18 @@ def lora_saves(m: ModelSpec, setup) -> tuple[int, int, int]:
     return norms, o_input, down_input
 
 
+def unmasked_first_readers(m: ModelSpec, setup) -> int:
+    """Bytes per token of LoRA dropout masks the first decoder layer does not keep: without checkpointing the frozen
+    embedding's output carries no gradient (peft's enable_input_require_grads runs only under checkpointing), so the
+    adapters reading layer 0's first norm drop an input that needs no gradient and autograd saves no mask for it
+    (`lora_saves` counts one for every adapted linear of every layer)."""
+    if not (setup.lora_rank and setup.lora_dropout) or setup.checkpointing != "none":
+        return 0
+    first = {"q_proj", "k_proj", "v_proj", "qkv_proj"}
+    return sum(t.shape[1] for t in m.lora_targets(setup.lora_targets)
+               if t.group == "layer.0" and t.name.rsplit(".", 2)[-2] in first)
+
+
 def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
     """Bytes saved for backward by one decoder layer, without checkpointing."""
     T, B, S = setup.batch * setup.seq, setup.batch, setup.seq
@@ -173,7 +185,7 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
     sp = sequence_parallel_saving(m, s, T) if tp > 1 else 0
     per_dense = layer_bytes(m, s, moe=False) - (m.norms * sp if dense_layers else 0)
     per_moe = layer_bytes(m, s, moe=True) - m.norms * sp if m.moe_layers else 0
-    full = dense_layers * per_dense + m.moe_layers * per_moe
+    full = dense_layers * per_dense + m.moe_layers * per_moe - unmasked_first_readers(m, s) * T
     stream = (2 if compute_mode(s) == "low" else 4) * T * m.hidden // tp
     final_norm = norm_bytes(m, s, 1) * T - sp
     a = 4 if compute_mode(s) == "fp32" else 2
