@@ -34,6 +34,7 @@ GIVEN = {
     "batch": (["--batch", "3"], 3), "seq": (["--seq", "512"], 512), "precision": (["--precision", "bf16"], "bf16"),
     "adam_impl": (["--adam-impl", "fused"], "fused"), "optimizer": (["--optimizer", "adamw-8bit"], "adamw-8bit"),
     "lora_rank": (["--lora-rank", "8"], 8), "lora_targets": (["--lora-targets", "q,v"], "q,v"),
+    "lora_dropout": (["--lora-dropout", "0.1"], 0.1),
     "base_weights": (["--base-weights", "nf4"], "nf4"), "strategy": (["--strategy", "zero3"], "zero3"),
     "gpus": (["--gpus", "4"], 4), "tensor_parallel": (["--tp", "2"], 2), "context_parallel": (["--cp", "2"], 2),
     "gpus_per_node": (["--gpus-per-node", "4"], 4), "offload_optimizer": (["--offload-optimizer"], True),
@@ -117,7 +118,7 @@ def test_the_explorer_sets_none_and_values_off_its_stops():
 
 
 def test_fixes_takes_its_single_valued_ways_out_and_untimed_fields_from_the_faces():
-    names = [n for n, _ in fixes._candidates(None, TrainSetup())]
+    names = [n for n, _ in fixes._candidates(None, TrainSetup(lora_rank=8, lora_dropout=0.1))]   # no remedy in effect
     for field, f in FACES.items():
         if f.remedy:
             assert f.remedy[0] in names, field
