@@ -151,7 +151,8 @@ def setup_from_args(a: argparse.Namespace, base: TrainSetup | None = None) -> Tr
     """The set-up: `base` (what --from files say, else TrainSetup's defaults) with the flags given in place; a value
     the flags did not give goes back to its default where it no longer applies (a file's every-Nth-layer
     checkpointing under --checkpointing none)."""
-    return with_applicable(dataclasses.replace(base or TrainSetup(), **given(a)), keep=given(a)).validate()
+    typed = given(a)
+    return with_applicable(dataclasses.replace(base or TrainSetup(), **typed), keep=typed).validate()
 
 
 def _gpu_gib(a: argparse.Namespace) -> float | None:

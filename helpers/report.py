@@ -191,11 +191,11 @@ def compare(rows, tol: float, names: tuple[str, str] = ("estimate", "measured"),
     return out
 
 
-MODEL_STATES = ("parameters", "master_weights", "gradients", "optimizer_states")
+STATE_CATEGORIES = ("parameters", "master_weights", "gradients", "optimizer_states")
 """The categories that grow with the parameter count and not with the batch."""
 
 
-def per_param_at_step(r: Result, device: str, categories=MODEL_STATES + ("comm_buffers", "pinned_overhead")) -> float:
+def per_param_at_step(r: Result, device: str, categories=STATE_CATEGORIES + ("comm_buffers", "pinned_overhead")) -> float:
     """Bytes per parameter of `categories` on `device` at the optimizer step: the bytes-per-parameter figure the
     rules of thumb quote (16 B/param for mixed-precision AdamW). Introduced in notebooks/00."""
     per = r.per_param(device, "step")

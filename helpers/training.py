@@ -84,11 +84,6 @@ def option(default, face: Face):
     return field(default=default, metadata={"face": face})
 
 
-def face(name: str) -> Face:
-    """The Face of the TrainSetup field `name`."""
-    return FACES[name]
-
-
 @dataclass(frozen=True)
 class TrainSetup:
     """A training set-up. Sizes are per GPU (micro batch); capacities in GiB (2**30 bytes).
