@@ -52,6 +52,12 @@ class Strategy:
     FSDP1's CPUOffload(offload_params=True))."""
     torch_optimizer: bool = True
     """The optimizer is torch's (adam_impl applies); False: the engine brings its own (DeepSpeed's Adam)."""
+    client_optimizer: bool = False
+    """The engine also takes a client optimizer in place of its own: the HF Trainer hands DeepSpeed its `optim` (torch
+    AdamW, bitsandbytes AdamW8bit) when the DeepSpeed JSON has no `optimizer` block (transformers
+    `integrations/deepspeed.py` deepspeed_optim_sched sets zero_allow_untested_optimizer), and it then steps over
+    DeepSpeed's flat fp32 partitions (ZeRO-1/2) or sub-groups (ZeRO-3). Not with optimizer offload: accelerate swaps it
+    for DeepSpeedCPUAdam there (`accelerate/utils/deepspeed.py` map_pytorch_optim_to_deepspeed)."""
     optimizer_8bit: bool = False
     """bitsandbytes' AdamW8bit can be the client optimizer."""
     precisions: tuple = ("bf16", "bf16-mixed", "fp32")
@@ -94,8 +100,8 @@ class Strategy:
         return "deepspeed --num_gpus N --module" if self.deepspeed else "torchrun --nproc_per_node N -m"
 
 
-_ZERO = dict(engine="deepspeed", torch_optimizer=False, precisions=("bf16-mixed", "fp32"), master_in_checkpoint=True,
-             dry_run_evidence="re-enacted")
+_ZERO = dict(engine="deepspeed", torch_optimizer=False, client_optimizer=True,
+             precisions=("bf16-mixed", "fp32"), master_in_checkpoint=True, dry_run_evidence="re-enacted")
 REGISTRY: dict[str, Strategy] = {s.name: s for s in (
     Strategy("single", "one GPU, torch", multi_gpu=False, dry_run="torch AdamW on one GPU", optimizer_8bit=True,
              lora=True, qlora=True, autocast=True, fused_ce_modes=("dry", "scaled", "gpu")),
@@ -104,10 +110,10 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
              autocast=True,
              gradient_buckets=True, fused_ce_modes=("dry", "scaled", "gpu"), model_parallel=True),
     Strategy("zero1", "DeepSpeed ZeRO-1", shards=("optimizer_states",), family="zero12",
-             dry_run="DeepSpeed ZeRO-1 re-enacted in torch (DeepSpeed cannot run on fake tensors)",
+             dry_run="DeepSpeed ZeRO-1 re-enacted in torch (DeepSpeed cannot run on fake tensors)", optimizer_8bit=True,
              offload=("offload_optimizer",), lora=True, fused_ce_modes=("dry",), **_ZERO),
     Strategy("zero2", "DeepSpeed ZeRO-2", shards=("optimizer_states", "gradients"), family="zero12",
-             dry_run="DeepSpeed ZeRO-2 re-enacted in torch (DeepSpeed cannot run on fake tensors)",
+             dry_run="DeepSpeed ZeRO-2 re-enacted in torch (DeepSpeed cannot run on fake tensors)", optimizer_8bit=True,
              offload=("offload_optimizer",), lora=True, fused_ce_modes=("dry",), **_ZERO),
     Strategy("zero3", "DeepSpeed ZeRO-3", shards=SHARDABLE, family="zero3", overlap_comm_default=True,
              no_dry_run="DeepSpeed cannot run on fake tensors, and ZeRO-3's gathering has no faithful torch "

@@ -101,17 +101,25 @@ class TrainSetup:
         "menu", "precision", options=PRECISIONS, main=True)))
     """bf16: weights, grads, AdamW states all bf16; bf16-mixed: fp32 master weights and states, bf16 compute; fp32."""
     adam_impl: str | None = option(None, Face(
-        "--adam-impl", lambda: f"torch AdamW implementation ({'/'.join(strategies.names(lambda s: s.torch_optimizer))}; "
-                               f"default foreach)", choices=ADAM_IMPLS,
-        control=Control("menu", "AdamW", options=("default",) + ADAM_IMPLS, none="default")))
-    """torch AdamW implementation for single/ddp/fsdp2/fsdp1 (default foreach, torch's GPU default); not for ZeRO."""
+        "--adam-impl", lambda: f"torch AdamW implementation ({'/'.join(strategies.names(lambda s: s.torch_optimizer))}: "
+                               f"default foreach; {'/'.join(strategies.names(lambda s: s.client_optimizer))}: the HF "
+                               f"Trainer's torch AdamW in place of DeepSpeed's own Adam, without optimizer offload)",
+        choices=ADAM_IMPLS, control=Control("menu", "AdamW", options=("default",) + ADAM_IMPLS, none="default"),
+        applies=lambda v: _takes_client_optimizer(v)))
+    """torch AdamW implementation. single/ddp/fsdp2/fsdp1: None means foreach (torch's GPU default). ZeRO: None means
+    DeepSpeed's own Adam (an `optimizer` block in the DeepSpeed JSON: FusedAdam, DeepSpeedCPUAdam with offload); a value
+    means the HF Trainer's torch AdamW (`optim` adamw_torch = foreach, adamw_torch_fused = fused) handed to DeepSpeed
+    as a client optimizer, stepping over its flat fp32 partitions."""
     optimizer: str = option("adamw", Face(
-        "--optimizer", lambda: f"adamw or bitsandbytes' adamw-8bit ({'/'.join(strategies.names(lambda s: s.optimizer_8bit))})",
+        "--optimizer", lambda: f"adamw or bitsandbytes' adamw-8bit ({'/'.join(strategies.names(lambda s: s.optimizer_8bit))}; "
+                               f"under ZeRO as the HF Trainer's client optimizer, without optimizer offload)",
         choices=OPTIMIZERS, control=Control("menu", "optimizer", options=OPTIMIZERS),
+        applies=lambda v: v["optimizer"] == "adamw" or _takes_client_optimizer(v),
         no_time="8-bit AdamW changes the optimizer's numerics (block-quantised states); its kernel speed is not "
                 "modelled"))
     """adamw: two states in the weights' dtype; adamw-8bit: bitsandbytes' AdamW8bit, block-quantised 8-bit states
-    (single and ddp only: torch strategies with a client optimizer)."""
+    (single and ddp; under ZeRO the HF Trainer's `optim` adamw_bnb_8bit handed to DeepSpeed, over its flat fp32
+    partitions)."""
     lora_rank: int | None = option(None, Face(
         "--lora-rank", lambda: f"LoRA adapters of rank R on every linear layer, base frozen "
                                f"({'/'.join(strategies.names(lambda s: s.lora))})", metavar="R",
@@ -258,11 +266,12 @@ class TrainSetup:
 
     @property
     def adam(self) -> str:
-        """The optimizer implementation in effect ('deepspeed' for ZeRO strategies, 'bitsandbytes' for 8-bit)."""
-        if not self.strat.torch_optimizer:
-            return self.strat.engine
+        """The optimizer implementation in effect: 'foreach', 'fused' or 'for-loop' (torch AdamW; under ZeRO the HF
+        Trainer's client optimizer), 'bitsandbytes' (AdamW8bit) or 'deepspeed' (ZeRO's own Adam)."""
         if self.optimizer == "adamw-8bit":
             return "bitsandbytes"
+        if not self.strat.torch_optimizer:
+            return self.adam_impl or self.strat.engine
         return self.adam_impl or "foreach"
 
     @property
@@ -378,8 +387,9 @@ class TrainSetup:
         if self.optimizer == "adamw-8bit":
             if not st.optimizer_8bit:
                 raise InputError(f"optimizer 'adamw-8bit' (bitsandbytes) is modelled with strategies "
-                                 f"{strategies.listing(lambda x: x.optimizer_8bit, 'and')}, got {s!r}: DeepSpeed uses its "
-                                 f"own Adam, FSDP2 shards are not modelled with it")
+                                 f"{strategies.listing(lambda x: x.optimizer_8bit, 'and')}, got {s!r}: FSDP's sharded "
+                                 f"states are not modelled with it, and under ZeRO-3 a scaled run of DeepSpeed 0.19.8 "
+                                 f"with it keeps more fp32 gradient at the step than the rules place (not modelled)")
             if self.adam_impl is not None:
                 raise InputError(f"adam_impl {self.adam_impl!r} chooses torch AdamW's implementation; optimizer "
                                  f"'adamw-8bit' has its own kernel: leave adam_impl unset")
@@ -387,11 +397,20 @@ class TrainSetup:
             raise InputError(f"strategy {s!r} runs on one GPU, got gpus={self.gpus}: use "
                              f"{strategies.listing(lambda x: x.multi_gpu)}")
         _model_parallel(self, st)
-        if not st.torch_optimizer and self.adam_impl is not None:
+        client = self.adam_impl is not None or self.optimizer == "adamw-8bit"
+        if not st.torch_optimizer and client and not st.client_optimizer:
             raise InputError(
                 f"adam_impl {self.adam_impl!r} is for torch's AdamW (strategies "
-                f"{strategies.listing(lambda x: x.torch_optimizer)}); strategy {s!r} uses DeepSpeed's FusedAdam / "
-                f"DeepSpeedCPUAdam"
+                f"{strategies.listing(lambda x: x.torch_optimizer or x.client_optimizer)}); strategy {s!r} uses "
+                f"its own optimizer"
+            )
+        if not st.torch_optimizer and client and self.offload_optimizer:
+            what = f"adam_impl {self.adam_impl!r}" if self.adam_impl else "optimizer 'adamw-8bit'"
+            raise InputError(
+                f"{what} with offload_optimizer: DeepSpeed then steps on the host with DeepSpeedCPUAdam, which "
+                f"accelerate swaps in for the Trainer's optimizer (accelerate/utils/deepspeed.py "
+                f"map_pytorch_optim_to_deepspeed) and DeepSpeed alone insists on (zero_force_ds_cpu_optimizer): leave "
+                f"adam_impl unset and optimizer 'adamw'"
             )
         if self.precision not in st.precisions:
             raise InputError(
@@ -447,6 +466,13 @@ def _model_parallel(s: TrainSetup, st: strategies.Strategy) -> None:
     if s.fused_ce:
         raise InputError("fused_ce with tensor_parallel or context_parallel is not modelled (loss parallel shards "
                          "the logits instead): leave fused_ce off")
+
+
+def _takes_client_optimizer(values: dict) -> bool:
+    """A torch AdamW implementation or AdamW8bit applies: torch strategies, and ZeRO's client optimizer without
+    optimizer offload (an unknown strategy is left to `validate` to refuse)."""
+    st = strategies.REGISTRY.get(values["strategy"])
+    return st is None or st.torch_optimizer or (st.client_optimizer and not values["offload_optimizer"])
 
 
 def _choice(name: str, value, allowed: tuple) -> None:

@@ -156,13 +156,17 @@ BNB_QMAPS = 2 * 256 * 4    # the signed and unsigned 8-bit code books (fp32, sha
 
 
 def adamw8bit_state_bytes(m: ModelSpec) -> int:
-    """bitsandbytes AdamW8bit's states: two uint8 tensors and two fp32 absmax vectors per tensor of at least
-    4096 elements, two fp32 tensors for the smaller ones, and the two code books."""
+    """bitsandbytes AdamW8bit's states over the model's own tensors (see `adamw8bit_bytes`)."""
+    return adamw8bit_bytes([t.numel for t in m.tensors])
+
+
+def adamw8bit_bytes(sizes: list[int]) -> int:
+    """bitsandbytes AdamW8bit's states over tensors of these sizes (elements): two uint8 tensors and two fp32 absmax
+    vectors per tensor of at least 4096 elements, two fp32 tensors for the smaller ones, and the two code books."""
     total = 0
-    for t in m.tensors:
-        n = t.numel
+    for n in sizes:
         total += 2 * n + 2 * 4 * math.ceil(n / BNB_BLOCK) if n >= BNB_MIN_8BIT else 2 * 4 * n
-    return total + (BNB_QMAPS if any(t.numel >= BNB_MIN_8BIT for t in m.tensors) else 0)
+    return total + (BNB_QMAPS if any(n >= BNB_MIN_8BIT for n in sizes) else 0)
 
 
 def _optimizer_states(b: Builder, m: ModelSpec, elements: int, state_bytes: int, device: str) -> None:
@@ -178,19 +182,47 @@ def _optimizer_states(b: Builder, m: ModelSpec, elements: int, state_bytes: int,
     _adam_temporary(b, m, elements, state_bytes, device)
 
 
-def _adam_temporary(b: Builder, m: ModelSpec, elements: int, state_bytes: int, device: str) -> None:
-    """torch AdamW's step temporaries: foreach holds one full-size tensor list, for-loop two of the largest tensor, fused none."""
-    impl = b.setup.adam
+def _adam_temporary(b: Builder, m: ModelSpec, elements: int, state_bytes: int, device: str,
+                    largest: int | None = None, impl: str | None = None, over: str = "", source: str = "") -> None:
+    """torch AdamW's step temporaries: foreach holds one full-size tensor list (`elements`: what one step call
+    updates), for-loop two of the largest tensor (`largest`, else the model's largest parameter), fused none.
+    `impl`: the implementation (else the set-up's); `over`: what the tensors are, for the label; `source`: where
+    that optimizer is made, added to the item's why."""
+    impl = impl or b.setup.adam
     if impl == "foreach":
         nbytes, why = elements * state_bytes, "_multi_tensor_adamw: _foreach_sqrt(exp_avg_sq) materialises a full copy"
     elif impl == "for-loop":
-        nbytes, why = (2 * m.largest_tensor_params * state_bytes,
+        nbytes, why = (2 * (largest or m.largest_tensor_params) * state_bytes,
                        "_single_tensor_adamw: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) holds the "
                        "sqrt and the quotient of the largest parameter at once")
     else:
         return
     add = b.gpu if device == "gpu" else b.host
-    add(f"AdamW {impl} temporary", "temporaries", nbytes, STEP, why)
+    add(f"AdamW {impl} temporary{over}", "temporaries", nbytes, STEP, why + (f" ({source})" if source else ""))
+
+
+def _zero_optimizer(b: Builder, m: ModelSpec, sizes: list[int]) -> None:
+    """The GPU optimizer of a ZeRO stage without optimizer offload, over DeepSpeed's flat fp32 tensors of these sizes
+    (ZeRO-1/2: this rank's partition; ZeRO-3: its sub-groups, one `optimizer.step()` each: stage3.py
+    `_optimizer_step`). DeepSpeed's own FusedAdam (an `optimizer` block in the JSON) works in place; the HF Trainer's
+    optimizer handed to DeepSpeed as a client (transformers `integrations/deepspeed.py` deepspeed_optim_sched, with no
+    `optimizer` block) keeps its own temporaries, now over a whole flat partition or sub-group at once: torch AdamW
+    foreach one fp32 copy of it, for-loop two; bitsandbytes AdamW8bit keeps 8-bit states of each flat tensor."""
+    impl = b.setup.adam
+    # ZeRO-1/2 prepare each step (flattened bf16 gradients, their fp32 cast) beside the states the first update made
+    alive = STATES | (STEP_PREPARE if "parameters" not in b.setup.strat.shards else frozenset())
+    if impl == "bitsandbytes":
+        b.gpu("AdamW8bit states of the flat fp32 partitions (uint8 x 2 + fp32 absmax per 256)", "optimizer_states",
+              adamw8bit_bytes(sizes), alive, "the HF Trainer's adamw_bnb_8bit handed to DeepSpeed: bitsandbytes "
+              "Optimizer2State on each flat fp32 tensor it steps, lazy at the first step")
+        return
+    who = "FusedAdam" if impl == b.setup.strat.engine else f"the HF Trainer's torch AdamW ({impl}) handed to DeepSpeed"
+    b.gpu("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", sum(sizes) * 8, alive,
+          f"{who}, lazy at the first step; from the second step on alive while a step prepares")
+    if impl != b.setup.strat.engine:
+        _adam_temporary(b, m, max(sizes), 4, "gpu", largest=max(sizes),
+                        over=" over a flat fp32 " + ("sub-group" if len(sizes) > 1 or "parameters" in
+                                                     b.setup.strat.shards else "partition"))
 
 
 def _head_gradient(b: Builder, m: ModelSpec, nbytes_per: int) -> None:
@@ -416,20 +448,29 @@ def _zero12(b: Builder, m: ModelSpec) -> None:
     place = b.host if off else b.gpu
     place("fp32 master partition", "master_weights", part * 4, ALWAYS,
           "single_partition_of_fp32_groups, 1/N of the weights in fp32" + ("; pinned" if pin else ""), pinned=pin)
-    zgrads = BWD_HEAD | BWD_END | BWD_DONE | STEP_PREPARE | STEP
+    zgrads = BWD_HEAD | BWD_END | BWD_DONE | STEP_PREPARE
     if "gradients" not in s.strat.shards and not off:
         b.gpu(f"gradients ({dt}, full)", "gradients", P * compute, BWD_END | BWD_DONE | STEP_PREPARE,
               "ZeRO-1 keeps every gradient until the step")
         _head_gradient(b, m, compute)
     elif not off:
         b.gpu(f"gradient partition ({dt})", "gradients", part * compute, zgrads,
-              "grads_in_partition (contiguous_gradients), made by the first gradient hook, released after the step")
+              "grads_in_partition (contiguous_gradients), made by the first gradient hook; step() frees it "
+              "(_release_preflattened_grad_buffers) before the update runs")
         _head_gradient(b, m, compute)
     else:
         _head_gradient(b, m, compute)
+    if m.tied:
+        kept = "gradients" not in s.strat.shards and not off          # ZeRO-1: the sum is the gradient it keeps
+        b.gpu("tied embedding at the end of backward: the head's gradient and the embedding's"
+              + ("" if kept else ", and their sum"), "temporaries", (2 if kept else 3) * m.group_params["embed"] * compute,
+              BWD_DONE, "one weight used twice: autograd holds the head's gradient until the embedding's backward "
+                        "makes the other and adds them out of place; ZeRO's gradient hook then takes the sum (seen in "
+                        "dry runs and in DeepSpeed 0.19.8 itself on a tied twin)")
     if not off:
         b.gpu(f"flattened gradient partition ({dt}), a local of step()", "gradients", part * compute,
-              STEP_PREPARE | STEP, "flatten_dense_tensors_aligned(averaged_gradients), alive until step() returns")
+              STEP_PREPARE, "flatten_dense_tensors_aligned(averaged_gradients); step() deletes it once cast to fp32, "
+              "before the update (DeepSpeed 0.19.8 stage_1_and_2.py: del flat_grad_partition)")
     buckets = 2 if s.overlap else 1
     b.gpu(f"ipg reduce bucket{'s' if buckets > 1 else ''} ({dt})", "comm_buffers",
           buckets * s.reduce_bucket_size * compute, BWD_HEAD | BWD_END | BWD_DONE,
@@ -450,7 +491,7 @@ def _zero12(b: Builder, m: ModelSpec) -> None:
     else:
         b.gpu("fp32 gradient partition (made at the step)", "gradients", part * 4, STEP | STEP_PREPARE,
               "step(): flat bf16 partition .to(fp32) before optimizer.step")
-        b.gpu("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", part * 8, STATES, "FusedAdam, lazy at the first step")
+        _zero_optimizer(b, m, [part])
 
 
 def _zero3(b: Builder, m: ModelSpec) -> None:
@@ -493,7 +534,17 @@ def _zero3(b: Builder, m: ModelSpec) -> None:
     else:
         b.gpu("fp32 gradient of one sub-group (made at the step)", "gradients", max(groups) * 4, STEP,
               "_prepare_fp32_grad_for_sub_group, freed after each sub-group's step")
-    b.gpu("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", gpu_elems * 8, STATES, "lazy at the first step")
+    if not s.offload_optimizer:
+        _zero_optimizer(b, m, groups)
+    else:
+        b.gpu("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", gpu_elems * 8, STATES,
+              "torch.optim.AdamW, the backup optimizer of the GPU sub-groups, lazy at the first step")
+        if first_cpu:
+            _adam_temporary(b, m, max(groups[:first_cpu]), 4, "gpu", impl="foreach",
+                            over=" of the backup optimizer, over one GPU sub-group",
+                            source="DeepSpeed 0.19.8 stage3.py: the sub-groups kept on the GPU by offload_optimizer's "
+                                   "ratio are stepped by a torch.optim.AdamW made with no foreach/fused argument, "
+                                   "which torch runs as foreach on CUDA tensors (_default_to_fused_or_foreach)")
     b.host("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", host_elems * 8, STATES,
            "DeepSpeedCPUAdam, lazy at the first step, pageable")
 

@@ -22,7 +22,7 @@ from helpers.measure import allocator, engines, fakegpu, nf4, reserved, tensor_p
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
-from helpers.training import TrainSetup, checked
+from helpers.training import ADAM_IMPLS, TrainSetup, checked
 from helpers.units import from_gib
 
 NO_CP_DRY_RUN = ("context_parallel has no dry run here: torch 2.13's context_parallel() patches "
@@ -190,7 +190,8 @@ class ZeroEquivalentStep(SingleStep):
     The same buffers as `deepspeed/runtime/zero/stage_1_and_2.py`, made at the same points: bf16 parameters; an fp32
     master partition (1/N, on the host with offload_optimizer); ipg reduce bucket(s) made when backward starts; each
     gradient copied into a contiguous bf16 partition (ZeRO-2) or kept whole (ZeRO-1) as it is made; at the step an
-    fp32 copy of the gradient partition, then Adam (torch's fused AdamW standing in for FusedAdam/DeepSpeedCPUAdam).
+    fp32 copy of the gradient partition, then Adam (torch's fused AdamW standing in for FusedAdam/DeepSpeedCPUAdam;
+    with adam_impl, the HF Trainer's torch AdamW that DeepSpeed steps as a client optimizer, over the flat partition).
     """
 
     def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
@@ -210,7 +211,8 @@ class ZeroEquivalentStep(SingleStep):
             self.staging = [torch.empty(largest, dtype=torch.bfloat16, device=d) for d in (self.host, dev)]
             self.staging.append(torch.empty(self.part, dtype=torch.bfloat16, device=self.host))
             tracker.label(self.staging, "comm_buffers")
-        self.optimizer = torch.optim.AdamW([self.master], lr=1e-5, fused=True)
+        client = setup.adam if setup.adam in ADAM_IMPLS else None   # the HF Trainer's AdamW handed to DeepSpeed
+        self.optimizer = engines.adamw([self.master], client or "fused", lr=1e-5)
         self.buckets, self.partition, self.offset = None, None, 0
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._reduce)
@@ -225,14 +227,14 @@ class ZeroEquivalentStep(SingleStep):
 
     def _reduce(self, p):
         """What DeepSpeed's gradient hooks do: keep this rank's share of the gradient, free the rest."""
-        if "gradients" not in self.setup.strat.shards and not self.setup.offload_optimizer:     # ZeRO-1
-            self.tracker.label([p.grad], "gradients")
-            return
-        if self.buckets is None:               # made by the first gradient hook
+        if self.buckets is None:               # made by the first gradient hook (ZeRO-1's too: a scaled run shows it)
             n = 2 if self.setup.overlap else 1
             self.buckets = [torch.empty(self.setup.reduce_bucket_size, dtype=torch.bfloat16, device=p.device)
                             for _ in range(n)]
             self.tracker.label(self.buckets, "comm_buffers")
+        if "gradients" not in self.setup.strat.shards and not self.setup.offload_optimizer:     # ZeRO-1
+            self.tracker.label([p.grad], "gradients")
+            return
         n = self.setup.degrees.split(p.numel())
         n = min(n, self.part - self.offset)
         if self.host_grad is not None and self.setup.grad_accum > 1:
@@ -277,11 +279,12 @@ class ZeroEquivalentStep(SingleStep):
             self.tracker.label([self.master.grad], "gradients")
             for p in self.params:
                 p.grad = None
+            self.partition = flat = None      # freed before the update (stage_1_and_2.py step: del flat_grad_partition,
+            #                                   _release_preflattened_grad_buffers)
         self.optimizer.step()
         self.tracker.label(engines.optimizer_states(self.optimizer), "optimizer_states")
         if self.host_grad is None:
             self.master.grad = None
-        self.partition = flat = None          # released when step() returns
 
 
 def _local(t):
@@ -392,7 +395,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         parallel.check(m, setup)
     started = time.perf_counter()
     dev = fakegpu.device()
-    bar = tqdm(total=3 + 4 * setup.grad_accum, desc=f"dry run {m.name}", disable=not progress, leave=False)
+    bar = tqdm(total=4 + 4 * setup.grad_accum, desc=f"dry run {m.name}", disable=not progress, leave=False)
     tp = setup.tensor_parallel
     mesh = _fake_mesh(setup.gpus, tp) if st.fake_process_group or tp > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=True), \
@@ -409,8 +412,10 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
                 engines.watch_logits(net, tracker)
                 ids = torch.randint(0, m.vocab, (setup.batch, setup.seq), device=dev)
                 bar.update()
-                # one step, then the steady forward and backward of the next (its step would repeat the first's)
-                run_steps(engine, tracker, ids, setup.grad_accum, 2, last_step=False, hooks=_Progress(bar))
+                # two iterations, each with its step: from the second step on, the states the first update made are
+                # alive while a step prepares (DeepSpeed ZeRO-1/2 frees its bf16 gradients before the update, so
+                # its step's peak is the second step's preparation)
+                run_steps(engine, tracker, ids, setup.grad_accum, 2, hooks=_Progress(bar))
             finally:
                 getattr(engine, "close", lambda: None)()      # the engine's patches of torch, if any, undone
     step_s = time.perf_counter() - stepped

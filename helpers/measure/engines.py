@@ -175,6 +175,11 @@ def optimizer(params, setup: TrainSetup, lr: float = 1e-3):
     return adamw(params, setup.adam, lr=lr)
 
 
+def optimizer_name(setup: TrainSetup) -> str:
+    """What `optimizer` makes, in words."""
+    return "bitsandbytes AdamW8bit" if setup.optimizer == "adamw-8bit" else f"torch AdamW ({setup.adam})"
+
+
 def shard_fsdp2(model, setup: TrainSetup, mesh, pin_memory: bool) -> None:
     """fully_shard as torchtitan groups a decoder: the embedding, each block, norm + output head (a tied head shares
     the embedding's group), then the root; MixedPrecisionPolicy for bf16-mixed, CPUOffloadPolicy with offload.

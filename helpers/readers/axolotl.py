@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers import models
-from helpers.readers import hf_names
+from helpers import models, strategies
+from helpers.readers import collect, hf_names
 from helpers.readers.base import ConfigError, Imported, companion, load_json, probability
 from helpers.readers.provenance import Record, boolean, model_from, positive_int
 
@@ -82,7 +82,6 @@ class _Reader:
         self.checkpointing()
         self.attention()
         self.lora(strategy)
-        self.optimizer(strategy)
         self.plugins()
         self.rl()
         ds = self.take("deepspeed")
@@ -90,6 +89,7 @@ class _Reader:
             self.apply_deepspeed(ds, model)
         elif "gpus" not in d.fields:
             d.gpus_unknown()
+        self.optimizer(d.fields.get("strategy", strategy))      # after the DeepSpeed config: whether it brings its own
         for key, value in self.data.items():
             if key not in self.used:
                 d.ignored_at(self.path, self.line(key), key, value)
@@ -393,16 +393,21 @@ class _Reader:
                                                                         f"estimated as torch AdamW")
             return
         optimizer, impl = OPTIMIZERS[name]
-        fields = {"optimizer": optimizer}
-        sets = None
-        if self.has("deepspeed"):
-            fields = {}
-            sets = "DeepSpeed's own Adam under ZeRO (see the DeepSpeed config); torch's for stage 0"
-        elif impl:
-            fields["adam_impl"] = impl
+        st = strategies.get(strategy)
+        runs, instead = collect.trainer_optimizer_runs(d, st)
+        if runs and optimizer == "adamw-8bit" and not st.optimizer_8bit:
+            d.unmodelled_at(f, self.line("optimizer"), "optimizer", name, f"optimizer {name!r} is not modelled with "
+                            f"strategy {strategy} (bitsandbytes' AdamW8bit is, with "
+                            f"{strategies.listing(lambda x: x.optimizer_8bit)}): estimated with its own Adam")
+            return
+        fields = {"optimizer": optimizer} | ({"adam_impl": impl} if impl else {}) if runs else {}
+        sets = None if runs else f"nothing: {instead}"
+        if runs and not st.torch_optimizer:
+            sets = (", ".join(f"{k}={v}" for k, v in fields.items()) + " (the Trainer hands it to DeepSpeed: the "
+                    "DeepSpeed config has no optimizer block)")
         (d.setting(f, self.line("optimizer"), "optimizer", name, sets=sets, **fields) if key_given else
          d.default(TOOL, "optimizer", name, SRC.format(file="training.py"), sets=sets, **fields))
-        if name in hf_names.PAGED:
+        if name in hf_names.PAGED and runs:
             d.unmodelled_at(f, self.line("optimizer"), "optimizer", name, hf_names.PAGED_WHY)
 
     def plugins(self):

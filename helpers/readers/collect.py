@@ -27,32 +27,55 @@ def transformers_default_optim() -> str:
 
 
 def optimizer(c: Record, key: str, value, strategy: str, origin: str | None = None) -> None:
-    """transformers' `optim` name -> optimizer / adam_impl. Under ZeRO the estimate models DeepSpeed's Adam (the
-    strategy decides); an optimizer other than AdamW is listed as not modelled. origin: a default's tool, or None
-    when the file sets it."""
+    """transformers' `optim` name -> optimizer / adam_impl. Under ZeRO the Trainer's optimizer runs only where the
+    DeepSpeed JSON has no `optimizer` block and offloads no optimizer (`trainer_optimizer_runs`); elsewhere
+    DeepSpeed's own Adam does. An optimizer other than AdamW is listed as not modelled. origin: a default's tool, or
+    None when the file sets it."""
     from helpers import strategies
 
     if not isinstance(value, str):
         raise ConfigError(c.path, f"{key} must be an optimizer name (e.g. adamw_torch), got {value!r}")
-    torch_opt = strategies.get(strategy).torch_optimizer
+    st = strategies.get(strategy)
+    runs, instead = trainer_optimizer_runs(c, st)
     name = value.lower()
     kind, impl = hf_names.OPTIMIZERS.get(name, (None, None))
-    if kind == "adamw":
-        changes = ({"adam_impl": impl} if impl else {}) if torch_opt else {}
-        sets = ((f"optimizer=adamw, adam_impl={impl}" if impl else "optimizer=adamw") if torch_opt
-                else f"optimizer=adamw ({strategy}: DeepSpeed's Adam, two fp32 states)")
-    elif kind == "adamw-8bit" and torch_opt:
+    if kind is not None and not runs:
+        changes, sets = {}, f"nothing: {instead}"
+    elif kind == "adamw":
+        changes = {"adam_impl": impl} if impl else {}
+        sets = f"optimizer=adamw, adam_impl={impl}" if impl else "optimizer=adamw"
+    elif kind == "adamw-8bit" and st.optimizer_8bit:
         changes, sets = {"optimizer": "adamw-8bit"}, "optimizer=adamw-8bit"
     else:
-        c.unmodelled(key, value, f"optimizer {value!r} is not modelled with strategy {strategy} (modelled: AdamW, "
-                                 f"and bitsandbytes' AdamW8bit without DeepSpeed); estimated as AdamW")
+        c.unmodelled(key, value, f"optimizer {value!r} is not modelled with strategy {strategy} (modelled: torch "
+                                 f"AdamW, and bitsandbytes' AdamW8bit with "
+                                 f"{strategies.listing(lambda x: x.optimizer_8bit)}); estimated as "
+                                 f"{'AdamW' if st.torch_optimizer else 'DeepSpeed' + chr(39) + 's Adam'}")
         return
-    if name in hf_names.PAGED and torch_opt:
+    if runs and not st.torch_optimizer:
+        sets += " (the Trainer hands it to DeepSpeed: the DeepSpeed config has no optimizer block)"
+    if name in hf_names.PAGED and runs:
         c.unmodelled(key, value, hf_names.PAGED_WHY)
     if origin is None:
         c.set(key, value, sets, **changes)
     else:
         c.default(origin, key, value, "transformers/training_args.py TrainingArguments.optim", sets, **changes)
+
+
+def trainer_optimizer_runs(c: Record, st) -> tuple[bool, str]:
+    """(True, '') where the Trainer's own optimizer steps the run; under ZeRO (False, why not) where DeepSpeed's
+    runs instead: an `optimizer` block in the DeepSpeed JSON (transformers `integrations/deepspeed.py`
+    deepspeed_optim_sched then gives DeepSpeed a DummyOptim), or optimizer offload (accelerate swaps the Trainer's
+    AdamW for DeepSpeedCPUAdam: `accelerate/utils/deepspeed.py` map_pytorch_optim_to_deepspeed)."""
+    if st.torch_optimizer:
+        return True, ""
+    if c.engine_optimizer is not None:
+        return False, (f"the DeepSpeed config's optimizer block ({c.engine_optimizer}) makes DeepSpeed build its own "
+                       f"Adam; the Trainer's optim is not used")
+    if c.fields.get("offload_optimizer"):
+        return False, ("with offload_optimizer, accelerate swaps the Trainer's optimizer for DeepSpeedCPUAdam "
+                       "(accelerate/utils/deepspeed.py map_pytorch_optim_to_deepspeed)")
+    return True, ""
 
 
 def take_optimizer(c: Record, take, strategy: str, origin: str) -> None:

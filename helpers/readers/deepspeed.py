@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.readers.base import ConfigError, Default, Ignored, Imported, NotModelled
-from helpers.readers.provenance import Record
+from helpers.readers.provenance import Record, boolean
 
 NAME = "deepspeed"
 
@@ -65,7 +65,7 @@ READ = {"zero_optimization.stage", "zero_optimization.offload_optimizer.device",
         "zero_optimization.reduce_bucket_size", "zero_optimization.sub_group_size",
         "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.overlap_comm", "bf16.enabled",
         "fp16.enabled", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-        "activation_checkpointing", "optimizer.type", "bfloat16.enabled"}
+        "activation_checkpointing", "optimizer.type", "optimizer.params.torch_adam", "bfloat16.enabled"}
 CONTAINERS = {"zero_optimization", "zero_optimization.offload_optimizer", "zero_optimization.offload_param", "bf16",
               "fp16", "bfloat16", "optimizer"}
 
@@ -403,11 +403,33 @@ class _Reader:
         opt = data.get("optimizer")
         if isinstance(opt, dict) and "type" in opt:
             kind = str(opt["type"])
+            out.engine_optimizer = kind
+            params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
             if kind.lower() in ("adam", "adamw", "fusedadam", "cpuadam"):
                 setting("optimizer.type", kind, "optimizer=adamw")
+                if "torch_adam" in params:
+                    self.torch_adam(params)
             else:
                 out.not_modelled.append(NotModelled(f, line("optimizer.type"), "optimizer.type", kind,
                                                     "only Adam/AdamW (two states per parameter) is modelled"))
+
+    def torch_adam(self, params: dict) -> None:
+        """`optimizer.params.torch_adam`: DeepSpeed builds torch.optim.AdamW instead of FusedAdam / DeepSpeedCPUAdam
+        (DeepSpeed 0.19.8 engine.py get_optimizer_configuration: with its `foreach` and the other params, e.g.
+        `fused`), which then steps over the flat fp32 partitions as a client optimizer does."""
+        on = boolean(self.f, "optimizer.params.torch_adam", params["torch_adam"])
+        if not on:
+            self.setting("optimizer.params.torch_adam", False, "DeepSpeed's own Adam")
+        elif self.out.fields.get("offload_optimizer"):
+            self.out.not_modelled.append(NotModelled(
+                self.f, self.out.lines.get("optimizer.params.torch_adam"), "optimizer.params.torch_adam", True,
+                "torch's AdamW stepping the offloaded partitions on the host is not modelled: estimated as "
+                "DeepSpeedCPUAdam"))
+        else:
+            impl = ("fused" if params.get("fused") is True else "for-loop" if params.get("foreach") is False
+                    else "foreach")
+            self.setting("optimizer.params.torch_adam", True, f"adam_impl={impl} (torch.optim.AdamW in place of "
+                                                              f"FusedAdam)", adam_impl=impl)
 
     def rest(self) -> None:
         """The rest: not modelled (listed) or ignored."""

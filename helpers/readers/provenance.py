@@ -49,6 +49,9 @@ class Record:
         self.ignored: list[Ignored] = []
         self.files: list[str] = [str(self.path)]
         self.world_unknown = False
+        self.engine_optimizer: str | None = None
+        """The optimizer type a DeepSpeed JSON's `optimizer` block names (DeepSpeed then builds its own and a
+        trainer's `optim` is not used); None: no block."""
 
     def setting(self, file, line, key: str, value, sets: str | None = None, **fields) -> None:
         """A value read from a file; `fields` are the TrainSetup fields it sets (none: it is read and keeps what is
@@ -88,6 +91,7 @@ class Record:
         self.defaults += other.defaults
         self.not_modelled += other.not_modelled
         self.ignored += other.ignored
+        self.engine_optimizer = other.engine_optimizer or self.engine_optimizer
 
     def integer(self, key: str, value, least: int = 1) -> int:
         """A whole number >= least, or a one-line ConfigError naming the file and the key."""
