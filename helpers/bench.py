@@ -437,6 +437,10 @@ def bench_published(save: bool = True) -> None:
         for why in row["not_modelled"]:
             print(f"      not modelled: {why}")
         rows.append(c)
+    est = [(c["id"], c["like_for_like"]["estimate_allocated"]) for c in rows if "estimate_allocated" in c["like_for_like"]]
+    under = [f"{i} ({v:+.0%})" for i, v in est if v < -0.10]
+    print(f"   the estimate against the allocated peaks: {sum(abs(v) <= 0.10 for _, v in est)} of {len(est)} within 10%; "
+          f"under by more than 10%: {', '.join(under) or 'none'}")
     if save:
         import json
 
