@@ -275,6 +275,12 @@ class TrainSetup:
         return self.adam_impl or "foreach"
 
     @property
+    def client_optimizer(self) -> bool:
+        """Under ZeRO: the HF Trainer's optimizer (torch AdamW or AdamW8bit) handed to DeepSpeed in place of its own
+        Adam (`Strategy.client_optimizer`)."""
+        return not self.strat.torch_optimizer and self.adam != self.strat.engine
+
+    @property
     def strat(self) -> strategies.Strategy:
         """The strategy object of `strategy` (what it shards, its engine, the options it takes)."""
         return strategies.get(self.strategy)
@@ -387,9 +393,10 @@ class TrainSetup:
         if self.optimizer == "adamw-8bit":
             if not st.optimizer_8bit:
                 raise InputError(f"optimizer 'adamw-8bit' (bitsandbytes) is modelled with strategies "
-                                 f"{strategies.listing(lambda x: x.optimizer_8bit, 'and')}, got {s!r}: FSDP's sharded "
-                                 f"states are not modelled with it, and under ZeRO-3 a scaled run of DeepSpeed 0.19.8 "
-                                 f"with it keeps more fp32 gradient at the step than the rules place (not modelled)")
+                                 f"{strategies.listing(lambda x: x.optimizer_8bit, 'and')}, got {s!r}: "
+                                 + ("under ZeRO-3 a scaled run of DeepSpeed 0.19.8 with it keeps more fp32 gradient at "
+                                    "the step than the rules place (not modelled)" if st.deepspeed else
+                                    "FSDP's sharded states are not modelled with it"))
             if self.adam_impl is not None:
                 raise InputError(f"adam_impl {self.adam_impl!r} chooses torch AdamW's implementation; optimizer "
                                  f"'adamw-8bit' has its own kernel: leave adam_impl unset")

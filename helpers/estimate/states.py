@@ -208,21 +208,21 @@ def _zero_optimizer(b: Builder, m: ModelSpec, sizes: list[int]) -> None:
     optimizer handed to DeepSpeed as a client (transformers `integrations/deepspeed.py` deepspeed_optim_sched, with no
     `optimizer` block) keeps its own temporaries, now over a whole flat partition or sub-group at once: torch AdamW
     foreach one fp32 copy of it, for-loop two; bitsandbytes AdamW8bit keeps 8-bit states of each flat tensor."""
-    impl = b.setup.adam
+    impl, zero3 = b.setup.adam, "parameters" in b.setup.strat.shards
     # ZeRO-1/2 prepare each step (flattened bf16 gradients, their fp32 cast) beside the states the first update made
-    alive = STATES | (STEP_PREPARE if "parameters" not in b.setup.strat.shards else frozenset())
+    alive = STATES if zero3 else STATES | STEP_PREPARE
     if impl == "bitsandbytes":
         b.gpu("AdamW8bit states of the flat fp32 partitions (uint8 x 2 + fp32 absmax per 256)", "optimizer_states",
               adamw8bit_bytes(sizes), alive, "the HF Trainer's adamw_bnb_8bit handed to DeepSpeed: bitsandbytes "
               "Optimizer2State on each flat fp32 tensor it steps, lazy at the first step")
         return
-    who = "FusedAdam" if impl == b.setup.strat.engine else f"the HF Trainer's torch AdamW ({impl}) handed to DeepSpeed"
+    client = b.setup.client_optimizer
+    who = f"the HF Trainer's torch AdamW ({impl}) handed to DeepSpeed" if client else "FusedAdam"
     b.gpu("Adam exp_avg + exp_avg_sq (fp32)", "optimizer_states", sum(sizes) * 8, alive,
           f"{who}, lazy at the first step; from the second step on alive while a step prepares")
-    if impl != b.setup.strat.engine:
+    if client:
         _adam_temporary(b, m, max(sizes), 4, "gpu", largest=max(sizes),
-                        over=" over a flat fp32 " + ("sub-group" if len(sizes) > 1 or "parameters" in
-                                                     b.setup.strat.shards else "partition"))
+                        over=" over a flat fp32 " + ("sub-group" if zero3 else "partition"))
 
 
 def _head_gradient(b: Builder, m: ModelSpec, nbytes_per: int) -> None:

@@ -22,7 +22,7 @@ from helpers.measure import allocator, engines, fakegpu, nf4, reserved, tensor_p
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
-from helpers.training import ADAM_IMPLS, TrainSetup, checked
+from helpers.training import TrainSetup, checked
 from helpers.units import from_gib
 
 NO_CP_DRY_RUN = ("context_parallel has no dry run here: torch 2.13's context_parallel() patches "
@@ -211,8 +211,8 @@ class ZeroEquivalentStep(SingleStep):
             self.staging = [torch.empty(largest, dtype=torch.bfloat16, device=d) for d in (self.host, dev)]
             self.staging.append(torch.empty(self.part, dtype=torch.bfloat16, device=self.host))
             tracker.label(self.staging, "comm_buffers")
-        client = setup.adam if setup.adam in ADAM_IMPLS else None   # the HF Trainer's AdamW handed to DeepSpeed
-        self.optimizer = engines.adamw([self.master], client or "fused", lr=1e-5)
+        # the HF Trainer's torch AdamW handed to DeepSpeed, else torch's fused one standing in for DeepSpeed's own
+        self.optimizer = engines.adamw([self.master], setup.adam if setup.client_optimizer else "fused", lr=1e-5)
         self.buckets, self.partition, self.offset = None, None, 0
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._reduce)

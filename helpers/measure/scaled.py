@@ -213,7 +213,7 @@ class DeepSpeedEngine:
         self.host = "host" if s.offload_optimizer else "gpu"
         self.describe = (f"DeepSpeed {deepspeed.__version__} ZeRO-{zero_stage(s)} in one process (gloo), "
                          + (f"the HF Trainer's way: {engines.optimizer_name(s)} handed to deepspeed.initialize as a "
-                            f"client optimizer" if client_optimizer(s) else adam_name(config)))
+                            f"client optimizer" if s.client_optimizer else adam_name(config)))
         self._label_buffers()
         if hasattr(optimizer, "setup_buckets"):             # the ipg buckets, made by the first gradient hook
             setup_buckets = optimizer.setup_buckets
@@ -226,7 +226,7 @@ class DeepSpeedEngine:
         inner = getattr(optimizer, "optimizer", None)
         if inner is not None:
             inner.register_step_pre_hook(lambda opt, args, kwargs: self._label_step_grads(opt))
-        if inner is not None and client_optimizer(s):      # its own step's scratch tensors are temporaries
+        if inner is not None and s.client_optimizer:      # its own step's scratch tensors are temporaries
             inner_step = inner.step
 
             def counted_step(*args, **kwargs):
@@ -335,18 +335,12 @@ def deepspeed_config(s: TrainSetup) -> dict:
     config = {"train_micro_batch_size_per_gpu": s.batch, "gradient_accumulation_steps": s.grad_accum,
               "bf16": {"enabled": s.precision == "bf16-mixed"}, "zero_optimization": zero,
               "steps_per_print": 10**9, "wall_clock_breakdown": False}
-    if client_optimizer(s):             # as transformers' deepspeed_optim_sched hands over the Trainer's optimizer
+    if s.client_optimizer:              # as transformers' deepspeed_optim_sched hands over the Trainer's optimizer
         return config | {"zero_allow_untested_optimizer": True}
     adam = {"lr": 1e-3}
     if deepspeed_ops.torch_path(s.offload_optimizer, s.offload_ratio if s.offload_optimizer else None):
         adam.update(torch_adam=True, fused=True)     # torch's fused AdamW: in place, like DeepSpeed's own kernels
     return config | {"optimizer": {"type": "AdamW", "params": adam}}
-
-
-def client_optimizer(s: TrainSetup) -> bool:
-    """The set-up hands DeepSpeed a client optimizer (the HF Trainer's torch AdamW or AdamW8bit) instead of an
-    `optimizer` block for DeepSpeed's own Adam."""
-    return s.adam != s.strat.engine
 
 
 def initialize_deepspeed(net, s: TrainSetup):
@@ -357,10 +351,8 @@ def initialize_deepspeed(net, s: TrainSetup):
     comm = importlib.import_module("deepspeed.comm.torch")
     comm.build_shm_op = lambda: None          # the shared-memory op only speeds up multi-process CPU runs
     config = deepspeed_config(s)
-    client = None
-    if client_optimizer(s):
-        client = engines.optimizer(net.parameters(), s)
-    elif not config["optimizer"]["params"].get("torch_adam"):
+    client = engines.optimizer(net.parameters(), s) if s.client_optimizer else None
+    if client is None and not config["optimizer"]["params"].get("torch_adam"):
         deepspeed_ops.ensure(deepspeed_ops.op_for(s.offload_optimizer))
     engine, optimizer, _, _ = deepspeed.initialize(model=net, optimizer=client, config=config)
     return engine, optimizer, config
@@ -369,8 +361,6 @@ def initialize_deepspeed(net, s: TrainSetup):
 def adam_name(config: dict) -> str:
     """Which Adam a DeepSpeed configuration runs, as a result's engine line says it."""
     offload = "offload_optimizer" in config["zero_optimization"]
-    if "optimizer" not in config:
-        return "a client optimizer handed to deepspeed.initialize, as the HF Trainer hands over its own"
     if config["optimizer"]["params"].get("torch_adam"):
         return (f"torch AdamW (fused) through DeepSpeed's torch_adam in place of "
                 f"{'DeepSpeedCPUAdam' if offload else 'FusedAdam'} (no C++ build)")

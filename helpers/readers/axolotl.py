@@ -28,7 +28,7 @@ TOOL = "axolotl 0.18.0 (067b021c)"
 SRC = "github:axolotl-ai-cloud/axolotl src/axolotl/utils/schemas/{file} @067b021c"
 LIGER = "axolotl.integrations.liger.LigerPlugin"
 CCE = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
-ATTENTION, OPTIMIZERS = hf_names.ATTENTION, hf_names.OPTIMIZERS
+ATTENTION = hf_names.ATTENTION
 # keys a reader of memory needs: every one is read below; anything else is listed as ignored.
 FSDP_KEYS = ("offload_params", "activation_checkpointing", "sharding_strategy", "reshard_after_forward",
              "cpu_offload_pin_memory", "fsdp_version", "version")
@@ -388,27 +388,13 @@ class _Reader:
         if key_given and not isinstance(name, str):
             raise ConfigError(f, f"optimizer must be an optimizer name such as adamw_torch_fused, got {name!r}")
         name = name or "adamw_torch_fused"
-        if name not in OPTIMIZERS:
-            d.unmodelled_at(f, self.line("optimizer"), "optimizer", name, f"optimizer {name!r} is not modelled: "
-                                                                        f"estimated as torch AdamW")
+        changes, sets, notes = collect.optimizer_effect(d, name, strategies.get(strategy))
+        for why in notes:
+            d.unmodelled_at(f, self.line("optimizer"), "optimizer", name, why)
+        if changes is None:
             return
-        optimizer, impl = OPTIMIZERS[name]
-        st = strategies.get(strategy)
-        runs, instead = collect.trainer_optimizer_runs(d, st)
-        if runs and optimizer == "adamw-8bit" and not st.optimizer_8bit:
-            d.unmodelled_at(f, self.line("optimizer"), "optimizer", name, f"optimizer {name!r} is not modelled with "
-                            f"strategy {strategy} (bitsandbytes' AdamW8bit is, with "
-                            f"{strategies.listing(lambda x: x.optimizer_8bit)}): estimated with its own Adam")
-            return
-        fields = {"optimizer": optimizer} | ({"adam_impl": impl} if impl else {}) if runs else {}
-        sets = None if runs else f"nothing: {instead}"
-        if runs and not st.torch_optimizer:
-            sets = (", ".join(f"{k}={v}" for k, v in fields.items()) + " (the Trainer hands it to DeepSpeed: the "
-                    "DeepSpeed config has no optimizer block)")
-        (d.setting(f, self.line("optimizer"), "optimizer", name, sets=sets, **fields) if key_given else
-         d.default(TOOL, "optimizer", name, SRC.format(file="training.py"), sets=sets, **fields))
-        if name in hf_names.PAGED and runs:
-            d.unmodelled_at(f, self.line("optimizer"), "optimizer", name, hf_names.PAGED_WHY)
+        (d.setting(f, self.line("optimizer"), "optimizer", name, sets=sets, **changes) if key_given else
+         d.default(TOOL, "optimizer", name, SRC.format(file="training.py"), sets=sets, **changes))
 
     def plugins(self):
         d, f = self.d, self.path

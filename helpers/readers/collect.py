@@ -27,39 +27,45 @@ def transformers_default_optim() -> str:
 
 
 def optimizer(c: Record, key: str, value, strategy: str, origin: str | None = None) -> None:
-    """transformers' `optim` name -> optimizer / adam_impl. Under ZeRO the Trainer's optimizer runs only where the
-    DeepSpeed JSON has no `optimizer` block and offloads no optimizer (`trainer_optimizer_runs`); elsewhere
-    DeepSpeed's own Adam does. An optimizer other than AdamW is listed as not modelled. origin: a default's tool, or
-    None when the file sets it."""
+    """transformers' `optim` name -> optimizer / adam_impl (`optimizer_effect`). origin: a default's tool, or None
+    when the file sets it."""
     from helpers import strategies
 
     if not isinstance(value, str):
         raise ConfigError(c.path, f"{key} must be an optimizer name (e.g. adamw_torch), got {value!r}")
-    st = strategies.get(strategy)
-    runs, instead = trainer_optimizer_runs(c, st)
-    name = value.lower()
-    kind, impl = hf_names.OPTIMIZERS.get(name, (None, None))
-    if kind is not None and not runs:
-        changes, sets = {}, f"nothing: {instead}"
-    elif kind == "adamw":
-        changes = {"adam_impl": impl} if impl else {}
-        sets = f"optimizer=adamw, adam_impl={impl}" if impl else "optimizer=adamw"
-    elif kind == "adamw-8bit" and st.optimizer_8bit:
-        changes, sets = {"optimizer": "adamw-8bit"}, "optimizer=adamw-8bit"
-    else:
-        c.unmodelled(key, value, f"optimizer {value!r} is not modelled with strategy {strategy} (modelled: torch "
-                                 f"AdamW, and bitsandbytes' AdamW8bit with "
-                                 f"{strategies.listing(lambda x: x.optimizer_8bit)}); estimated as "
-                                 f"{'AdamW' if st.torch_optimizer else 'DeepSpeed' + chr(39) + 's Adam'}")
+    changes, sets, notes = optimizer_effect(c, value, strategies.get(strategy))
+    for why in notes:
+        c.unmodelled(key, value, why)
+    if changes is None:
         return
-    if runs and not st.torch_optimizer:
-        sets += " (the Trainer hands it to DeepSpeed: the DeepSpeed config has no optimizer block)"
-    if name in hf_names.PAGED and runs:
-        c.unmodelled(key, value, hf_names.PAGED_WHY)
     if origin is None:
         c.set(key, value, sets, **changes)
     else:
         c.default(origin, key, value, "transformers/training_args.py TrainingArguments.optim", sets, **changes)
+
+
+def optimizer_effect(c: Record, value: str, st) -> tuple[dict | None, str, list[str]]:
+    """What the Trainer's `optim` `value` does to the set-up under strategy `st`: (the TrainSetup fields it sets, what
+    that is in words, what is not modelled). Under ZeRO the Trainer's optimizer runs only where the DeepSpeed JSON has
+    no `optimizer` block and offloads no optimizer (`trainer_optimizer_runs`); elsewhere DeepSpeed's own Adam does.
+    An optimizer other than AdamW (and AdamW8bit where a strategy takes it) is not modelled: fields None."""
+    from helpers import strategies
+
+    runs, instead = trainer_optimizer_runs(c, st)
+    name = value.lower()
+    kind, impl = hf_names.OPTIMIZERS.get(name, (None, None))
+    if kind is None or (runs and kind == "adamw-8bit" and not st.optimizer_8bit):
+        own = "AdamW" if st.torch_optimizer else "DeepSpeed's own Adam"
+        return None, "", [f"optimizer {value!r} is not modelled with strategy {st.name} (modelled: torch AdamW, and "
+                          f"bitsandbytes' AdamW8bit with {strategies.listing(lambda x: x.optimizer_8bit)}); estimated "
+                          f"as {own}"]
+    if not runs:
+        return {}, f"nothing: {instead}", []
+    changes = {"optimizer": "adamw-8bit"} if kind == "adamw-8bit" else {"adam_impl": impl} if impl else {}
+    sets = f"optimizer={kind}" + (f", adam_impl={impl}" if impl else "")
+    if not st.torch_optimizer:
+        sets += " (the Trainer hands it to DeepSpeed: the DeepSpeed config has no optimizer block)"
+    return changes, sets, [hf_names.PAGED_WHY] if name in hf_names.PAGED else []
 
 
 def trainer_optimizer_runs(c: Record, st) -> tuple[bool, str]:
