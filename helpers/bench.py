@@ -102,10 +102,13 @@ GRID = [
     ("llama-3.2-3b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, lora_rank=32, lora_targets="q,v", seq=1024)),
     ("llama-3-8b", T(strategy="fsdp2", gpus=2, gpus_per_node=2, lora_rank=32, seq=512, checkpointing="full",
                      offload_params=True, **OFF)),
-    # QLoRA: bitsandbytes' NF4 base on fake tensors (its own quantize_4bit and default 4-bit matmul)
+    # QLoRA: bitsandbytes' NF4 base on fake tensors (its own quantize_4bit and default 4-bit matmul), with and
+    # without double quantisation, and bitsandbytes 0.42's matmul (its input kept) re-enacted
     ("llama-3-8b", T(precision="bf16", lora_rank=16, base_weights="nf4", seq=2048)),
-    ("qwen2.5-7b", T(lora_rank=16, lora_targets="q,k,v,o", base_weights="nf4", batch=2, seq=1024,
+    ("qwen2.5-7b", T(lora_rank=16, lora_targets="q,k,v,o", base_weights="nf4-dq", batch=2, seq=1024,
                      checkpointing="full", attention="flash")),
+    ("llama-3-8b", T(precision="bf16", lora_rank=16, lora_targets="q,v", lora_dropout=0.05, base_weights="nf4",
+                     batch=2, seq=1024, attention="flash", versions="bitsandbytes=0.42.0")),
 ]
 
 
@@ -280,7 +283,7 @@ SCALED = [
     ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, batch=2, seq=128, grad_accum=2)),
     # QLoRA: bitsandbytes' NF4 base, quantised and multiplied for real on this CPU (helpers.measure.nf4)
     ("llama-3-8b", T(precision="bf16", lora_rank=8, base_weights="nf4", batch=2, seq=128)),
-    ("qwen3-8b", T(lora_rank=8, base_weights="nf4", batch=2, seq=128, checkpointing="full")),
+    ("qwen3-8b", T(lora_rank=8, base_weights="nf4-dq", batch=2, seq=128, checkpointing="full")),
     ("llama-3.2-3b", T(strategy="ddp", precision="bf16", lora_rank=8, lora_targets="q,v", base_weights="nf4",
                        batch=2, seq=128)),
 ]

@@ -6,7 +6,9 @@ Four kinds, from strongest to weakest:
 - placed by rule: the engine's own tensors, measured, but which of them count as "GPU" and which as "host" is decided
   by a rule we wrote (a CPU has one RAM; DeepSpeed's own sub-group map says 'cpu' for every group there);
 - re-enacted: an engine that cannot run here (DeepSpeed on fake tensors, DDP's bucket) rebuilt in torch with the
-  engine's buffer sizes, from our reading of its source;
+  engine's buffer sizes, from our reading of its source; or a library release other than the installed one whose
+  change is put back on the installed release (bitsandbytes before 0.43.2: `helpers.measure.nf4.inputs_kept`;
+  transformers before 4.49: `helpers.measure.causal_lm_loss`);
 - estimated: arithmetic over named buffers (`helpers.estimate`).
 
 A check of an estimate against a re-enacted or rule-placed figure is a consistency check (the same rules on both
@@ -15,6 +17,7 @@ sides), not a test against reality; `kind(result)` says which it is so that ever
 
 from __future__ import annotations
 
+from helpers import versions
 from helpers.results import Result
 
 KINDS = {
@@ -30,6 +33,8 @@ def kind(result: Result) -> str:
     s, mode = result.train_setup, result.mode
     if mode == "estimate":
         return "estimated"
+    if mode in ("dry-run", "scaled") and (_old_matmul(s) or _old_loss(s)):
+        return "re-enacted"
     if mode == "dry-run":
         return s.strat.dry_run_evidence
     if mode == "scaled":
@@ -55,6 +60,13 @@ def detail(result: Result) -> str:
             text += "; DeepSpeed cannot run on fake tensors"
     elif result.mode == "scaled":
         text += " (the tiny twin, trained for real on this CPU)"
+    if result.mode in ("dry-run", "scaled") and _old_matmul(s):
+        text += (f"; bitsandbytes {versions.of(s, 'bitsandbytes')[0]}'s 4-bit matmul re-enacted on the installed "
+                 f"{versions.installed('bitsandbytes')} (its input kept, as before 0.43.2)")
+    if result.mode in ("dry-run", "scaled") and _old_loss(s):
+        text += (f"; transformers {versions.of(s, 'transformers')[0]}'s causal-LM loss re-enacted on the installed "
+                 f"{versions.installed('transformers')} (the logits shifted by a copy"
+                 + (", upcast by the forward)" if versions.older(s, "logits_upcast_in_forward") else ")"))
     tp, cp = s.tensor_parallel, s.context_parallel
     if tp > 1 and result.mode == "dry-run":
         text += f"; tensor parallel {tp}: torchtitan's plan run by DTensor on a fake 2-D mesh"
@@ -64,6 +76,14 @@ def detail(result: Result) -> str:
         text += (f"; context parallel {cp}: estimated only, not measured (no dry run: torch's context_parallel "
                  f"patches F.scaled_dot_product_attention, which the fake GPU's attention does not call)")
     return text
+
+
+def _old_matmul(s) -> bool:
+    return bool(s.base_weights) and versions.older(s, "bnb_4bit_input_kept")
+
+
+def _old_loss(s) -> bool:
+    return not s.fused_ce and versions.older(s, "causal_lm_loss_copies_logits")
 
 
 def label(result: Result) -> str:

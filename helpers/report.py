@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers import evidence, gpus
+from helpers import evidence, gpus, versions
 from helpers.results import Result
 from helpers.units import MiB, fmt, scale, to_gib
 from helpers.vocab import PHASE_LABELS
@@ -37,6 +37,20 @@ def verdict(r: Result) -> str:
     return ("fits: " if any(r.device(n).capacity_bytes for n in ("gpu", "host")) else "needs: ") + "; ".join(parts)
 
 
+def versioned_lines(r: Result) -> list[str]:
+    """The rules that changed across library releases and bore on the result's set-up, with the release each ran at
+    (as the result recorded them; a result without the record: as they stand here)."""
+    s = r.train_setup
+    rules = r.meta.get("versioned")
+    if rules is None:
+        rules = versions.applied(s)
+    if rules:
+        return ["", "versioned rules (helpers.versions):"] + [f"  {versions.line(x)}" for x in rules]
+    if s.versions:
+        return ["", f"versions {s.versions}: no rule that changed across these releases bears on this set-up"]
+    return []
+
+
 def table(r: Result) -> str:
     """The result as text, in GiB (2**30 bytes), or MiB (2**20) when everything is under 1 GiB (a scaled twin)."""
     unit, div = scale([r.gpu.peak_bytes, r.host.peak_bytes])
@@ -66,6 +80,7 @@ def table(r: Result) -> str:
         if cats:
             lines += ["", f"{name} at its peak ({PHASE_LABELS[d.peak_phase]}):"]
             lines += [f"  {c:28s}{conv(v):14.2f}" for c, v in cats.items()]
+    lines += versioned_lines(r)
     if r.meta.get("losses"):
         lines += ["", "losses: " + ", ".join(f"{x:.3f}" for x in r.meta["losses"])]
     if r.meta.get("rss_bytes"):

@@ -11,6 +11,7 @@ import re
 from dataclasses import InitVar, dataclass, field
 
 from helpers import strategies
+from helpers import versions as library_versions
 from helpers.degrees import Degrees
 from helpers.errors import InputError
 
@@ -20,7 +21,8 @@ OPTIMIZERS = ("adamw", "adamw-8bit")
 STRATEGIES = strategies.NAMES
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
-BASE_WEIGHTS = ("nf4",)       # QLoRA: bitsandbytes 4-bit NormalFloat base (None: the base in the compute dtype)
+BASE_WEIGHTS = ("nf4", "nf4-dq")   # QLoRA: bitsandbytes 4-bit NormalFloat base, without / with double quantisation
+                                   # (None: the base in the compute dtype)
 MAX_GRAD_ACCUM = 4096         # micro batches per optimizer step (real runs use 1 to a few hundred)
 MAX_LAYERS = 1024              # decoder layers (checkpoint_every); the largest models have about 128
 
@@ -146,15 +148,26 @@ class TrainSetup:
     nn.Identity at 0). With P > 0 each adapted layer keeps the dropped input for lora_A's backward and the dropout's
     mask (helpers.estimate.activations.lora_saves). Needs lora_rank."""
     base_weights: str | None = option(None, Face(
-        "--base-weights", lambda: f"with --lora-rank: nf4 for QLoRA's bitsandbytes 4-bit base (double quantisation, "
-                                  f"compute in the precision's dtype; {'/'.join(strategies.names(lambda s: s.qlora))})",
+        "--base-weights", lambda: f"with --lora-rank: QLoRA's bitsandbytes 4-bit base, nf4 (an fp32 absmax per 64 "
+                                  f"weights: transformers' BitsAndBytesConfig default, TRL's) or nf4-dq (double "
+                                  f"quantisation: axolotl's, LLaMA-Factory's, OpenRLHF's); compute in the precision's "
+                                  f"dtype ({'/'.join(strategies.names(lambda s: s.qlora))})",
         choices=BASE_WEIGHTS, control=Control("menu", "LoRA base", options=("bf16",) + BASE_WEIGHTS, none="bf16",
-                                              tooltip="nf4: QLoRA's 4-bit base (with a LoRA rank)"),
+                                              tooltip="nf4: QLoRA's 4-bit base (with a LoRA rank); -dq: double "
+                                                      "quantisation"),
         applies=lambda v: v["lora_rank"] is not None,
         no_time="a 4-bit base changes the model's numerics (bitsandbytes nf4) and dequantises in every matmul; its "
                 "speed is not modelled"))
     """How LoRA's frozen base is stored. None: in the compute dtype. 'nf4': QLoRA, as transformers' BitsAndBytesConfig
-    loads it (helpers.estimate.quantized says how). Needs lora_rank."""
+    loads it with `bnb_4bit_use_double_quant=False` (its default); 'nf4-dq': with double quantisation
+    (`bnb_4bit_use_double_quant=True`, the absmax itself quantised to 8 bits). helpers.estimate.quantized says how.
+    Needs lora_rank."""
+    versions: str | None = option(None, Face(
+        "--versions", lambda: f"library releases the run uses, e.g. bitsandbytes=0.42.0 (libraries with rules that "
+                              f"changed across releases: {', '.join(library_versions.LIBRARIES)}; default: the "
+                              f"installed ones)", metavar="LIB=VER"))
+    """The releases of the libraries whose behaviour changed across releases (helpers.versions.RULES), as
+    'library=version' pairs separated by commas; a library not named is taken at the release installed here."""
     strategy: str = option("single", Face(
         "--strategy", lambda: strategies.help_text(), choices=lambda: strategies.NAMES,
         control=Control("menu", "strategy", options=STRATEGIES, main=True),
@@ -275,6 +288,11 @@ class TrainSetup:
         return self.adam_impl or "foreach"
 
     @property
+    def double_quant(self) -> bool:
+        """A 4-bit base with bitsandbytes' double quantisation (base_weights 'nf4-dq')."""
+        return self.base_weights == "nf4-dq"
+
+    @property
     def client_optimizer(self) -> bool:
         """Under ZeRO: the HF Trainer's optimizer (torch AdamW or AdamW8bit) handed to DeepSpeed in place of its own
         Adam (`Strategy.client_optimizer`)."""
@@ -372,6 +390,7 @@ class TrainSetup:
         if self.lora_rank is not None and self.checkpointing == "selective":
             raise InputError("checkpointing 'selective' is modelled for full fine-tuning; with lora_rank the adapters' "
                              "extra matmuls change which outputs the policy saves: use checkpointing 'full' or 'none'")
+        library_versions.parse(self.versions)
         s = self.strategy
         if self.base_weights is not None:
             _choice("base_weights", self.base_weights, BASE_WEIGHTS)

@@ -36,6 +36,7 @@ GIVEN = {
     "lora_rank": (["--lora-rank", "8"], 8), "lora_targets": (["--lora-targets", "q,v"], "q,v"),
     "lora_dropout": (["--lora-dropout", "0.1"], 0.1),
     "base_weights": (["--base-weights", "nf4"], "nf4"), "strategy": (["--strategy", "zero3"], "zero3"),
+    "versions": (["--versions", "bitsandbytes=0.42.0"], "bitsandbytes=0.42.0"),
     "gpus": (["--gpus", "4"], 4), "tensor_parallel": (["--tp", "2"], 2), "context_parallel": (["--cp", "2"], 2),
     "gpus_per_node": (["--gpus-per-node", "4"], 4), "offload_optimizer": (["--offload-optimizer"], True),
     "offload_params": (["--offload-params"], True), "offload_ratio": (["--offload-ratio", "0.5"], 0.5),

@@ -1,7 +1,9 @@
-"""QLoRA (base_weights 'nf4'): the 4-bit base's bytes exactly as bitsandbytes makes them on this CPU, the estimate
-against a dry run and scaled runs through bitsandbytes itself, refused combinations, the CLI flag and the explorer."""
+"""QLoRA (base_weights 'nf4', 'nf4-dq'): the 4-bit base's bytes exactly as bitsandbytes makes them on this CPU, with
+and without double quantisation, the estimate against a dry run and scaled runs through bitsandbytes itself, the 4-bit
+matmul of bitsandbytes before 0.43.2 (`versions`), refused combinations, the CLI flag and the explorer."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -28,28 +30,36 @@ def _bytes(tensors) -> int:
     return total
 
 
+@pytest.mark.parametrize("double", [True, False], ids=["nf4-dq", "nf4"])
 @pytest.mark.parametrize("out_f,in_f", [(512, 256), (30, 100), (7, 9), (1000, 333)])
-def test_one_weight_is_bitsandbytes_own(out_f, in_f):
-    """Codes, 8-bit absmax, second-level absmax, offset and both code books, as bitsandbytes quantises a Linear4bit
-    here (including sizes that are not multiples of its blocks)."""
+def test_one_weight_is_bitsandbytes_own(out_f, in_f, double):
+    """Codes and the NF4 code book with the fp32 absmax (nf4), or with the 8-bit absmax, second-level absmax, offset
+    and its code book (nf4-dq), as bitsandbytes quantises a Linear4bit here (including sizes that are not multiples
+    of its blocks)."""
     import bitsandbytes as bnb
 
     lin = torch.nn.Sequential(torch.nn.Linear(in_f, out_f, bias=False, dtype=torch.bfloat16))
     lin.get_output_embeddings = lambda: None
-    nf4.quantize(lin)
+    nf4.quantize(lin, double=double)
     q = lin[0]
-    assert isinstance(q, bnb.nn.Linear4bit) and q.weight.quant_state.nested and q.weight.quant_state.blocksize == 64
-    assert q.weight.quant_state.state2.blocksize == 256 and q.weight.quant_state.quant_type == "nf4"
-    assert _bytes([q.weight] + nf4.state_tensors(lin)) == quantized.nf4_weight_bytes(out_f * in_f)
+    assert isinstance(q, bnb.nn.Linear4bit) and q.weight.quant_state.blocksize == 64
+    assert q.weight.quant_state.nested == double and q.weight.quant_state.quant_type == "nf4"
+    if double:
+        assert q.weight.quant_state.state2.blocksize == 256
+    else:
+        assert q.weight.quant_state.absmax.dtype == torch.float32
+    assert _bytes([q.weight] + nf4.state_tensors(lin)) == quantized.nf4_weight_bytes(out_f * in_f, double)
 
 
-def test_the_twins_base_is_counted_exactly():
+@pytest.mark.parametrize("weights", ["nf4", "nf4-dq"])
+def test_the_twins_base_is_counted_exactly(weights):
     """Every tensor of the quantised twin (peft adapters on it): the 4-bit weights and their state, the bf16
     embedding, norms and head, and the adapters, against the estimate's counts."""
     twin = str(models.scaled_path(M))
     m = models.spec(twin)
-    net = engines.build_model(twin, QLORA, torch.bfloat16, "sdpa")
-    codes, rest = quantized.nf4_base_bytes(m)
+    setup = QLORA.replace(base_weights=weights)
+    net = engines.build_model(twin, setup, torch.bfloat16, "sdpa")
+    codes, rest = quantized.nf4_base_bytes(m, setup.double_quant)
     four_bit = [p for p in net.parameters() if hasattr(p, "quant_state")]
     assert len(four_bit) == len(quantized.nf4_tensors(m)) == 7 * m.layers
     assert _bytes(four_bit + nf4.state_tensors(net)) == codes
@@ -59,18 +69,24 @@ def test_the_twins_base_is_counted_exactly():
 
 
 def test_full_size_base_is_about_a_quarter():
-    """Llama-3-8B: the linear layers in 4 bits (0.5 + 1/64 + 4/(64*256) bytes a weight and 1,092 bytes each), the
-    embedding and head in bf16; its base in GiB against the bf16 LoRA base."""
+    """Llama-3-8B: the linear layers in 4 bits (0.5 + 4/64 bytes a weight and 64 bytes each; with double quantisation
+    0.5 + 1/64 + 4/(64*256) and 1,092 bytes each), the embedding and head in bf16; its base in GiB against the bf16
+    LoRA base."""
     m = models.spec(M)
     linear = sum(t.numel for t in quantized.nf4_tensors(m))
     assert linear == 6_979_321_856
-    q = estimate.run(M, TrainSetup(lora_rank=16, base_weights="nf4", seq=512))
     b = estimate.run(M, TrainSetup(lora_rank=16, seq=512))
     adapters = 4 * m.lora_params(16)           # fp32 adapters under torch's bf16-mixed
-    base = q.gpu.breakdown["setup"]["parameters"] - adapters
-    assert base == quantized.nf4_base_bytes(m)[0] + 2 * (m.params - linear)
-    assert 5.3 < base / 2**30 < 5.4 and b.gpu.breakdown["setup"]["parameters"] - adapters == 2 * m.params
-    assert q.gpu.peak_bytes < b.gpu.peak_bytes - 9 * 2**30
+    assert b.gpu.breakdown["setup"]["parameters"] - adapters == 2 * m.params
+    bases = {}
+    for weights, double in (("nf4", False), ("nf4-dq", True)):
+        q = estimate.run(M, TrainSetup(lora_rank=16, base_weights=weights, seq=512))
+        bases[weights] = q.gpu.breakdown["setup"]["parameters"] - adapters
+        assert bases[weights] == quantized.nf4_base_bytes(m, double)[0] + 2 * (m.params - linear)
+        assert q.gpu.peak_bytes < b.gpu.peak_bytes - 9 * 2**30
+    assert round(bases["nf4-dq"] / 2**30, 2) == 5.31 and round(bases["nf4"] / 2**30, 2) == 5.61   # as the README says
+    assert bases["nf4"] - bases["nf4-dq"] == len(quantized.nf4_tensors(m)) * (64 - 1092) + sum(
+        3 * math.ceil(t.numel / 64) - 4 * math.ceil(t.numel / 64 / 256) for t in quantized.nf4_tensors(m))
 
 
 @pytest.mark.parametrize("setup", [
@@ -110,7 +126,7 @@ def test_fp32_compute_changes_the_base_by_the_4bit_weights_alone():
 
 @pytest.mark.parametrize("changes,needle", [
     (dict(base_weights="nf4"), "base_weights 'nf4' (QLoRA's 4-bit frozen base) needs lora_rank"),
-    (dict(base_weights="int4", lora_rank=8), "unknown base_weights 'int4': allowed are nf4"),
+    (dict(base_weights="int4", lora_rank=8), "unknown base_weights 'int4': allowed are nf4, nf4-dq"),
     (dict(base_weights="nf4", lora_rank=8, strategy="zero3"), "modelled with strategies single and ddp, got 'zero3'"),
     (dict(base_weights="nf4", lora_rank=8, strategy="fsdp2"), "modelled with strategies single and ddp, got 'fsdp2'"),
     (dict(base_weights="nf4", lora_rank=8, strategy="zero2"), "modelled with strategies single and ddp, got 'zero2'"),

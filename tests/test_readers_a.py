@@ -179,6 +179,10 @@ def test_llamafactory_not_modelled(tmp_path):
     nm = by_key(imp.not_modelled)
     assert "reference model" in nm["stage"].why and nm["quantization_bit"].value == 8 and "fp16" in nm
     q4 = read(write(tmp_path, "q4.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nquantization_bit: 4\n"))
+    assert q4.setup.base_weights == "nf4-dq"              # LLaMA-Factory's double_quantization defaults to True
+    assert any(d.key == "double_quantization" and d.value is True for d in q4.defaults)
+    q4 = read(write(tmp_path, "q4.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nquantization_bit: 4\n"
+                                         "double_quantization: false\n"))
     assert q4.setup.base_weights == "nf4"
 
 
@@ -287,6 +291,12 @@ def test_trl_defaults(tmp_path):
     assert d["max_length"].tool.startswith("TRL") and "sft_config.py" in d["max_length"].source
     assert d["gradient_checkpointing"].value is True and d["lora_target_modules"].tool == "peft"
     assert d["dtype"].value == "float32"
+    q = read(write(tmp_path, "q.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nuse_peft: true\n"
+                                       "load_in_4bit: true\n"))
+    assert q.setup.base_weights == "nf4" and by_key(q.defaults)["use_bnb_nested_quant"].value is False
+    q = read(write(tmp_path, "q.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nuse_peft: true\n"
+                                       "load_in_4bit: true\nuse_bnb_nested_quant: true\n"))
+    assert q.setup.base_weights == "nf4-dq"
 
 
 def test_trl_deepspeed_companion_auto(tmp_path):
@@ -378,5 +388,6 @@ def test_qlora_under_zero_is_listed_not_refused(tmp_path):
     nm = {n.key: n for n in i.not_modelled}
     assert nm["quantization_bit"].line == 4 and "under zero2 is not modelled" in nm["quantization_bit"].why
     assert not any(s.key == "quantization_bit" for s in i.settings)
+    assert not any(d.key == "double_quantization" for d in i.defaults)     # gone with the 4-bit base it refines
     (tmp_path / "q.yaml").write_text((tmp_path / "q.yaml").read_text().replace("deepspeed: ds.json\n", ""))
-    assert read([tmp_path / "q.yaml"]).setup.base_weights == "nf4"
+    assert read([tmp_path / "q.yaml"]).setup.base_weights == "nf4-dq"

@@ -527,7 +527,21 @@ def test_axolotl_plugins_cce_and_qlora_dpo(tmp_path):
     assert (s.batch, s.lora_rank, s.lora_targets, s.fused_ce, s.attention) == (4, 8, "all-linear", True, "sdpa")
     assert keyed(i.defaults)["cut_cross_entropy"].value is True
     assert "liger_fused_linear_cross_entropy" in keyed(i.ignored)            # no Liger plugin: no effect
-    assert s.base_weights == "nf4"
+    assert s.base_weights == "nf4-dq"           # axolotl's BitsAndBytesConfig: bnb_4bit_use_double_quant True
+
+
+def test_axolotl_4bit_base_by_adapter_and_bnb_config_kwargs(tmp_path):
+    """axolotl builds its BitsAndBytesConfig (nf4, double quantisation) only for adapter qlora; bnb_config_kwargs
+    update it; with adapter lora, load_in_4bit quantises nothing (loaders/model.py)."""
+    base = "base_model: meta-llama/Meta-Llama-3-8B\nlora_r: 8\nlora_target_linear: true\nload_in_4bit: true\n"
+    off = read(write(tmp_path, "a.yaml", base + "adapter: qlora\nbnb_config_kwargs:\n  bnb_4bit_use_double_quant: "
+                                               "false\n  llm_int8_threshold: 6.0\n"))
+    assert off.setup.base_weights == "nf4" and "bnb_config_kwargs.llm_int8_threshold" in keyed(off.not_modelled)
+    lora = read(write(tmp_path, "b.yaml", base + "adapter: lora\n"))
+    assert lora.setup.base_weights is None and "no 4-bit base" in keyed(lora.settings)["load_in_4bit"].sets
+    with pytest.raises(ConfigError) as err:
+        read(write(tmp_path, "c.yaml", base + "adapter: qlora\nbnb_config_kwargs: [1]\n"))
+    assert "bnb_config_kwargs must be a mapping" in str(err.value)
 
 
 def test_axolotl_deepspeed_companion_by_name(tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
-from helpers import models
+from helpers import models, versions
 from helpers.estimate import accumulation, activations, host, parallel, states
 from helpers.estimate.items import PHASE_MOMENTS, Item
 from helpers.results import DeviceMemory, Result, empty_breakdown
@@ -70,5 +70,5 @@ def run(model, setup: TrainSetup | None = None, **options) -> Result:
         items=[{"name": i.name, "category": i.category, "device": i.device, "bytes": i.nbytes,
                 "phases": [p for p in phases if set(PHASE_MOMENTS[p]) & i.moments], "why": i.why,
                 "pinned": i.pinned} for i in its],
-        meta={"date": datetime.date.today().isoformat()},
+        meta={"date": datetime.date.today().isoformat(), "versioned": versions.applied(setup)},
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from helpers import versions
 from helpers.errors import InputError
 from helpers.estimate import parallel, quantized
 from helpers.estimate.items import BWD_END, BWD_HEAD, BWD_START, FORWARDS, LOSS
@@ -101,6 +102,38 @@ def unmasked_first_readers(m: ModelSpec, setup) -> int:
     first = {"q_proj", "k_proj", "v_proj", "qkv_proj"}
     return sum(t.shape[1] for t in m.lora_targets(setup.lora_targets)
                if t.group == "layer.0" and t.name.rsplit(".", 2)[-2] in first)
+
+
+QKV_NAMES, MLP_IN_NAMES = {"q_proj", "k_proj", "v_proj", "qkv_proj"}, {"gate_proj", "up_proj", "gate_up_proj"}
+
+
+def kept_4bit_inputs(m: ModelSpec, setup) -> tuple[int, int]:
+    """bitsandbytes before 0.43.2 (helpers.versions 'bnb_4bit_input_kept'): MatMul4Bit kept each 4-bit linear's
+    input as a ctx attribute, which backward never frees. (Bytes per token one decoder layer keeps so beyond what it
+    saves anyway, bytes per token the first layer keeps less.)
+
+    Without checkpointing an input is extra where no adapter already saves that very tensor (peft's adapters share it
+    when they run in the base's dtype without dropout): the norms' outputs read by q/k/v and by gate/up, and down's
+    input; o_proj's input is the attention kernel's output, saved anyway. The first layer's q/k/v read the frozen
+    embedding's output, which needs no gradient, so their MatMul4Bit keeps nothing (`needs_input_grad` all False).
+    Under full checkpointing (non-reentrant, transformers' default since PR #43203) the layer's saved tensors are
+    dropped and recomputed, but a ctx attribute is not a saved tensor: every 4-bit linear's input stays, the first
+    layer's too (peft's enable_input_require_grads). Measured on dry runs with the old matmul re-enacted
+    (`helpers.measure.nf4.inputs_kept`)."""
+    if setup.attention == "eager" or m.kv_latent or m.moe_layers:
+        raise InputError(f"bitsandbytes before 0.43.2 (versions {setup.versions!r}) is modelled for dense "
+                         f"attention-kernel (sdpa, flash) layers without MLA: {m.name} with attention "
+                         f"{setup.attention!r} is not: give a bitsandbytes of 0.43.2 or later")
+    a = 4 if compute_mode(setup) == "fp32" else 2
+    adapted = {t.name.rsplit(".", 2)[-2] for t in m.lora_targets(setup.lora_targets) if t.group == "layer.0"}
+    own_copy = setup.precision == "bf16-mixed" and setup.strat.autocast
+    shared = lambda names: bool(adapted & names) and not own_copy and not setup.lora_dropout  # noqa: E731
+    if setup.checkpointing != "none":
+        return a * (2 * m.hidden + m.q_width + m.intermediate), 0
+    qkv = 0 if shared(QKV_NAMES) else a * m.hidden
+    mlp_in = 0 if shared(MLP_IN_NAMES) else a * m.hidden
+    down = 0 if shared({"down_proj"}) else a * m.intermediate
+    return qkv + mlp_in + down, qkv
 
 
 def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
@@ -237,7 +270,20 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else ""))
         b.gpu("activations of the first layers, not yet freed", "activations", max(per_dense, per_moe), BWD_END,
               "backward frees each layer's saved tensors as it passes")
-    if s.base_weights == "nf4":
+    if s.base_weights and versions.older(s, "bnb_4bit_input_kept"):
+        per_layer, first_less = kept_4bit_inputs(m, s)
+        if s.checkpointing == "full" and s.checkpoint_every > 1:
+            ckpt = m.layers // s.checkpoint_every
+            plain, _ = kept_4bit_inputs(m, s.replace(checkpointing="none", checkpoint_every=1))
+            per_layer_all = ckpt * per_layer + (m.layers - ckpt) * plain   # (the first layer's input needs a gradient)
+        else:
+            per_layer_all = m.layers * per_layer
+        b.gpu("4-bit linears' inputs kept by bitsandbytes' MatMul4Bit (before 0.43.2)", "activations",
+              (per_layer_all - first_less) * T, FORWARDS | BWD_START | BWD_HEAD | BWD_END,
+              f"bitsandbytes {versions.of(s, 'bitsandbytes')[0]} keeps each 4-bit linear's input as ctx.tensors until "
+              f"the graph is freed after backward (fixed in 0.43.2, commit 9e75374): {per_layer:,} "
+              f"bytes per token per layer beyond what the layer saves anyway")
+    if s.base_weights:
         c = 4 if s.precision == "fp32" else 2
         b.gpu(f"a 4-bit weight dequantised for its matmul ({'fp32' if c == 4 else 'bf16'}) with its fp32 absmax",
               "temporaries", quantized.dequantized_bytes(m, c), BWD_END,
@@ -269,11 +315,20 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
               FORWARDS | BWD_START | BWD_HEAD, "Liger computes d(hidden) and d(lm_head) in the forward pass")
         return
     upcast = 4 * E if c == 2 else 0
-    b.gpu("logits", "logits", c * E, LOSS, f"batch x seq x vocab = {E:,} elements; dropped with the output")
+    if not (c == 2 and versions.older(s, "logits_upcast_in_forward")):   # (before 4.46 the bf16 logits are freed
+        b.gpu("logits", "logits", c * E, LOSS, f"batch x seq x vocab = {E:,} elements; dropped with the output")
+    # at once: the model's forward upcasts them and returns the fp32 ones, counted below)
+    shifting = versions.older(s, "causal_lm_loss_copies_logits")   # the loss over batch x (seq - 1) rows
+    L = s.batch * (s.seq - 1) * m.vocab if shifting else E
+    if shifting and s.batch > 1:
+        b.gpu("fp32 logits shifted by one token (a contiguous copy)", "logits", 4 * L, LOSS,
+              f"transformers {versions.of(s, 'transformers')[0]}: logits[..., :-1, :].contiguous() before the "
+              f"cross-entropy (the labels are shifted instead from 4.49.0); with batch 1 the slice is contiguous "
+              f"already and no copy is made")
     if m.logit_softcap:
         b.gpu("soft-capped logits (tanh output, saved)", "logits", c * E, LOSS | BWD_START,
               "final_logit_softcapping: logits = cap * tanh(logits / cap); tanh keeps its output until its backward")
-    b.gpu("fp32 upcast + log_softmax output", "logits", upcast + 4 * E, LOSS,
+    b.gpu("fp32 upcast + log_softmax output", "logits", upcast + 4 * L, LOSS,
           "ForCausalLMLoss: logits.float(); cross_entropy saves log_softmax's output")
-    b.gpu("log_softmax output + its gradient + the logits' fp32 gradient", "logits", 12 * E, BWD_START,
+    b.gpu("log_softmax output + its gradient + the logits' fp32 gradient", "logits", 12 * L, BWD_START,
           "nll_loss backward makes a dense fp32 gradient; log_softmax backward another")

@@ -82,12 +82,13 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
     only parameters with gradients, master weights and optimizer states.
     """
     s = b.setup
-    if s.lora_rank and s.base_weights == "nf4":
-        codes, rest = quantized.nf4_base_bytes(m)
+    if s.lora_rank and s.base_weights:
+        codes, rest = quantized.nf4_base_bytes(m, s.double_quant)
         compute, _ = dtype_bytes(s)
         b.gpu("frozen base: 4-bit NF4 linear weights and their quantisation state", "parameters", codes, ALWAYS,
-              f"bitsandbytes Linear4bit on {len(quantized.nf4_tensors(m))} linear layers: 0.5 byte per weight, uint8 "
-              f"absmax per 64, fp32 absmax per 256 of those, offset and code books")
+              f"bitsandbytes Linear4bit on {len(quantized.nf4_tensors(m))} linear layers: 0.5 byte per weight, "
+              + ("uint8 absmax per 64, fp32 absmax per 256 of those, offset and code books (double quantisation)"
+                 if s.double_quant else "fp32 absmax per 64 and the NF4 code book (no double quantisation)"))
         b.gpu(f"frozen base: embedding, norms and output head ({'fp32' if compute == 4 else 'bf16'})", "parameters",
               rest * compute, ALWAYS,
               "not quantised by transformers' bitsandbytes integration; kept in the compute dtype")

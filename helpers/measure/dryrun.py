@@ -16,6 +16,7 @@ import time
 import torch
 
 from helpers import estimate, gpus, models, provenance, strategies
+from helpers import versions as library_versions
 from helpers.degrees import ceil_div
 from helpers.errors import InputError
 from helpers.measure import allocator, engines, fakegpu, nf4, reserved, tensor_parallel
@@ -399,7 +400,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
     tp = setup.tensor_parallel
     mesh = _fake_mesh(setup.gpus, tp) if st.fake_process_group or tp > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=True), \
-            (nf4.dequantized_matmuls() if setup.base_weights else contextlib.nullcontext()):
+            (nf4.dequantized_matmuls() if setup.base_weights else contextlib.nullcontext()), nf4.matmul_as(setup):
         net = build_model(m, setup, dev)                     # built before tracking: setup is the engine's state
         bar.update()
         tracker = Tracker() if track else NullTracker()
@@ -430,6 +431,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         model=m.name, params=m.params, mode="dry-run", setup=dataclasses.asdict(setup),
         gpu=DeviceMemory(tracker.breakdown("gpu"), gpu_cap), host=DeviceMemory(tracker.breakdown("host", scale), host_cap),
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": provenance.versions(),
+              "versioned": library_versions.applied(setup),
               "device": "fake tensors (no memory allocated); GPU = fake PrivateUse1 device 'gpu'",
               "engine": st.dry_run + (f"; tensor parallel {tp} (torchtitan's plan, DTensor on a 2-D fake mesh)"
                                       if tp > 1 else ""), "wall_s": round(time.perf_counter() - started, 2),

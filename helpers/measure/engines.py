@@ -68,10 +68,13 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
     from helpers.measure import checkpointing
 
     checkpointing.enable(net, setup.checkpointing, setup.checkpoint_every)
-    if setup.base_weights == "nf4":
+    from helpers.measure import causal_lm_loss
+
+    causal_lm_loss.as_released(net, setup)
+    if setup.base_weights:
         from helpers.measure import nf4
 
-        nf4.quantize(net)
+        nf4.quantize(net, double=setup.double_quant)
     if setup.lora_rank:
         net = add_lora(net, setup)
     return net.train()

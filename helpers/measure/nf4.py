@@ -1,5 +1,7 @@
-"""QLoRA's 4-bit base in the measured runs: the decoder layers' linear layers made bitsandbytes Linear4bit (NF4,
-double quantisation, bf16 compute), as transformers' bitsandbytes integration loads them (bitsandbytes 0.50.2).
+"""QLoRA's 4-bit base in the measured runs: the decoder layers' linear layers made bitsandbytes Linear4bit (NF4, with
+or without double quantisation, bf16 compute), as transformers' bitsandbytes integration loads them (bitsandbytes
+0.50.2); with a set-up whose `versions` name a bitsandbytes before 0.43.2, its 4-bit matmul as that release kept its
+input (`inputs_kept`, re-enacted on the installed release).
 
 - Scaled runs: bitsandbytes quantises the twin on this CPU (`Params4bit._quantize`), and its training matmul runs
   its default kernel (`backends/default/ops._gemm_4bit_default_impl`: the absmax dequantised to fp32, the weight to
@@ -19,10 +21,11 @@ import contextlib
 import torch
 
 
-def quantize(net, device=None):
+def quantize(net, device=None, *, double: bool):
     """Replace every nn.Linear of the decoder layers (not the output head) with an NF4 Linear4bit holding the same
-    weight, quantised on `device` (the weight's own device by default); the compute dtype is the model's own (bf16,
-    or fp32 for precision 'fp32', as transformers passes bnb_4bit_compute_dtype); returns `net`."""
+    weight, quantised on `device` (the weight's own device by default), with double quantisation or without
+    (`double`: transformers' bnb_4bit_use_double_quant); the compute dtype is the model's own (bf16, or fp32 for
+    precision 'fp32', as transformers passes bnb_4bit_compute_dtype); returns `net`."""
     import bitsandbytes as bnb
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
@@ -34,22 +37,22 @@ def quantize(net, device=None):
                 continue
             with unset_fake_temporarily():       # (its placeholder Params4bit cannot wrap a fake tensor)
                 q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                      compute_dtype=compute_dtype, compress_statistics=True, quant_type="nf4",
+                                      compute_dtype=compute_dtype, compress_statistics=double, quant_type="nf4",
                                       device="meta")
             if child.bias is not None:
                 q.bias = torch.nn.Parameter(child.bias.data.to(compute_dtype), requires_grad=False)
             if isinstance(child.weight, FakeTensor):
-                _quantize_fake(q, child.weight.data.to(compute_dtype))
+                _quantize_fake(q, child.weight.data.to(compute_dtype), double)
             else:
                 q.weight = bnb.nn.Params4bit(child.weight.data.to(compute_dtype), requires_grad=False,
-                                             compress_statistics=True, quant_type="nf4", module=q)
+                                             compress_statistics=double, quant_type="nf4", module=q)
                 q.weight = q.weight._quantize(device or child.weight.device)
             q.train(child.training)
             setattr(module, child_name, q)
     return net
 
 
-def _quantize_fake(q, w) -> None:
+def _quantize_fake(q, w, double: bool) -> None:
     """On fake tensors: bitsandbytes' own quantize_4bit (its fake kernels give the shapes and dtypes) into a plain
     Parameter carrying the QuantState (Linear4bit's forward takes a weight's `quant_state` as it is)."""
     import bitsandbytes.functional as F
@@ -58,7 +61,7 @@ def _quantize_fake(q, w) -> None:
     if "dynamic" not in F.name2qmap:             # bitsandbytes caches this code book for good: make it a real one
         with unset_fake_temporarily():
             F.name2qmap["dynamic"] = F.create_dynamic_map()
-    w4, qs = F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
+    w4, qs = F.quantize_4bit(w, blocksize=64, compress_statistics=double, quant_type="nf4")
     q.weight = torch.nn.Parameter(w4, requires_grad=False)
     q.weight.quant_state = q.quant_state = qs
 
@@ -115,3 +118,37 @@ def state_tensors(net) -> list[torch.Tensor]:
             out.update({id(t): t for t in (qs.absmax, qs.code, qs.offset) if isinstance(t, torch.Tensor)})
             qs = qs.state2
     return list(out.values())
+
+
+def matmul_as(setup):
+    """The 4-bit matmul as the set-up's bitsandbytes release runs it: `inputs_kept` where its `versions` name a
+    release before 0.43.2, else the installed one unchanged."""
+    from helpers import versions
+
+    if setup.base_weights and versions.older(setup, "bnb_4bit_input_kept"):
+        return inputs_kept()
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def inputs_kept():
+    """bitsandbytes before 0.43.2, re-enacted on the installed one: `MatMul4Bit.forward` kept its input as
+    `ctx.tensors = (A, B)` where 0.43.2 keeps `(None, B)` (commit 9e75374, 'fix QLoRA mem bug: delete useless buffered
+    activation', PR #1270); a ctx attribute is not a saved tensor, so backward never frees it and it lives as long as
+    the autograd graph. The installed forward runs unchanged and the input is then put back where the old one kept
+    it, which is the whole of that change."""
+    from bitsandbytes.autograd import _functions as fns
+
+    original = fns.MatMul4Bit.forward
+
+    def forward(ctx, A, B, out=None, bias=None, quant_state=None):
+        output = original(ctx, A, B, out, bias, quant_state)
+        if not ctx.is_empty and ctx.tensors[1] is not None:
+            ctx.tensors = (A, ctx.tensors[1])
+        return output
+
+    fns.MatMul4Bit.forward = staticmethod(forward)
+    try:
+        yield
+    finally:
+        fns.MatMul4Bit.forward = staticmethod(original)

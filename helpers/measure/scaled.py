@@ -29,6 +29,7 @@ import psutil
 import torch
 
 from helpers import deepspeed_ops, deepspeed_rules, estimate, models, provenance
+from helpers import versions as library_versions
 from helpers.errors import InputError, MeasurementError
 from helpers.measure import children, engines, nf4, procgroup
 from helpers.measure.fsdp_engines import FSDP1Engine, FSDP2Engine
@@ -135,7 +136,8 @@ def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int,
     engines.watch_logits(engine.module, tracker)
     with tqdm(total=steps, desc=f"twin, {s.strategy}: training steps", leave=False, disable=not progress) as bar:
         hooks = _Recorder(bar)
-        run_steps(engine, tracker, ids, s.grad_accum, steps, hooks=hooks)
+        with nf4.matmul_as(s):
+            run_steps(engine, tracker, ids, s.grad_accum, steps, hooks=hooks)
     return hooks.losses, hooks.rss, hooks.times
 
 
@@ -374,6 +376,7 @@ def result_from_census(twin, s, tracker, losses, rss, wall, engine, ranks, times
         model=m.name, params=m.params, mode="scaled", setup=dataclasses.asdict(s),
         gpu=DeviceMemory(tracker.breakdown("gpu")), host=DeviceMemory(tracker.breakdown("host", ranks)),
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": provenance.versions(),
+              "versioned": library_versions.applied(s),
               "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores): placement by role, GPU and host are one RAM",
               "engine": engine, "losses": losses, "rss_bytes": rss, "wall_s": round(wall, 2),
               "step_s": [round(x, 5) for x in (times or {}).get("step", [])],

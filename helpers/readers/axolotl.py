@@ -375,11 +375,41 @@ class _Reader:
         else:
             raise ConfigError(f, "adapter lora needs lora_target_modules or lora_target_linear: true (axolotl hands "
                                  "PEFT an empty target list otherwise)")
-        if four:
-            d.setting(f, self.line("load_in_4bit"), "load_in_4bit", True, base_weights="nf4")
+        if four and adapter == "qlora":
+            self.four_bit(self.take("bnb_config_kwargs"))
+        elif four:
+            d.setting(f, self.line("load_in_4bit"), "load_in_4bit", True,
+                      "no 4-bit base: axolotl builds its BitsAndBytesConfig only for adapter qlora "
+                      "(loaders/model.py); with adapter lora the base loads in the compute dtype")
         if eight:
             d.unmodelled_at(f, self.line("load_in_8bit"), "load_in_8bit", True, "a bitsandbytes 8-bit base is not "
                                                                               "modelled: estimated with a bf16 base")
+
+    def four_bit(self, kwargs):
+        """adapter qlora with load_in_4bit: axolotl's BitsAndBytesConfig (loaders/model.py: nf4 with double
+        quantisation), updated by `bnb_config_kwargs`."""
+        d, f = self.d, self.path
+        double, line = True, self.line("load_in_4bit")
+        if kwargs is not None:
+            if not isinstance(kwargs, dict):
+                raise ConfigError(f, f"bnb_config_kwargs must be a mapping of BitsAndBytesConfig arguments, got "
+                                     f"{kwargs!r}")
+            for key, value in kwargs.items():
+                if key == "bnb_4bit_use_double_quant" and isinstance(value, bool):
+                    double = value
+                elif key == "bnb_4bit_use_double_quant":
+                    raise ConfigError(f, f"bnb_config_kwargs.bnb_4bit_use_double_quant must be true or false, got "
+                                         f"{value!r}")
+                elif key == "bnb_4bit_quant_type" and value != "nf4":
+                    d.unmodelled_at(f, self.line("bnb_config_kwargs"), f"bnb_config_kwargs.{key}", value,
+                                    f"4-bit {value} base weights are not modelled: estimated as nf4")
+                elif key not in ("bnb_4bit_quant_type", "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
+                    d.unmodelled_at(f, self.line("bnb_config_kwargs"), f"bnb_config_kwargs.{key}", value,
+                                    "not modelled: estimated with axolotl's BitsAndBytesConfig for it")
+        weights = "nf4-dq" if double else "nf4"
+        d.setting(f, line, "load_in_4bit", True, f"base_weights={weights} (axolotl's BitsAndBytesConfig: nf4, "
+                                                 f"double quantisation {'on' if double else 'off'}; loaders/model.py)",
+                  base_weights=weights)
 
     def optimizer(self, strategy: str):
         d, f = self.d, self.path

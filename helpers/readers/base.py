@@ -281,11 +281,11 @@ WITH_SOME_STRATEGIES = (
 )
 
 
-def only_where_modelled(fields: dict, settings: list[Setting]) -> list[NotModelled]:
+def only_where_modelled(fields: dict, settings: list[Setting], defaults: list | None = None) -> list[NotModelled]:
     """A setting read from a file that the package models only with some strategies (tensor/context parallel with
     ddp and fsdp2; a 4-bit base with single and ddp), under a strategy without it (OpenRLHF's ring attention or a
-    QLoRA run over ZeRO): the field is reset to off, its Setting removed from `settings`, and the NotModelled entries
-    returned — the estimate runs without it, and says so, instead of refusing the whole file."""
+    QLoRA run over ZeRO): the field is reset to off, its Setting removed from `settings` (and the tool defaults that
+    set it from `defaults`), and the NotModelled entries returned — the estimate runs without it, and says so, instead of refusing the whole file."""
     from helpers import strategies
 
     strategy = fields.get("strategy", "single")
@@ -297,6 +297,8 @@ def only_where_modelled(fields: dict, settings: list[Setting]) -> list[NotModell
         if fields.get(name, off) == off or getattr(st, test, False):
             continue
         fields[name] = off
+        for d in [d for d in defaults or [] if name in d.fields]:
+            defaults.remove(d)                     # (a tool default that only refines the setting: gone with it)
         for s in [s for s in settings if name in s.fields]:
             settings.remove(s)
             out.append(NotModelled(s.file, s.line, s.key, s.value,

@@ -145,11 +145,21 @@ class _Reader(collect.TrainerYaml):
                 raise ConfigError(path, f"quantization_bit must be 2, 3, 4, 5, 6 or 8, got {bits!r}")
             method = take("quantization_method", "bnb")
             qtype = take("quantization_type", "nf4")
+            double = take("double_quantization")
             if bits == 4 and method == "bnb" and qtype == "nf4":
-                c.set("quantization_bit", bits, "base_weights=nf4 (bitsandbytes 4-bit NF4 base, QLoRA)", base_weights="nf4")
+                weights = "nf4-dq" if double is None or c.flag("double_quantization", double) else "nf4"
+                c.set("quantization_bit", bits, f"base_weights={weights} (bitsandbytes 4-bit NF4 base, QLoRA)",
+                      base_weights=weights)
+                if double is None:
+                    self.default("double_quantization", True, "base_weights=nf4-dq (double quantisation)",
+                                 "model_args.py", base_weights=weights)
+                else:
+                    c.set("double_quantization", double, f"base_weights={weights}", base_weights=weights)
             else:
                 c.unmodelled("quantization_bit", bits, f"{bits}-bit {method} {qtype} base weights are not modelled; "
                                                        f"estimated with the base in the compute dtype")
+                if double is not None:
+                    c.ignore("double_quantization", double)
 
     def sizes(self) -> None:
         """Sizes."""

@@ -115,7 +115,7 @@ class Record:
         context parallel degrees, as a default that says so."""
         if "gpus" not in self.fields:
             self.gpus_unknown()
-        self.not_modelled += only_where_modelled(self.fields, self.settings)
+        self.not_modelled += only_where_modelled(self.fields, self.settings, self.defaults)
         degrees = self.fields.get("tensor_parallel", 1) * self.fields.get("context_parallel", 1)
         if self.world_unknown and degrees > 1:
             self.fields["gpus"] = degrees

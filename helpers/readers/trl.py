@@ -198,11 +198,20 @@ class _Reader(collect.TrainerYaml):
         q4, q8 = take("load_in_4bit"), take("load_in_8bit")
         if q4:
             qtype = take("bnb_4bit_quant_type", "nf4")
+            nested = take("use_bnb_nested_quant")
             if qtype == "nf4":
-                c.set("load_in_4bit", True, "base_weights=nf4 (bitsandbytes 4-bit, QLoRA)", base_weights="nf4")
+                weights = "nf4-dq" if nested is not None and c.flag("use_bnb_nested_quant", nested) else "nf4"
+                c.set("load_in_4bit", True, f"base_weights={weights} (bitsandbytes 4-bit, QLoRA)", base_weights=weights)
+                if nested is None:
+                    self.default("use_bnb_nested_quant", False, "base_weights=nf4 (no double quantisation)",
+                                 "model_config.py", base_weights=weights)
+                else:
+                    c.set("use_bnb_nested_quant", nested, f"base_weights={weights}", base_weights=weights)
             else:
                 c.unmodelled("load_in_4bit", True, f"4-bit {qtype} base weights are not modelled: estimated with the "
                                                    f"base in the compute dtype")
+                if nested is not None:
+                    c.ignore("use_bnb_nested_quant", nested)
         if q8:
             c.unmodelled("load_in_8bit", True, "8-bit base weights are not modelled: estimated in the compute dtype")
 

@@ -1,0 +1,134 @@
+"""Library versions as part of a set-up: the rules that changed across releases, keyed by the release that changed
+them.
+
+A set-up's `versions` ("bitsandbytes=0.42.0") names the releases a run used; a library it does not name is taken at
+the release installed here (`importlib.metadata`). Each Rule names its library, the first release with the new
+behaviour (`changed_in`), what the releases before it do, and the source that says so; the estimator, the dry run and
+the report ask `older(setup, key)` and list the rules that bore on the set-up (`applied`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+from packaging.version import InvalidVersion, Version
+
+from helpers.errors import InputError
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str
+    library: str
+    changed_in: str
+    """The first release with the new behaviour."""
+    before: str
+    """What the releases before `changed_in` do."""
+    since: str
+    """What `changed_in` and later releases do."""
+    source: str
+    bears: object
+    """A test on a TrainSetup: whether the rule can change its figures (the 4-bit rule only with a 4-bit base)."""
+
+
+RULES = (
+    Rule("bnb_4bit_input_kept", "bitsandbytes", "0.43.2",
+         "MatMul4Bit keeps each 4-bit linear's input (ctx.tensors = (A, B)), a ctx attribute that backward never "
+         "frees: it lives as long as the autograd graph",
+         "MatMul4Bit keeps only the 4-bit weight (ctx.tensors = (None, B))",
+         "bitsandbytes commit 9e75374 (PR #1270, 'fix QLoRA mem bug: delete useless buffered activation', "
+         "2024-07-16), first released in 0.43.2; autograd/_functions.py MatMul4Bit.forward",
+         lambda s: s.base_weights is not None),
+    Rule("causal_lm_loss_copies_logits", "transformers", "4.49.0",
+         "the causal-LM loss shifts the fp32 logits by one token with logits[..., :-1, :].contiguous(): one more fp32 "
+         "copy of the logits while the loss runs",
+         "the loss shifts the labels instead (padded by one): no copy of the logits",
+         "transformers 4.48.0 loss/loss_utils.py ForCausalLMLoss (and before 4.46 LlamaForCausalLM.forward itself); "
+         "4.49.0 pads and shifts the labels (PR #35646, 'remove unnecessary contiguous() call')",
+         lambda s: not s.fused_ce),
+    Rule("logits_upcast_in_forward", "transformers", "4.46.0",
+         "the model's forward upcasts its logits to fp32 (logits = logits.float()) and returns those: the bf16 "
+         "logits are freed at once",
+         "the model returns its logits in the compute dtype and the loss upcasts a copy",
+         "transformers 4.45.0 models/llama/modeling_llama.py LlamaForCausalLM.forward; 4.46.0 moves the upcast into "
+         "loss/loss_utils.py ForCausalLMLoss",
+         lambda s: not s.fused_ce and s.precision != "fp32"),
+)
+LIBRARIES = tuple(sorted({r.library for r in RULES}))
+ALIASES = {"bnb": "bitsandbytes"}
+_BY_KEY = {r.key: r for r in RULES}
+
+
+def parse(text: str | None) -> dict[str, Version]:
+    """'bitsandbytes=0.42.0,...' as {library: Version}; InputError naming the part and what is allowed."""
+    if text is None:
+        return {}
+    if not isinstance(text, str) or not text.strip():
+        raise InputError(f"versions must be library=version pairs separated by commas (libraries: "
+                         f"{', '.join(LIBRARIES)}), e.g. bitsandbytes=0.42.0, got {text!r}")
+    out: dict[str, Version] = {}
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*[=@]=?\s*(\S+)\s*", part)
+        if not m:
+            raise InputError(f"versions: {part.strip()!r} is not library=version (e.g. bitsandbytes=0.42.0)")
+        lib, ver = m.group(1).lower().replace("_", "-"), m.group(2)
+        lib = ALIASES.get(lib, lib)
+        if lib not in LIBRARIES:
+            raise InputError(f"versions: no rule here depends on {lib!r}'s release; libraries with versioned rules: "
+                             f"{', '.join(LIBRARIES)}")
+        if lib in out:
+            raise InputError(f"versions: {lib} is given twice")
+        try:
+            out[lib] = Version(ver)
+        except InvalidVersion:
+            raise InputError(f"versions: {lib}={ver!r} is not a release number (e.g. 0.42.0)") from None
+    return out
+
+
+def installed(library: str) -> Version | None:
+    try:
+        return Version(version(library))
+    except PackageNotFoundError:
+        return None
+
+
+def of(setup, library: str) -> tuple[Version | None, str]:
+    """(the release the set-up runs `library` at, where that came from: 'given' or 'installed'); (None, 'not
+    installed') when neither says."""
+    given = parse(setup.versions).get(library)
+    if given is not None:
+        return given, "given"
+    here = installed(library)
+    return (here, "installed") if here is not None else (None, "not installed")
+
+
+def older(setup, key: str) -> bool:
+    """The set-up's release of the rule's library predates `changed_in` (a library not installed and not given: the
+    newest behaviour)."""
+    rule = _BY_KEY[key]
+    v, _ = of(setup, rule.library)
+    return v is not None and v < Version(rule.changed_in)
+
+
+def applied(setup) -> list[dict]:
+    """The versioned rules that bear on the set-up: library, release and where it came from, and what that release
+    does, with the source."""
+    out = []
+    for r in RULES:
+        if not r.bears(setup):
+            continue
+        v, where = of(setup, r.library)
+        old = v is not None and v < Version(r.changed_in)
+        out.append({"key": r.key, "library": r.library, "version": str(v) if v else None, "from": where,
+                    "changed_in": r.changed_in, "older": old, "does": r.before if old else r.since,
+                    "source": r.source})
+    return out
+
+
+def line(rule: dict) -> str:
+    """One rule as the report prints it."""
+    rel = "<" if rule["older"] else ">="
+    return (f"{rule['library']} {rule['version'] or '(newest)'} ({rule['from']}) {rel} {rule['changed_in']}: "
+            f"{rule['does']}")
