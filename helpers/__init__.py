@@ -12,3 +12,8 @@ class _KnownNotices(logging.Filter):
 
 
 logging.getLogger("DeepSpeed").addFilter(_KnownNotices())    # the logger DeepSpeed creates on import keeps filters
+
+# bitsandbytes (imported by peft, and by the readers' and fixes' paths through transformers) looks for a 4-bit CPU
+# kernel on the Hugging Face hub at import and warns when the `kernels` package is absent: nothing is downloaded at
+# run time here, and its own CPU kernels run the scaled runs (helpers.measure.nf4).
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)

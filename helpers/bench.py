@@ -440,9 +440,12 @@ def bench_published(save: bool = True) -> None:
         for why in row["not_modelled"]:
             print(f"      not modelled: {why}")
         rows.append(c)
-    est = [(c["id"], c["like_for_like"]["estimate_allocated"]) for c in rows if "estimate_allocated" in c["like_for_like"]]
-    under = [f"{i} ({v:+.0%})" for i, v in est if v < -0.10]
-    print(f"   the estimate against the allocated peaks: {sum(abs(v) <= 0.10 for _, v in est)} of {len(est)} within 10%; "
+    like = [(c["id"], c["like_for_like"].get("estimate_allocated", c["like_for_like"].get("dry_run_reserved")))
+            for c in rows]
+    under = [f"{i} ({v:+.0%})" for i, v in like if v < -0.10]
+    sources = {published.peak(c["id"])["url"].split("/")[4] for c in rows}
+    print(f"   like with like (the estimate against allocated peaks, the dry run's modelled reserve against reserved "
+          f"ones): {sum(abs(v) <= 0.10 for _, v in like)} of {len(like)} within 10%, from {len(sources)} sources; "
           f"under by more than 10%: {', '.join(under) or 'none'}")
     if save:
         import json

@@ -55,7 +55,8 @@ def reserved(model: str) -> dict:
     return found[0]
 
 
-PEAK_UNITS = {"GiB": GiB, "GB": GB}        # as published: GiB = 2**30 bytes (torchtitan), GB = 10**9 bytes (LitGPT)
+PEAK_UNITS = {"GiB": GiB, "GB": GB, "bytes": 1}   # as published: GiB = 2**30 bytes (torchtitan), GB = 10**9 bytes
+                                                  # (LitGPT), bytes (PEFT's result files)
 PEAK_VIEWS = ("reserved", "allocated")     # which torch.cuda statistic a published peak is
 
 

@@ -155,7 +155,8 @@ def imported_table(imported, overrides=()) -> str:
         lines.append(f"  {o['flag']:44s}{short(o['value'], 14):>14s}  {short(o['field'] + '=' + str(o['value']), 35):36s}"
                      f"flag, overrides {short(o['replaced'])} from {o['from']}")
     if imported.not_modelled:
-        lines.append("  not modelled: " + "; ".join(f"{x.key}={short(x.value)} ({x.file}:{x.line}: {x.why})"
+        lines.append("  not modelled: " + "; ".join(f"{x.key}={short(x.value)} ({x.file}"
+                                                    f"{'' if x.line is None else f':{x.line}'}: {x.why})"
                                                     for x in imported.not_modelled))
     if imported.ignored:
         lines.append("  ignored (no effect on memory): " + ", ".join(x.key for x in imported.ignored))

@@ -68,6 +68,9 @@ class Strategy:
     quantisation state held whole on each GPU (no engine shards or re-casts them)."""
     autocast: bool = False
     """bf16-mixed means an fp32 model under torch.autocast (not a mixed-precision policy of the engine)."""
+    adapter_dtype: bool = False
+    """LoRA adapters keep the dtype peft gives them (fp32 by default on a bf16 base: `adapter_dtype`); no engine
+    re-casts them."""
     gradient_buckets: bool = False
     """A gradient-sized reducer bucket buffer (DDP)."""
     master_in_checkpoint: bool = False
@@ -104,10 +107,11 @@ _ZERO = dict(engine="deepspeed", torch_optimizer=False, client_optimizer=True,
              precisions=("bf16-mixed", "fp32"), master_in_checkpoint=True, dry_run_evidence="re-enacted")
 REGISTRY: dict[str, Strategy] = {s.name: s for s in (
     Strategy("single", "one GPU, torch", multi_gpu=False, dry_run="torch AdamW on one GPU", optimizer_8bit=True,
-             lora=True, qlora=True, autocast=True, fused_ce_modes=("dry", "scaled", "gpu")),
+             lora=True, qlora=True, autocast=True, adapter_dtype=True, fused_ce_modes=("dry", "scaled", "gpu"),
+             precisions=("bf16", "bf16-mixed", "fp16-mixed", "fp32")),
     Strategy("ddp", "torch DistributedDataParallel", dry_run="torch AdamW, plus one gradient-sized DDP bucket buffer "
              "(DDP itself not run)", dry_run_evidence="re-enacted", optimizer_8bit=True, lora=True, qlora=True,
-             autocast=True,
+             autocast=True, adapter_dtype=True, precisions=("bf16", "bf16-mixed", "fp16-mixed", "fp32"),
              gradient_buckets=True, fused_ce_modes=("dry", "scaled", "gpu"), model_parallel=True),
     Strategy("zero1", "DeepSpeed ZeRO-1", shards=("optimizer_states",), family="zero12",
              dry_run="DeepSpeed ZeRO-1 re-enacted in torch (DeepSpeed cannot run on fake tensors)", optimizer_8bit=True,

@@ -15,12 +15,13 @@ from helpers import versions as library_versions
 from helpers.degrees import Degrees
 from helpers.errors import InputError
 
-PRECISIONS = ("bf16", "bf16-mixed", "fp32")
+PRECISIONS = ("bf16", "bf16-mixed", "fp16-mixed", "fp32")
 ADAM_IMPLS = ("foreach", "fused", "for-loop")
 OPTIMIZERS = ("adamw", "adamw-8bit")
 STRATEGIES = strategies.NAMES
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
+ADAPTER_DTYPES = ("fp32", "bf16")
 BASE_WEIGHTS = ("nf4", "nf4-dq")   # QLoRA: bitsandbytes 4-bit NormalFloat base, without / with double quantisation
                                    # (None: the base in the compute dtype)
 MAX_GRAD_ACCUM = 4096         # micro batches per optimizer step (real runs use 1 to a few hundred)
@@ -101,7 +102,9 @@ class TrainSetup:
     """Sequence length (tokens)."""
     precision: str = option("bf16-mixed", Face("--precision", "", choices=PRECISIONS, control=Control(
         "menu", "precision", options=PRECISIONS, main=True)))
-    """bf16: weights, grads, AdamW states all bf16; bf16-mixed: fp32 master weights and states, bf16 compute; fp32."""
+    """bf16: weights, grads, AdamW states all bf16; bf16-mixed: fp32 master weights and states, bf16 compute;
+    fp16-mixed: the same bytes with fp16 compute and torch's GradScaler (the HF Trainer's `fp16`, accelerate's
+    mixed_precision fp16: GPUs without bf16, V100 and T4); fp32."""
     adam_impl: str | None = option(None, Face(
         "--adam-impl", lambda: f"torch AdamW implementation ({'/'.join(strategies.names(lambda s: s.torch_optimizer))}: "
                                f"default foreach; {'/'.join(strategies.names(lambda s: s.client_optimizer))}: the HF "
@@ -147,6 +150,20 @@ class TrainSetup:
     """peft's LoraConfig(lora_dropout=P): a torch.nn.Dropout on each adapted layer's input before lora_A (an
     nn.Identity at 0). With P > 0 each adapted layer keeps the dropped input for lora_A's backward and the dropout's
     mask (helpers.estimate.activations.lora_saves). Needs lora_rank."""
+    adapter_dtype: str | None = option(None, Face(
+        "--adapter-dtype", lambda: f"with --lora-rank: the adapters' dtype, fp32 (peft's autocast_adapter_dtype, its "
+                                   f"default, on a bf16 base) or bf16 (autocast_adapter_dtype=False: LitGPT's, "
+                                   f"torchtune's and LLaMA-Factory's pure_bf16 LoRA); default: fp32 on "
+                                   f"{'/'.join(strategies.names(lambda s: s.adapter_dtype))}, the engine's elsewhere",
+        choices=ADAPTER_DTYPES, control=Control("menu", "adapters", options=("default",) + ADAPTER_DTYPES,
+                                                none="default", tooltip="LoRA adapters' dtype (with a LoRA rank)"),
+        applies=lambda v: v["lora_rank"] is not None and _takes_adapter_dtype(v),
+        no_time="the adapters' dtype changes the training's numerics; its speed is not modelled"))
+    """The LoRA adapters' dtype on single and ddp. None: peft's default, `get_peft_model(autocast_adapter_dtype=True)`,
+    which upcasts adapters on a bf16 base to fp32 (peft 0.21 `tuners_utils.py` `_cast_adapter_dtype`): they keep fp32
+    gradients and AdamW states, and without autocast (precision 'bf16') each adapted layer casts its input to fp32
+    for them (`_cast_input_dtype`) and keeps that copy. 'bf16': adapters in the base's dtype. Elsewhere the engine
+    decides (DeepSpeed's bf16 mode casts the whole module; FSDP2 follows its MixedPrecisionPolicy)."""
     base_weights: str | None = option(None, Face(
         "--base-weights", lambda: f"with --lora-rank: QLoRA's bitsandbytes 4-bit base, nf4 (an fp32 absmax per 64 "
                                   f"weights: transformers' BitsAndBytesConfig default, TRL's) or nf4-dq (double "
@@ -163,9 +180,10 @@ class TrainSetup:
     (`bnb_4bit_use_double_quant=True`, the absmax itself quantised to 8 bits). helpers.estimate.quantized says how.
     Needs lora_rank."""
     versions: str | None = option(None, Face(
-        "--versions", lambda: f"library releases the run uses, e.g. bitsandbytes=0.42.0 (libraries with rules that "
-                              f"changed across releases: {', '.join(library_versions.LIBRARIES)}; default: the "
-                              f"installed ones)", metavar="LIB=VER"))
+        "--versions", lambda: f"library releases the run uses, comma-separated, e.g. "
+                              f"bitsandbytes=0.42.0,transformers=4.44 (libraries with rules that changed across "
+                              f"releases: {', '.join(library_versions.LIBRARIES)}; default: the installed ones)",
+        metavar="LIB=VER[,LIB=VER]"))
     """The releases of the libraries whose behaviour changed across releases (helpers.versions.RULES), as
     'library=version' pairs separated by commas; a library not named is taken at the release installed here."""
     strategy: str = option("single", Face(
@@ -288,6 +306,30 @@ class TrainSetup:
         return self.adam_impl or "foreach"
 
     @property
+    def mixed(self) -> bool:
+        """fp32 weights computed in a 16-bit dtype under autocast (bf16-mixed, fp16-mixed)."""
+        return self.precision in ("bf16-mixed", "fp16-mixed")
+
+    @property
+    def half(self) -> str:
+        """The 16-bit compute dtype's name: 'fp16' for fp16-mixed, else 'bf16'."""
+        return "fp16" if self.precision == "fp16-mixed" else "bf16"
+
+    @property
+    def adapters_fp32(self) -> bool:
+        """LoRA adapters kept in fp32 (see `adapter_dtype`); False without LoRA."""
+        if self.lora_rank is None:
+            return False
+        if self.precision == "fp32":
+            return True
+        if self.adapter_dtype is not None:
+            return self.adapter_dtype == "fp32"
+        st = self.strat
+        if st.adapter_dtype:                  # peft's default on a bf16 base
+            return True
+        return st.engine == "fsdp2" and self.precision == "bf16-mixed"     # MixedPrecisionPolicy's fp32 originals
+
+    @property
     def double_quant(self) -> bool:
         """A 4-bit base with bitsandbytes' double quantisation (base_weights 'nf4-dq')."""
         return self.base_weights == "nf4-dq"
@@ -387,6 +429,22 @@ class TrainSetup:
             raise InputError(f"lora_dropout {self.lora_dropout} needs lora_rank (LoRA adapters' rank)")
         if self.lora_targets != "all-linear" and self.lora_rank is None:
             raise InputError(f"lora_targets {self.lora_targets!r} needs lora_rank (LoRA adapters' rank)")
+        if self.adapter_dtype is not None:
+            _choice("adapter_dtype", self.adapter_dtype, ADAPTER_DTYPES)
+            if self.lora_rank is None:
+                raise InputError(f"adapter_dtype {self.adapter_dtype!r} needs lora_rank (LoRA adapters' rank)")
+            if not st.adapter_dtype:
+                raise InputError(f"adapter_dtype is modelled with strategies "
+                                 f"{strategies.listing(lambda x: x.adapter_dtype, 'and')}, got {self.strategy!r}: "
+                                 f"there the engine decides (DeepSpeed's bf16 mode casts the adapters with the model; "
+                                 f"FSDP2 follows its MixedPrecisionPolicy)")
+            if self.precision == "fp16-mixed" and self.adapter_dtype == "bf16":
+                raise InputError("adapter_dtype 'bf16' with precision 'fp16-mixed': GradScaler unscales only fp32 "
+                                 "gradients ('Attempting to unscale FP16 gradients'), so fp16 runs keep fp32 adapters; "
+                                 "use adapter_dtype fp32 (the default)")
+            if self.precision == "fp32" and self.adapter_dtype == "bf16":
+                raise InputError("adapter_dtype 'bf16' with precision 'fp32': an fp32 base keeps its adapters in fp32 "
+                                 "(peft only upcasts); use precision bf16 or bf16-mixed")
         if self.lora_rank is not None and self.checkpointing == "selective":
             raise InputError("checkpointing 'selective' is modelled for full fine-tuning; with lora_rank the adapters' "
                              "extra matmuls change which outputs the policy saves: use checkpointing 'full' or 'none'")
@@ -437,6 +495,17 @@ class TrainSetup:
                 f"accelerate swaps in for the Trainer's optimizer (accelerate/utils/deepspeed.py "
                 f"map_pytorch_optim_to_deepspeed) and DeepSpeed alone insists on (zero_force_ds_cpu_optimizer): leave "
                 f"adam_impl unset and optimizer 'adamw'"
+            )
+        if self.precision == "fp16-mixed" and self.degrees.model_parallel > 1:
+            raise InputError(f"precision 'fp16-mixed' with tensor or context parallelism is not modelled (GradScaler "
+                             f"over DTensor gradients), got tensor_parallel={self.tensor_parallel}, "
+                             f"context_parallel={self.context_parallel}: use bf16-mixed there")
+        if self.precision == "fp16-mixed" and self.precision not in st.precisions:
+            raise InputError(
+                f"precision 'fp16-mixed' is modelled with strategies "
+                f"{strategies.listing(lambda x: 'fp16-mixed' in x.precisions, 'and')} (torch autocast with GradScaler), "
+                f"got {s!r}: {'DeepSpeed' if st.deepspeed else st.title}'s own fp16 path (its loss scaler and overflow "
+                f"checks) is not modelled; bf16-mixed keeps the same bytes per value where the GPU has bf16"
             )
         if self.precision not in st.precisions:
             raise InputError(
@@ -499,6 +568,11 @@ def _takes_client_optimizer(values: dict) -> bool:
     optimizer offload (an unknown strategy is left to `validate` to refuse)."""
     st = strategies.REGISTRY.get(values["strategy"])
     return st is None or st.torch_optimizer or (st.client_optimizer and not values["offload_optimizer"])
+
+
+def _takes_adapter_dtype(values: dict) -> bool:
+    st = strategies.REGISTRY.get(values["strategy"])
+    return st is None or st.adapter_dtype
 
 
 def _choice(name: str, value, allowed: tuple) -> None:

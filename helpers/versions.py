@@ -48,6 +48,13 @@ RULES = (
          "transformers 4.48.0 loss/loss_utils.py ForCausalLMLoss (and before 4.46 LlamaForCausalLM.forward itself); "
          "4.49.0 pads and shifts the labels (PR #35646, 'remove unnecessary contiguous() call')",
          lambda s: not s.fused_ce),
+    Rule("checkpointing_reentrant", "transformers", "5.0.0",
+         "gradient checkpointing defaults to use_reentrant=True: a checkpointed layer's forward runs without autograd "
+         "and its recomputation in backward with it",
+         "gradient checkpointing defaults to use_reentrant=False",
+         "transformers 4.57.0 modeling_utils.py gradient_checkpointing_enable ({'use_reentrant': True} when no kwargs "
+         "are given); 5.0.0 gives {'use_reentrant': False} (PR #43203)",
+         lambda s: s.checkpointing == "full"),
     Rule("logits_upcast_in_forward", "transformers", "4.46.0",
          "the model's forward upcasts its logits to fp32 (logits = logits.float()) and returns those: the bf16 "
          "logits are freed at once",
@@ -76,8 +83,8 @@ def parse(text: str | None) -> dict[str, Version]:
         lib, ver = m.group(1).lower().replace("_", "-"), m.group(2)
         lib = ALIASES.get(lib, lib)
         if lib not in LIBRARIES:
-            raise InputError(f"versions: no rule here depends on {lib!r}'s release; libraries with versioned rules: "
-                             f"{', '.join(LIBRARIES)}")
+            raise InputError(f"versions: no rule here depends on the release of {lib}; libraries with versioned "
+                             f"rules: {', '.join(LIBRARIES)}")
         if lib in out:
             raise InputError(f"versions: {lib} is given twice")
         try:

@@ -58,7 +58,7 @@ def test_every_flag_is_accepted(capsys):
     (["--model", "llama-3-8b", "--strategy", "zero2", "--offload-params"], "offload_params needs zero3"),
     (["--model", "llama-3-8b", "--strategy", "ddp", "--offload-optimizer"], "cannot offload"),
     (["--model", "llama-3-8b", "--strategy", "zero9"], "unknown strategy 'zero9': allowed are single, ddp"),
-    (["--model", "llama-3-8b", "--precision", "fp8"], "unknown precision 'fp8': allowed are bf16, bf16-mixed, fp32"),
+    (["--model", "llama-3-8b", "--precision", "fp8"], "unknown precision 'fp8': allowed are bf16, bf16-mixed, fp16-mixed, fp32"),
     (["--model", "llama-3-8b", "--attention", "paged"], "unknown attention 'paged'"),
     (["--model", "llama-3-8b", "--adam-impl", "apex"], "unknown adam_impl 'apex'"),
     (["--model", "llama-3-8b", "--strategy", "zero2", "--offload-optimizer", "--adam-impl", "fused"],

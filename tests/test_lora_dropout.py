@@ -32,7 +32,8 @@ def test_estimate_with_dropout_agrees_with_the_dry_run(precision, checkpointing,
 
 
 def test_dropout_adds_a_copy_and_a_mask_per_adapted_layer_and_the_dry_run_sees_the_same():
-    s = TrainSetup(lora_rank=16, precision="bf16", seq=256, batch=2)
+    """Adapters in the base's dtype (adapter_dtype bf16: without dropout they share each input)."""
+    s = TrainSetup(lora_rank=16, precision="bf16", seq=256, batch=2, adapter_dtype="bf16")
     with_drop = s.replace(lora_dropout=0.1)
     added = estimate.run(M, with_drop).gpu.phases["forward"] - estimate.run(M, s).gpu.phases["forward"]
     seen = dryrun.run(M, with_drop, progress=False).gpu.phases["forward"] - dryrun.run(M, s, progress=False).gpu.phases["forward"]

@@ -34,7 +34,7 @@ GIVEN = {
     "batch": (["--batch", "3"], 3), "seq": (["--seq", "512"], 512), "precision": (["--precision", "bf16"], "bf16"),
     "adam_impl": (["--adam-impl", "fused"], "fused"), "optimizer": (["--optimizer", "adamw-8bit"], "adamw-8bit"),
     "lora_rank": (["--lora-rank", "8"], 8), "lora_targets": (["--lora-targets", "q,v"], "q,v"),
-    "lora_dropout": (["--lora-dropout", "0.1"], 0.1),
+    "lora_dropout": (["--lora-dropout", "0.1"], 0.1), "adapter_dtype": (["--adapter-dtype", "bf16"], "bf16"),
     "base_weights": (["--base-weights", "nf4"], "nf4"), "strategy": (["--strategy", "zero3"], "zero3"),
     "versions": (["--versions", "bitsandbytes=0.42.0"], "bitsandbytes=0.42.0"),
     "gpus": (["--gpus", "4"], 4), "tensor_parallel": (["--tp", "2"], 2), "context_parallel": (["--cp", "2"], 2),

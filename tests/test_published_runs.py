@@ -20,6 +20,9 @@ def test_rows_are_in_their_published_units_with_sources():
     tt, lit = rows["torchtitan-llama3.1-8b-fsdp8"], rows["litgpt-tinyllama-full"]
     assert tt["bytes"] == round(82.4 * GiB) and tt["view"] == "reserved"          # torchtitan logs GiB, reserved
     assert lit["bytes"] == round(14.10 * GB) and lit["view"] == "allocated"       # LitGPT prints GB, allocated
+    peft = rows["peft-metamathqa-llama3.2-3b-lora-r32"]
+    assert peft["bytes"] == 22_292_725_760 and peft["view"] == "reserved"         # PEFT's result files: bytes, reserved
+    assert published_runs.setup(peft).adapters_fp32                              # autocast_adapter_dtype true
     for row in rows.values():
         assert row["model"] in models.catalogue() and row["url"].startswith("https://github.com/")
         assert row["not_modelled"] and row["source"] and row["settings"]

@@ -177,13 +177,20 @@ def test_llamafactory_not_modelled(tmp_path):
     imp = read(write(tmp_path, "lf.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nstage: dpo\n"
                                           "finetuning_type: lora\nquantization_bit: 8\nfp16: true\n"))
     nm = by_key(imp.not_modelled)
-    assert "reference model" in nm["stage"].why and nm["quantization_bit"].value == 8 and "fp16" in nm
+    assert "reference model" in nm["stage"].why and nm["quantization_bit"].value == 8 and "fp16" not in nm
+    assert imp.setup.precision == "fp16-mixed" and by_key(imp.settings)["fp16"].value is True   # autocast + GradScaler
     q4 = read(write(tmp_path, "q4.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nquantization_bit: 4\n"))
     assert q4.setup.base_weights == "nf4-dq"              # LLaMA-Factory's double_quantization defaults to True
     assert any(d.key == "double_quantization" and d.value is True for d in q4.defaults)
     q4 = read(write(tmp_path, "q4.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nquantization_bit: 4\n"
                                          "double_quantization: false\n"))
     assert q4.setup.base_weights == "nf4"
+    with pytest.raises(ConfigError, match="quantization_method must be one of bnb, gptq"):   # LLaMA-Factory's enum
+        read(write(tmp_path, "q4.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nquantization_bit: 4\n"
+                                        "quantization_method: bitsandbytes\n"))
+    gptq = read(write(tmp_path, "g.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nquantization_bit: 4\n"
+                                          "quantization_method: gptq\n"))
+    assert "4-bit gptq base weights" in by_key(gptq.not_modelled)["quantization_bit"].why
 
 
 def test_llamafactory_models(tmp_path):
@@ -297,6 +304,20 @@ def test_trl_defaults(tmp_path):
     q = read(write(tmp_path, "q.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nuse_peft: true\n"
                                        "load_in_4bit: true\nuse_bnb_nested_quant: true\n"))
     assert q.setup.base_weights == "nf4-dq"
+
+
+def test_trl_lora_on_its_float32_default_is_listed_with_its_bytes(tmp_path):
+    """TRL loads the model in float32 unless `dtype` says otherwise (ModelConfig.dtype, SFTTrainer's docstring): LoRA
+    on that base under bf16 autocast is not modelled, and the listing says by how much the estimate is under."""
+    base = "model_name_or_path: meta-llama/Llama-3.2-3B\nuse_peft: true\nbf16: true\n"
+    imp = read(write(tmp_path, "t.yaml", base))
+    nm = by_key(imp.not_modelled)
+    assert "higher by at least 2 bytes per such parameter (5.98 GiB for llama-3.2-3b)" in nm["dtype"].why
+    assert nm["dtype"].line is None and "default" in nm["dtype"].file
+    assert "dtype" not in by_key(read(write(tmp_path, "b.yaml", base + "dtype: bfloat16\n")).not_modelled)
+    q = read(write(tmp_path, "q.yaml", base + "dtype: float32\nload_in_4bit: true\nbnb_4bit_quant_type: nf4\n"))
+    assert "unquantised embedding, norms and head" in by_key(q.not_modelled)["dtype"].why
+    assert by_key(q.settings)["bnb_4bit_quant_type"].value == "nf4" and by_key(q.settings)["bf16"].value is True
 
 
 def test_trl_deepspeed_companion_auto(tmp_path):

@@ -27,7 +27,7 @@ def compute_mode(setup) -> str:
     """'autocast' (an fp32 model under torch.autocast: single/ddp bf16-mixed), 'fp32', or 'low' (bf16 weights)."""
     if setup.precision == "fp32":
         return "fp32"
-    if setup.precision == "bf16-mixed" and setup.strat.autocast and not setup.lora_rank:
+    if setup.mixed and setup.strat.autocast and not setup.lora_rank:
         return "autocast"                   # (LoRA's frozen base is bf16 itself: only its adapters are fp32)
     return "low"
 
@@ -59,35 +59,46 @@ def qk_norm_bytes(m: ModelSpec, setup) -> int:
     return (4 + normalised) * (m.q_width + m.k_width)
 
 
+def adapter_input_copy(setup) -> int:
+    """Bytes per element of the copy of its input each adapted linear keeps for itself, 0 where the adapters read the
+    very tensor the base layer read. peft casts a layer's input to the adapters' dtype (`_cast_input_dtype`): fp32
+    adapters on a bf16 base (`TrainSetup.adapters_fp32`, peft's default) get an fp32 copy each, which they keep
+    (4); under torch's autocast the matmul casts it back to bf16 and keeps that (2); adapters in the base's dtype
+    share the input (0), and so do fp32 adapters whose engine computes with 16-bit copies of them (FSDP2's
+    MixedPrecisionPolicy: peft casts the input to that copy's dtype, a no-op)."""
+    if not setup.adapters_fp32 or setup.precision == "fp32" or not setup.strat.adapter_dtype:
+        return 0
+    return 2 if setup.mixed and setup.strat.autocast else 4
+
+
 def lora_saves(m: ModelSpec, setup) -> tuple[int, int, int]:
     """Bytes per token a decoder layer with LoRA keeps in its norms, for o_proj's input and for down_proj's input.
 
     The base is frozen, norms included: a frozen linear saves no input and `weight * x` with a frozen weight saves
     no x, so a norm keeps only its fp32 upcast (4 per element; Gemma's likewise), and a layer's input is kept by the
-    adapters that read it: once, shared, when the adapters are in the base's dtype; under torch's bf16-mixed the
-    adapters are fp32 and peft casts each one's input to fp32, which autocast casts back to bf16, so every adapted
-    linear keeps a bf16 copy of its own (2 bytes per element each).
+    adapters that read it: once, shared, when the adapters are in the base's dtype; else each adapted linear keeps a
+    copy of its own (`adapter_input_copy`: fp32 without autocast, bf16 under it).
 
     With lora_dropout > 0 (peft 0.21 tuners/lora/layer.py Linear.forward: `lora_B(lora_A(dropout(x)))`, an
     nn.Dropout), every adapted linear reads its own dropped copy: lora_A saves that copy (in the adapters' compute
-    dtype: bf16 under autocast, else the base's) instead of the shared input, and torch's native_dropout saves its
-    mask for backward (bool, 1 byte per element)."""
+    dtype: bf16 under autocast, fp32 for fp32 adapters without it, else the base's) instead of the shared input, and
+    torch's native_dropout saves its mask for backward (bool, 1 byte per element)."""
     a = 4 if compute_mode(setup) == "fp32" else 2
-    own_copy = setup.precision == "bf16-mixed" and setup.strat.autocast
+    own = adapter_input_copy(setup)
     dropped = bool(setup.lora_dropout)
     adapted = {t.name.rsplit(".", 2)[-2] for t in m.lora_targets(setup.lora_targets) if t.group == "layer.0"}
 
     def kept(names) -> int:                  # per element of an input the named linears read
         n = len(adapted & names)
         if dropped:
-            return n * ((2 if own_copy else a) + 1)
-        return 2 * n if own_copy else a * bool(n)
+            return n * ((own or a) + 1)
+        return own * n if own else a * bool(n)
 
     h = m.hidden
     norms = (4 + kept({"q_proj", "k_proj", "v_proj", "qkv_proj"})) * h \
         + (4 + kept({"gate_proj", "up_proj", "gate_up_proj"})) * h + (m.norms - 2) * 4 * h
     norms += 4 * (m.q_width + m.k_width) if m.qk_norm else 0
-    o_input = kept({"o_proj"}) * m.q_width if own_copy or dropped else 0    # else: the attention output, saved anyway
+    o_input = kept({"o_proj"}) * m.q_width if own or dropped else 0    # else: the attention output, saved anyway
     down_input = kept({"down_proj"}) * m.intermediate
     return norms, o_input, down_input
 
@@ -116,9 +127,10 @@ def kept_4bit_inputs(m: ModelSpec, setup) -> tuple[int, int]:
     when they run in the base's dtype without dropout): the norms' outputs read by q/k/v and by gate/up, and down's
     input; o_proj's input is the attention kernel's output, saved anyway. The first layer's q/k/v read the frozen
     embedding's output, which needs no gradient, so their MatMul4Bit keeps nothing (`needs_input_grad` all False).
-    Under full checkpointing (non-reentrant, transformers' default since PR #43203) the layer's saved tensors are
+    Under full checkpointing (non-reentrant, transformers' default from 5.0, PR #43203) the layer's saved tensors are
     dropped and recomputed, but a ctx attribute is not a saved tensor: every 4-bit linear's input stays, the first
-    layer's too (peft's enable_input_require_grads). Measured on dry runs with the old matmul re-enacted
+    layer's too (peft's enable_input_require_grads); under reentrant checkpointing (before 5.0: the
+    'checkpointing_reentrant' rule) the checkpointed forward runs without autograd and keeps none (`add_activations`). Measured on dry runs with the old matmul re-enacted
     (`helpers.measure.nf4.inputs_kept`)."""
     if setup.attention == "eager" or m.kv_latent or m.moe_layers:
         raise InputError(f"bitsandbytes before 0.43.2 (versions {setup.versions!r}) is modelled for dense "
@@ -126,8 +138,8 @@ def kept_4bit_inputs(m: ModelSpec, setup) -> tuple[int, int]:
                          f"{setup.attention!r} is not: give a bitsandbytes of 0.43.2 or later")
     a = 4 if compute_mode(setup) == "fp32" else 2
     adapted = {t.name.rsplit(".", 2)[-2] for t in m.lora_targets(setup.lora_targets) if t.group == "layer.0"}
-    own_copy = setup.precision == "bf16-mixed" and setup.strat.autocast
-    shared = lambda names: bool(adapted & names) and not own_copy and not setup.lora_dropout  # noqa: E731
+    own = adapter_input_copy(setup)
+    shared = lambda names: bool(adapted & names) and not own and not setup.lora_dropout  # noqa: E731
     if setup.checkpointing != "none":
         return a * (2 * m.hidden + m.q_width + m.intermediate), 0
     qkv = 0 if shared(QKV_NAMES) else a * m.hidden
@@ -272,6 +284,9 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               "backward frees each layer's saved tensors as it passes")
     if s.base_weights and versions.older(s, "bnb_4bit_input_kept"):
         per_layer, first_less = kept_4bit_inputs(m, s)
+        if s.checkpointing == "full" and versions.older(s, "checkpointing_reentrant"):
+            per_layer = 0       # reentrant: a checkpointed layer's forward runs without autograd, MatMul4Bit keeps
+            #                     nothing, and what its recomputation keeps goes with that layer's backward
         if s.checkpointing == "full" and s.checkpoint_every > 1:
             ckpt = m.layers // s.checkpoint_every
             plain, _ = kept_4bit_inputs(m, s.replace(checkpointing="none", checkpoint_every=1))
@@ -285,13 +300,14 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               f"bytes per token per layer beyond what the layer saves anyway")
     if s.base_weights:
         c = 4 if s.precision == "fp32" else 2
-        b.gpu(f"a 4-bit weight dequantised for its matmul ({'fp32' if c == 4 else 'bf16'}) with its fp32 absmax",
+        b.gpu(f"a 4-bit weight dequantised for its matmul ({'fp32' if c == 4 else s.half}) with its fp32 absmax",
               "temporaries", quantized.dequantized_bytes(m, c), BWD_END,
               "bitsandbytes dequantises one Linear4bit's weight at a time, in forward and again in backward")
     if s.lora_rank:
         adapted = len(m.lora_targets(s.lora_targets))
         targets = adapted if s.checkpointing == "none" else adapted // m.layers
-        b.gpu("LoRA intermediates (x @ A, saved by B)", "activations", targets * T * s.lora_rank * a,
+        r_bytes = 4 if adapter_input_copy(s) == 4 else a           # fp32 adapters without autocast compute in fp32
+        b.gpu("LoRA intermediates (x @ A, saved by B)", "activations", targets * T * s.lora_rank * r_bytes,
               FORWARDS | BWD_START | BWD_HEAD, f"{s.lora_rank} features per token per adapted linear layer")
 
 

@@ -69,8 +69,12 @@ class Builder:
 
 
 def dtype_bytes(setup: TrainSetup) -> tuple[int, int]:
-    """(compute bytes, storage bytes of the weights the optimizer updates) per element."""
+    """(compute bytes, storage bytes of the weights the optimizer updates) per element. With LoRA those are the
+    adapters: fp32 or in the base's dtype as `TrainSetup.adapters_fp32` says (peft's autocast_adapter_dtype, an
+    engine's own cast)."""
     compute = 4 if setup.precision == "fp32" else 2
+    if setup.lora_rank is not None and setup.strat.adapter_dtype:
+        return compute, 4 if setup.adapters_fp32 else 2
     storage = 2 if setup.precision == "bf16" else 4
     return compute, storage
 
@@ -89,7 +93,7 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
               f"bitsandbytes Linear4bit on {len(quantized.nf4_tensors(m))} linear layers: 0.5 byte per weight, "
               + ("uint8 absmax per 64, fp32 absmax per 256 of those, offset and code books (double quantisation)"
                  if s.double_quant else "fp32 absmax per 64 and the NF4 code book (no double quantisation)"))
-        b.gpu(f"frozen base: embedding, norms and output head ({'fp32' if compute == 4 else 'bf16'})", "parameters",
+        b.gpu(f"frozen base: embedding, norms and output head ({'fp32' if compute == 4 else s.half})", "parameters",
               rest * compute, ALWAYS,
               "not quantised by transformers' bitsandbytes integration; kept in the compute dtype")
         m = lora_adapters(m, s.lora_rank, s.lora_targets)
@@ -112,7 +116,7 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
         m = lora_adapters(m, s.lora_rank, s.lora_targets)
     elif s.lora_rank:
         compute, _ = dtype_bytes(s)
-        b.gpu(f"frozen base weights ({'fp32' if compute == 4 else 'bf16'})", "parameters", m.params * compute, ALWAYS,
+        b.gpu(f"frozen base weights ({'fp32' if compute == 4 else s.half})", "parameters", m.params * compute, ALWAYS,
               "LoRA: the base model is frozen (no gradients, no optimizer states), loaded in the compute dtype")
         m = lora_adapters(m, s.lora_rank, s.lora_targets)
     MODEL_STATES[s.strat.family](b, m)
@@ -239,27 +243,27 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     dt = {2: "bf16", 4: "fp32"}
     b.gpu(f"parameters ({dt[storage]})", "parameters", P * storage, ALWAYS, "the model's own weights")
     embed = 0 if m.tied else m.group_params.get("embed", 0)
-    if s.precision == "bf16-mixed" and s.checkpointing == "none":
-        b.gpu("bf16 weight copies (autocast cache, saved for backward)", "temporaries", m.matmul_params * 2,
+    if s.mixed and s.checkpointing == "none":
+        b.gpu(f"{s.half} weight copies (autocast cache, saved for backward)", "temporaries", m.matmul_params * 2,
               FORWARDS | BWD_START | BWD_HEAD, "torch.autocast caches the bf16 cast of each fp32 matmul weight (not the "
               "embedding or norms); matmuls save it for backward")
-    elif s.precision == "bf16-mixed":
+    elif s.mixed:
         head = m.group_params["embed"] if m.tied else m.lm_head_params
         weights = {g: sum(t.numel for t in m.tensors if t.group == g and t.ndim >= 2) for g in m.group_params
                    if g.startswith("layer.")}
         layer, every = max(weights.values()), s.checkpoint_every
-        b.gpu("bf16 weight copies of the layers (autocast cache)", "temporaries", (m.matmul_params - head) * 2, FORWARDS,
+        b.gpu(f"{s.half} weight copies of the layers (autocast cache)", "temporaries", (m.matmul_params - head) * 2, FORWARDS,
               "cached while autocast is on; checkpointed layers save none for backward, so they go when forward ends")
         if every > 1:
             kept = sum(n for g, n in weights.items() if (int(g.split(".")[1]) + 1) % every)
-            b.gpu("bf16 weight copies of the layers not checkpointed, saved for backward", "temporaries", kept * 2,
+            b.gpu(f"{s.half} weight copies of the layers not checkpointed, saved for backward", "temporaries", kept * 2,
                   BWD_START | BWD_HEAD, f"checkpointing every {every}th layer: the others' matmuls keep their casts")
             if m.layers % every == 0:
-                b.gpu("bf16 weight copies of the last layer, recomputed", "temporaries", layer * 2, BWD_HEAD,
+                b.gpu(f"{s.half} weight copies of the last layer, recomputed", "temporaries", layer * 2, BWD_HEAD,
                       "the last layer is checkpointed: its recomputation casts its weights again")
-        b.gpu("bf16 copy of the output head's weight, saved for backward", "temporaries", head * 2,
+        b.gpu(f"{s.half} copy of the output head's weight, saved for backward", "temporaries", head * 2,
               FORWARDS | BWD_START | BWD_HEAD, "the head is not checkpointed: its matmul keeps the cast")
-        b.gpu("bf16 weight copies of the layer being recomputed", "temporaries", layer * 2, BWD_END,
+        b.gpu(f"{s.half} weight copies of the layer being recomputed", "temporaries", layer * 2, BWD_END,
               "recomputation casts one layer's weights again")
     b.gpu(f"gradients ({dt[storage]})" + (", all but the embedding's" if embed else ""), "gradients",
           (P - embed) * storage, GRADS, "param.grad, freed by zero_grad()")
@@ -270,6 +274,12 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
               2 * m.group_params["embed"] * storage, BWD_DONE,
               "AccumulateGrad adds the embedding's contribution to the head's out of place")
     _head_gradient(b, m, storage)
+    if s.precision == "fp16-mixed":
+        b.gpu("GradScaler: loss scale, growth tracker and found_inf", "optimizer_states", 12,
+              ALWAYS - {"setup", "resume", "forward_init", "forward_start", "forward_gather", "forward"},
+              "torch.amp.GradScaler (torch 2.13 amp/grad_scaler.py): an fp32 scale and an int32 growth tracker made at "
+              "the first scale(), an fp32 found_inf per device at each unscale_(), which unscales the gradients in "
+              "place (_amp_foreach_non_finite_check_and_unscale_)")
     if s.strat.gradient_buckets:
         b.gpu("DDP gradient buckets", "comm_buffers", P * storage, ALWAYS,
               "DistributedDataParallel's reducer buckets (gradient_as_bucket_view=False, the default)")

@@ -1,13 +1,7 @@
 """Measured memory: the tracker, full-size dry runs on fake tensors, scaled real runs of tiny twins on this CPU and GPU
 runs, all through one training loop (steps.run_steps)."""
 
-import logging
-
 from helpers.measure import fakegpu
-
-# bitsandbytes (imported by peft) looks for a 4-bit CPU kernel on the Hugging Face hub at import and warns when it is
-# absent; we use its 8-bit optimizer only, and nothing is downloaded at run time.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 fakegpu.register_backend()     # before any backward pass in this process (see fakegpu.register_backend)
 

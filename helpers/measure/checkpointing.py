@@ -50,12 +50,13 @@ def selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def enable(net, mode: str, every: int = 1) -> None:
+def enable(net, mode: str, every: int = 1, reentrant: bool = False) -> None:
     """Checkpoint the decoder layers of a Hugging Face model: 'full' (recompute all) or 'selective' (the policy).
     With `every` N > 1 ('full' only) just every Nth layer, as torchtitan's layer-level option wraps them: the Nth,
-    2Nth, ... counted from 1; transformers' GradientCheckpointingLayer reads each layer's own flag."""
+    2Nth, ... counted from 1; transformers' GradientCheckpointingLayer reads each layer's own flag. `reentrant`: as
+    transformers before 5.0 checkpointed by default (use_reentrant=True; helpers.versions)."""
     if mode == "full":
-        net.activation_checkpointing_enable()
+        net.activation_checkpointing_enable({"use_reentrant": True} if reentrant else None)
         if every > 1:
             for i, layer in enumerate(net.get_decoder().layers):
                 layer.gradient_checkpointing = (i + 1) % every == 0

@@ -59,13 +59,17 @@ def move_to(model, device) -> None:
 
 
 class SingleStep:
-    """One GPU (or, per rank, the replicated strategies): torch AdamW, autocast for bf16-mixed."""
+    """One GPU (or, per rank, the replicated strategies): torch AdamW, autocast for bf16-mixed and fp16-mixed (with
+    GradScaler)."""
+
+    scaler = None                   # (engines that shard keep none: fp16-mixed is refused there)
 
     def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
         self.model, self.setup, self.tracker = model, setup, tracker
         tracker.label(list(model.parameters()) + nf4.state_tensors(model), "parameters")
         self.params = [p for p in model.parameters() if p.requires_grad]        # LoRA: the adapters only
         self.optimizer = engines.optimizer(self.params, setup, lr=1e-5)
+        self.scaler = engines.grad_scaler(setup, self.params[0].device.type, fake=True)
         if setup.strat.gradient_buckets:     # DDP's reducer buckets: one flat gradient-sized buffer (measured as such)
             dev = self.params[0].device
             self.buckets = torch.empty(sum(_local(p).numel() for p in self.params), dtype=self.params[0].dtype,
@@ -73,7 +77,7 @@ class SingleStep:
             tracker.label([self.buckets], "comm_buffers")
 
     def forward(self, ids):
-        ctx = fakegpu.autocast() if self.setup.precision == "bf16-mixed" else contextlib.nullcontext()
+        ctx = fakegpu.autocast(engines.HALF[self.setup.half]) if self.setup.mixed else contextlib.nullcontext()
         with ctx:
             # the output (and its logits) is dropped, as trainers do
             loss = engines.causal_lm_loss(self.model, ids, self.setup.fused_ce, self.tracker)
@@ -81,10 +85,10 @@ class SingleStep:
         return loss
 
     def backward(self, loss):
-        engines.backward(self.tracker, loss, self.params)
+        engines.backward(self.tracker, loss, self.params, scaler=self.scaler)
 
     def step(self):
-        engines.step(self.tracker, self.optimizer)
+        engines.step(self.tracker, self.optimizer, scaler=self.scaler)
 
 
 class FSDP2Step(SingleStep):
@@ -172,7 +176,7 @@ class TensorParallelReplicatedStep(SingleStep):
         super().__init__(model, setup, tracker, mesh)
 
     def forward(self, ids):
-        ctx = fakegpu.autocast() if self.setup.precision == "bf16-mixed" else contextlib.nullcontext()
+        ctx = fakegpu.autocast(engines.HALF[self.setup.half]) if self.setup.mixed else contextlib.nullcontext()
         with ctx:
             loss = tensor_parallel.loss(self.model, ids, self.tracker)
             self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")

@@ -61,13 +61,16 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
 
     hf_logging.set_verbosity_error()
     if setup.lora_rank and setup.precision != "fp32":
-        dtype = torch.bfloat16                   # LoRA: the frozen base is loaded in the compute dtype
+        dtype = HALF[setup.half]                 # LoRA: the frozen base is loaded in the compute dtype
     config = models.load_config(config_path)
     net = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=_attention_for(config, attention))
     net.config.use_cache = False
     from helpers.measure import checkpointing
 
-    checkpointing.enable(net, setup.checkpointing, setup.checkpoint_every)
+    from helpers import versions
+
+    checkpointing.enable(net, setup.checkpointing, setup.checkpoint_every,
+                         reentrant=versions.older(setup, "checkpointing_reentrant"))
     from helpers.measure import causal_lm_loss
 
     causal_lm_loss.as_released(net, setup)
@@ -121,13 +124,14 @@ def torch_globals_restored():
 
 
 def fp32_adapters(setup: TrainSetup) -> bool:
-    """LoRA adapters are kept in fp32 beside a bf16 base where bf16-mixed means fp32 trainable weights computed in
-    bf16: torch autocast (single, ddp), and FSDP2's MixedPrecisionPolicy (param_dtype bf16, reduce_dtype fp32; as
-    accelerate does, which upcasts trainable low-precision parameters to fp32 under FSDP mixed precision). FSDP2
-    requires a uniform original dtype among the trainable parameters of a group only (`_fsdp_param_group.py`
-    `_init_mp_dtypes`), so fp32 adapters may share a group with the bf16 frozen base. DeepSpeed's bf16 mode casts the
-    whole module, adapters included, to bf16 (its fp32 master weights are its own)."""
-    return setup.precision == "bf16-mixed" and (setup.strat.autocast or setup.strat.engine == "fsdp2")
+    """LoRA adapters are kept in fp32 beside a bf16 base where `TrainSetup.adapters_fp32` says: peft's default
+    (autocast_adapter_dtype) on single and ddp, with or without autocast; FSDP2's MixedPrecisionPolicy under
+    bf16-mixed (param_dtype bf16, reduce_dtype fp32; as accelerate does, which upcasts trainable low-precision
+    parameters to fp32 under FSDP mixed precision). FSDP2 requires a uniform original dtype among the trainable
+    parameters of a group only (`_fsdp_param_group.py` `_init_mp_dtypes`), so fp32 adapters may share a group with the
+    bf16 frozen base. DeepSpeed's bf16 mode casts the whole module, adapters included, to bf16 (its fp32 master
+    weights are its own)."""
+    return setup.adapters_fp32 and setup.precision != "fp32"
 
 
 def add_lora(net, setup: TrainSetup):
@@ -191,7 +195,7 @@ def shard_fsdp2(model, setup: TrainSetup, mesh, pin_memory: bool) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kw = {"mesh": mesh}
-    if setup.precision == "bf16-mixed":
+    if setup.mixed:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if setup.offload_params:
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
@@ -276,17 +280,40 @@ def optimizer_states(optimizer) -> list[torch.Tensor]:
     return [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.numel() > 1]
 
 
-def backward(tracker: Tracker, loss, params, device: str | None = None) -> None:
-    """loss.backward() with the loss's own backward counted as logits, then the gradients labelled."""
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def grad_scaler(setup: TrainSetup, device_type: str, fake: bool = False):
+    """torch's GradScaler for fp16-mixed (as the HF Trainer and accelerate use it), else None. `fake`: on fake
+    tensors its check for inf/nan before the step (a host sync, `.item()` of found_inf) cannot run, so the step
+    always runs; the tensors it makes are the same."""
+    if setup.precision != "fp16-mixed":
+        return None
+    scaler = torch.amp.GradScaler(device_type)
+    if fake:
+        scaler._maybe_opt_step = lambda optimizer, optimizer_state, *args, **kwargs: optimizer.step(*args, **kwargs)
+    return scaler
+
+
+def backward(tracker: Tracker, loss, params, device: str | None = None, scaler=None) -> None:
+    """loss.backward() (scaled by `scaler`, fp16-mixed) with the loss's own backward counted as logits, then the
+    gradients labelled."""
     tracker.set_context("logits")
-    loss.backward()
+    (scaler.scale(loss) if scaler is not None else loss).backward()
     tracker.set_context(None)
     tracker.label([p.grad for p in params if p.grad is not None], "gradients", device)
+    if scaler is not None:
+        tracker.label([scaler._scale, scaler._growth_tracker], "optimizer_states", device)
 
 
-def step(tracker: Tracker, optimizer, device: str | None = None) -> None:
-    """optimizer.step() (run on `device` when given), its states labelled, gradients set to None."""
+def step(tracker: Tracker, optimizer, device: str | None = None, scaler=None) -> None:
+    """optimizer.step() (run on `device` when given; through `scaler`, which unscales the gradients in place and
+    skips a step with inf/nan, for fp16-mixed), its states labelled, gradients set to None."""
     with tracker.placing(device) if device else contextlib.nullcontext():
-        optimizer.step()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
     tracker.label(optimizer_states(optimizer), "optimizer_states", device)
     optimizer.zero_grad(set_to_none=True)

@@ -175,11 +175,12 @@ class TorchEngine:
             with tracker.made_as("comm_buffers"):
                 self.model = torch.nn.parallel.DistributedDataParallel(net)
         self.optimizer = engines.optimizer(self.params, s)
+        self.scaler = engines.grad_scaler(s, self.device_type)
         self.describe = engines.optimizer_name(s) + (", DistributedDataParallel over gloo, one rank (a replica's "
                                                      "memory does not depend on the world size)" if s.strat.gradient_buckets else "")
 
     def forward(self, ids):
-        ctx = (torch.autocast(self.device_type, dtype=torch.bfloat16) if self.s.precision == "bf16-mixed"
+        ctx = (torch.autocast(self.device_type, dtype=engines.HALF[self.s.half]) if self.s.mixed
                else contextlib.nullcontext())
         with ctx:
             if self.s.fused_ce:
@@ -187,10 +188,10 @@ class TorchEngine:
             return self.model(input_ids=ids, labels=ids).loss
 
     def backward(self, loss):
-        engines.backward(self.tracker, loss, self.params)
+        engines.backward(self.tracker, loss, self.params, scaler=self.scaler)
 
     def step(self):
-        engines.step(self.tracker, self.optimizer)
+        engines.step(self.tracker, self.optimizer, scaler=self.scaler)
 
 
 class DeepSpeedEngine:

@@ -94,6 +94,9 @@ def apply(path: Path, data, lines: dict[str, int], given: list[Path], trainer: d
     elif mp in ("no", "bf16"):
         c.set("mixed_precision", mp, f"precision={'fp32' if mp == 'no' else 'bf16-mixed'}",
               precision="fp32" if mp == "no" else "bf16-mixed")
+    elif mp == "fp16":
+        c.set("mixed_precision", mp, "precision=fp16-mixed (torch autocast in fp16 with GradScaler)",
+              precision="fp16-mixed")
     else:
         c.set("mixed_precision", mp, "precision=bf16-mixed (same bytes)", precision="bf16-mixed")
         c.unmodelled("mixed_precision", mp, f"{mp} mixed precision is not modelled: estimated as bf16-mixed")

@@ -142,9 +142,7 @@ class _Reader:
         if pure_bf16:
             d.setting(f, self.line("bfloat16"), "bfloat16", True, precision="bf16")
         elif fp16:
-            d.unmodelled_at(f, self.line("fp16"), "fp16", True, "fp16 mixed precision (loss scaling) is not modelled: "
-                                                               "estimated as bf16-mixed, the same sizes")
-            d.fields["precision"] = "bf16-mixed"
+            d.setting(f, self.line("fp16"), "fp16", True, precision="fp16-mixed")
         elif bf16 in (True, "auto", "full"):
             if "bf16" in self.data:
                 d.setting(f, self.line("bf16"), "bf16", bf16, precision="bf16-mixed",

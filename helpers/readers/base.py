@@ -306,3 +306,28 @@ def only_where_modelled(fields: dict, settings: list[Setting], defaults: list | 
                                    f"{strategies.listing(lambda x: getattr(x, test, False), 'and')}): estimated "
                                    f"without it ({name}={off!r})"))
     return out
+
+
+def fp16_where_modelled(fields: dict, settings: list[Setting]) -> list[NotModelled]:
+    """fp16 mixed precision read from a file (precision 'fp16-mixed': torch autocast with GradScaler) under a
+    strategy that trains it its own way (DeepSpeed's fp16 optimizer with its loss scaler, FSDP with
+    ShardedGradScaler) or with tensor/context parallelism: estimated as bf16-mixed, which keeps the same bytes per
+    value, the Settings that set it moved to the NotModelled entries returned."""
+    from helpers import strategies
+
+    if fields.get("precision") != "fp16-mixed":
+        return []
+    strategy = fields.get("strategy", "single")
+    st = strategies.get(strategy) if strategy in strategies.NAMES else None
+    parallel = fields.get("tensor_parallel", 1) * fields.get("context_parallel", 1) > 1
+    if st is None or ("fp16-mixed" in st.precisions and not parallel):
+        return []
+    fields["precision"] = "bf16-mixed"
+    out = []
+    for s in [s for s in settings if s.fields.get("precision") == "fp16-mixed"]:
+        settings.remove(s)
+        where = "with tensor or context parallelism" if parallel else f"under {strategy}"
+        out.append(NotModelled(s.file, s.line, s.key, s.value,
+                               f"fp16 mixed precision {where} (its own loss scaling and overflow checks) is not "
+                               f"modelled: estimated as bf16-mixed, the same bytes per value"))
+    return out

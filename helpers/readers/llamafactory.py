@@ -26,6 +26,7 @@ from helpers.readers.base import ConfigError, Imported
 
 NAME = "llamafactory"
 TOOL = "LLaMA-Factory 0.9.6.dev0 (commit ff6d4d1)"
+QUANTIZATION_METHODS = ("bnb", "gptq", "awq", "aqlm", "quanto", "eetq", "hqq", "mxfp4", "fp8")   # extras/constants.py
 SRC = "github:hiyouga/LLaMA-Factory@ff6d4d1 src/llamafactory/hparams/"
 
 # Keys only LLaMA-Factory has: one of them in a YAML makes it LLaMA-Factory's.
@@ -71,7 +72,7 @@ class _Reader(collect.TrainerYaml):
 
     NAME, TOOL, SRC = NAME, TOOL, SRC
     TOPICS = ("model_named", "stage_method", "quantisation", "sizes", "precision", "checkpointing", "deepspeed",
-              "optimizer", "rest")
+              "optimizer", "adapters", "rest")
 
     def model_named(self) -> None:
         """The model the config names."""
@@ -144,7 +145,12 @@ class _Reader(collect.TrainerYaml):
             if isinstance(bits, bool) or not isinstance(bits, int) or bits not in (2, 3, 4, 5, 6, 8):
                 raise ConfigError(path, f"quantization_bit must be 2, 3, 4, 5, 6 or 8, got {bits!r}")
             method = take("quantization_method", "bnb")
+            if method not in QUANTIZATION_METHODS:
+                raise ConfigError(path, f"quantization_method must be one of {', '.join(QUANTIZATION_METHODS)} "
+                                        f"(LLaMA-Factory's QuantizationMethod), got {method!r}")
             qtype = take("quantization_type", "nf4")
+            if qtype not in ("fp4", "nf4"):
+                raise ConfigError(path, f"quantization_type must be fp4 or nf4, got {qtype!r}")
             double = take("double_quantization")
             if bits == 4 and method == "bnb" and qtype == "nf4":
                 weights = "nf4-dq" if double is None or c.flag("double_quantization", double) else "nf4"
@@ -156,10 +162,12 @@ class _Reader(collect.TrainerYaml):
                 else:
                     c.set("double_quantization", double, f"base_weights={weights}", base_weights=weights)
             else:
-                c.unmodelled("quantization_bit", bits, f"{bits}-bit {method} {qtype} base weights are not modelled; "
-                                                       f"estimated with the base in the compute dtype")
+                what = f"{bits}-bit bitsandbytes {qtype}" if method == "bnb" else f"{bits}-bit {method}"
+                c.unmodelled("quantization_bit", bits, f"{what} base weights are not modelled; estimated with the "
+                                                       f"base in the compute dtype")
                 if double is not None:
-                    c.ignore("double_quantization", double)
+                    c.unmodelled("double_quantization", double, "belongs to the bitsandbytes 4-bit base above, which "
+                                                                "is not modelled")
 
     def sizes(self) -> None:
         """Sizes."""
@@ -196,14 +204,25 @@ class _Reader(collect.TrainerYaml):
         elif bf16:
             c.set("bf16", True, "precision=bf16-mixed", precision="bf16-mixed")
         elif fp16:
-            c.set("fp16", True, "precision=bf16-mixed (same bytes)", precision="bf16-mixed")
-            c.unmodelled("fp16", True, "fp16 mixed precision (loss scaling) is not modelled: estimated as bf16-mixed, "
-                                       "which keeps the same bytes per value")
+            c.set("fp16", True, "precision=fp16-mixed (torch autocast in fp16 with GradScaler)", precision="fp16-mixed")
         else:
             c.default(self.hf, "bf16", False, "transformers/training_args.py TrainingArguments.bf16/fp16", "precision=fp32",
                       precision="fp32")
         for key, value in (("bf16", bf16 or pure), ("fp16", fp16)):
             self.trainer[key] = (bool(value), f"{Path(path).name} line {lines.get(key)}" if key in data else f"{self.hf} default")
+
+    def adapters(self) -> None:
+        """LoRA adapters' dtype: LLaMA-Factory casts the trainable parameters to fp32 and gives peft
+        autocast_adapter_dtype=True unless pure_bf16 (model/adapter.py init_adapter: cast_trainable_params_to_fp32);
+        with pure_bf16 on one GPU or DDP they stay bf16 (under DeepSpeed its bf16 mode decides)."""
+        from helpers import strategies
+
+        fields = self.c.fields
+        if self.pure and fields.get("lora_rank") is not None \
+                and strategies.get(fields.get("strategy", "single")).adapter_dtype:
+            self.c.default(self.TOOL, "cast_trainable_params_to_fp32", False, "github:hiyouga/LLaMA-Factory@ff6d4d1 "
+                           "src/llamafactory/model/adapter.py", "adapter_dtype=bf16 (pure_bf16: the adapters stay "
+                           "bf16, get_peft_model(autocast_adapter_dtype=False))", adapter_dtype="bf16")
 
     def checkpointing(self) -> None:
         """Checkpointing, kernels, attention."""

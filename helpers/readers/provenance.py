@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from helpers.errors import InputError
-from helpers.readers.base import ConfigError, Default, Ignored, Imported, NotModelled, Setting, only_where_modelled
+from helpers.readers.base import (
+    ConfigError,
+    Default,
+    Ignored,
+    Imported,
+    NotModelled,
+    Setting,
+    fp16_where_modelled,
+    only_where_modelled,
+)
 from helpers.training import TrainSetup
 
 GPUS_UNKNOWN_TOOL = "not in the files"
@@ -116,6 +125,7 @@ class Record:
         if "gpus" not in self.fields:
             self.gpus_unknown()
         self.not_modelled += only_where_modelled(self.fields, self.settings, self.defaults)
+        self.not_modelled += fp16_where_modelled(self.fields, self.settings)
         degrees = self.fields.get("tensor_parallel", 1) * self.fields.get("context_parallel", 1)
         if self.world_unknown and degrees > 1:
             self.fields["gpus"] = degrees

@@ -197,8 +197,11 @@ class _Reader(collect.TrainerYaml):
         c, take = self.c, self.take
         q4, q8 = take("load_in_4bit"), take("load_in_8bit")
         if q4:
+            given_type = "bnb_4bit_quant_type" in self.data
             qtype = take("bnb_4bit_quant_type", "nf4")
             nested = take("use_bnb_nested_quant")
+            if given_type and qtype == "nf4":
+                c.set("bnb_4bit_quant_type", qtype, "NF4 codes (as modelled)")
             if qtype == "nf4":
                 weights = "nf4-dq" if nested is not None and c.flag("use_bnb_nested_quant", nested) else "nf4"
                 c.set("load_in_4bit", True, f"base_weights={weights} (bitsandbytes 4-bit, QLoRA)", base_weights=weights)
@@ -246,18 +249,48 @@ class _Reader(collect.TrainerYaml):
         c, data, bf16, fp16, dtype, dtype_key = self.c, self.data, self.bf16, self.fp16, self.dtype, self.dtype_key
         from helpers import strategies
 
-        if fp16:
-            c.fields["precision"] = "bf16-mixed"
-            c.unmodelled("fp16", True, "fp16 mixed precision is not modelled: estimated as bf16-mixed (same bytes)")
-        elif bf16 and dtype in ("bfloat16", "bf16") and strategies.get(self.strategy).torch_optimizer:
+        if "bf16" in data and not (fp16 and bf16 is False):
+            c.set("bf16", bf16, "autocast in bf16 (with the dtype below)" if bf16 else "no bf16 autocast")
+        pure = bf16 and not fp16 and dtype in ("bfloat16", "bf16") and strategies.get(self.strategy).torch_optimizer
+        if pure:
             c.set(dtype_key, dtype, "precision=bf16 (bf16 weights, gradients and AdamW states; no fp32 master)",
                   precision="bf16")
-        else:
-            if dtype_key in data:
-                c.set(dtype_key, data[dtype_key], f"weights loaded in {dtype}")
+        elif dtype_key in data:
+            c.set(dtype_key, data[dtype_key], f"weights loaded in {dtype}")
+        if fp16:
+            c.set("fp16", True, "precision=fp16-mixed (torch autocast in fp16 with GradScaler)", precision="fp16-mixed")
+        elif not pure:
             c.fields.setdefault("precision", "bf16-mixed" if bf16 else "fp32")
             if strategies.get(self.strategy).engine != "deepspeed":
                 c.fields["precision"] = "bf16-mixed" if bf16 else "fp32"
+        if dtype in ("float32", "fp32") and (bf16 or fp16) and c.fields.get("lora_rank") is not None:
+            self.fp32_base(dtype_key, dtype)
+
+    def fp32_base(self, key: str, dtype: str) -> None:
+        """LoRA (or QLoRA) on a base TRL loads in float32 (its default dtype), trained under 16-bit autocast: the
+        frozen base (QLoRA: its unquantised parts, and the 4-bit matmuls computed in fp32) is fp32, which the set-up
+        does not express; listed with the bytes it adds at least."""
+        from helpers import models
+        from helpers.estimate import quantized
+
+        c = self.c
+        try:
+            m = models.spec(self.model) if self.model else None
+        except Exception:          # (a model the catalogue cannot read: the entry says it without a figure)
+            m = None
+        qlora = c.fields.get("base_weights") in ("nf4", "nf4-dq")
+        what = "the unquantised embedding, norms and head" if qlora else "the frozen base"
+        extra = ""
+        if m is not None:
+            n = m.params - sum(t.numel for t in quantized.nf4_tensors(m)) if qlora else m.params
+            extra = f" ({2 * n / 2**30:.2f} GiB for {m.name})"
+        where = self.path if key in self.data else f"{TOOL} default"
+        c.unmodelled_at(where, self.lines.get(key), key, dtype, f"LoRA on a base loaded in float32 (TRL's default dtype) under 16-bit autocast is not "
+                                 f"modelled: {what} is fp32, and the estimate counts it in the compute dtype, so the "
+                                 f"real figure is higher by at least 2 bytes per such parameter{extra}"
+                                 + (", and the 4-bit matmuls compute in fp32 (bnb_4bit_compute_dtype is the dtype)"
+                                    if qlora else ", plus the 16-bit copies autocast makes of its weights for each "
+                                                  "matmul") + "; dtype: bfloat16 trains as estimated")
 
     def rest(self) -> None:
         """Every key not read above: not modelled (listed) or ignored."""
