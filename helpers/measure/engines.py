@@ -65,9 +65,8 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
     config = models.load_config(config_path)
     net = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=_attention_for(config, attention))
     net.config.use_cache = False
-    from helpers.measure import checkpointing
-
     from helpers import versions
+    from helpers.measure import checkpointing
 
     checkpointing.enable(net, setup.checkpointing, setup.checkpoint_every,
                          reentrant=versions.older(setup, "checkpointing_reentrant"))
