@@ -109,6 +109,9 @@ GRID = [
                      checkpointing="full", attention="flash")),
     ("llama-3-8b", T(precision="bf16", lora_rank=16, lora_targets="q,v", lora_dropout=0.05, base_weights="nf4",
                      batch=2, seq=1024, attention="flash", versions="bitsandbytes=0.42.0")),
+    # fp16 mixed precision (autocast in fp16, torch's GradScaler): QLoRA as a T4 runs it
+    ("llama-3.2-3b", T(precision="fp16-mixed", lora_rank=16, base_weights="nf4-dq", batch=2, seq=1024,
+                       checkpointing="full")),
 ]
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers import estimate, fit, step_cost, strategies
+from helpers import estimate, fit, step_cost, strategies, versions
 from helpers.errors import InputError
 from helpers.results import Result
 from helpers.training import FACES, MAX_GRAD_ACCUM, TrainSetup, checked
@@ -90,6 +90,10 @@ def _candidates(m, s: TrainSetup) -> list[tuple[str, dict]]:
         out.append(("pin_memory off", {"pin_memory": False}))
     if s.optimizer != "adamw-8bit":
         out.append(("8-bit AdamW", {"optimizer": "adamw-8bit", "adam_impl": None}))
+    old = sorted({r["library"] for r in versions.applied(s) if r["older"] and r["from"] == "given"})
+    if old:
+        out.append((", ".join(f"{lib} {versions.installed(lib) or '(newest)'}" for lib in old) + " (upgrade)",
+                    {"versions": None}))
     if s.lora_rank is None:
         out.append((f"LoRA rank {LORA_RANK}", {"lora_rank": LORA_RANK}))
     elif s.base_weights is None:

@@ -51,6 +51,14 @@ def versioned_lines(r: Result) -> list[str]:
     return []
 
 
+def lora_words(s) -> str:
+    """', LoRA r16 (fp32 adapters, nf4 base)' for a LoRA set-up, '' otherwise."""
+    if s.lora_rank is None:
+        return ""
+    adapters = "fp32" if s.adapters_fp32 else ("fp32" if s.precision == "fp32" else s.half)
+    return f", LoRA r{s.lora_rank} ({adapters} adapters" + (f", {s.base_weights} base)" if s.base_weights else ")")
+
+
 def table(r: Result) -> str:
     """The result as text, in GiB (2**30 bytes), or MiB (2**20) when everything is under 1 GiB (a scaled twin)."""
     unit, div = scale([r.gpu.peak_bytes, r.host.peak_bytes])
@@ -58,7 +66,7 @@ def table(r: Result) -> str:
     conv = lambda b: b / div
     s = r.train_setup
     lines = [f"{r.model}: {r.params:,d} parameters, {s.strategy} on {s.gpus} GPU(s){s.degrees.describe()}, "
-             f"{s.precision}, batch {s.batch} x seq {s.seq}   [{r.mode}; "
+             f"{s.precision}{lora_words(s)}, batch {s.batch} x seq {s.seq}   [{r.mode}; "
              f"{unit} = 2^{30 if big else 20} bytes]",
              "", f"{'phase (' + unit + ')':30s}{'GPU (each)':>14s}{'host (node)':>14s}"
              + (f"{'GPU reserved':>14s}{'+context':>10s}" if r.gpu.reserved else "")]

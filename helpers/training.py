@@ -183,7 +183,8 @@ class TrainSetup:
         "--versions", lambda: f"library releases the run uses, comma-separated, e.g. "
                               f"bitsandbytes=0.42.0,transformers=4.44 (libraries with rules that changed across "
                               f"releases: {', '.join(library_versions.LIBRARIES)}; default: the installed ones)",
-        metavar="LIB=VER[,LIB=VER]"))
+        metavar="LIB=VER[,LIB=VER]",
+        no_time="a library upgrade changes what the step keeps; kernel speeds by release are not modelled"))
     """The releases of the libraries whose behaviour changed across releases (helpers.versions.RULES), as
     'library=version' pairs separated by commas; a library not named is taken at the release installed here."""
     strategy: str = option("single", Face(

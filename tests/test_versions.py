@@ -221,3 +221,16 @@ def test_reentrant_checkpointing_of_older_transformers_keeps_no_4bit_inputs(kw):
     else:
         assert e.gpu.peak_bytes > reentrant.gpu.peak_bytes
     assert {r["key"]: r["older"] for r in e.meta["versioned"]}["checkpointing_reentrant"]
+
+
+def test_fixes_offer_the_upgrade():
+    """A set-up pinned to bitsandbytes 0.42: `fixes` tries the installed release as a way out, and it saves what the
+    old matmul kept."""
+    from helpers import fixes
+
+    s = TrainSetup(precision="bf16", lora_rank=16, lora_dropout=0.05, base_weights="nf4", seq=1024, batch=2,
+                   versions=OLD, gpu_gib=8)
+    ways = {w.name: w for w in fixes.ways_out("llama-3.2-1b", s)}
+    up = next(w for name, w in ways.items() if name.startswith("bitsandbytes ") and name.endswith("(upgrade)"))
+    assert up.change == {"versions": None}
+    assert up.result.gpu.peak_bytes < estimate.run("llama-3.2-1b", s).gpu.peak_bytes

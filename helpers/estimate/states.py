@@ -241,7 +241,11 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     s, P = b.setup, m.params
     compute, storage = dtype_bytes(s)
     dt = {2: "bf16", 4: "fp32"}
-    b.gpu(f"parameters ({dt[storage]})", "parameters", P * storage, ALWAYS, "the model's own weights")
+    if s.lora_rank:
+        b.gpu(f"LoRA adapters ({dt[storage]})", "parameters", P * storage, ALWAYS,
+              "the adapters' weights (the frozen base is its own item)")
+    else:
+        b.gpu(f"parameters ({dt[storage]})", "parameters", P * storage, ALWAYS, "the model's own weights")
     embed = 0 if m.tied else m.group_params.get("embed", 0)
     if s.mixed and s.checkpointing == "none":
         b.gpu(f"{s.half} weight copies (autocast cache, saved for backward)", "temporaries", m.matmul_params * 2,
