@@ -184,13 +184,25 @@ def _run_all(page) -> None:
     page.locator('[data-command="runmenu:run-all"]').first.click()
 
 
+def _raised(page) -> list[str]:
+    """The outputs that show a cell raised."""
+    return [t for t in page.locator(".jp-OutputArea-output").all_inner_texts()
+            if "Traceback (most recent call last)" in t or "Error Traceback" in t]
+
+
 def _wait_executed(page, timeout_s: float) -> None:
-    """Until every code cell has a number in its prompt and none is running ([*])."""
+    """Until every code cell has a number in its prompt and none is running ([*]); or, once a cell has raised and
+    none runs, at once (Run All stops at an error: the cells after it would never get a number)."""
     deadline = time.time() + timeout_s
+    checked = 0.0
     while time.time() < deadline:
         prompts = page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
         if prompts and all(p.strip().startswith("[") and p.strip()[1:-2].strip().isdigit() for p in prompts):
             return
+        if prompts and not any("*" in p for p in prompts) and time.time() - checked > 5:
+            checked = time.time()
+            if _raised(page):
+                return
         time.sleep(1)
     raise AssertionError(f"cells did not finish in {timeout_s:.0f} s: {prompts}")
 
@@ -274,8 +286,7 @@ def _run_notebook(browser, url, token, path: str, tag: str):
     _open_file_browser(page)
     _run_all(page)
     _wait_executed(page, CELL_TIMEOUT_S * 3)
-    errors = [t for t in page.locator(".jp-OutputArea-output").all_inner_texts()
-              if "Traceback (most recent call last)" in t or "Error Traceback" in t]
+    errors = _raised(page)
     assert not errors, f"{path}: a cell raised:\n{errors[0][:2000]}"
     return page
 
