@@ -1,11 +1,11 @@
 """Published training runs beside ours, like with like.
 
-Each run in data/published.json 'peaks' (torchtitan's Llama 3.1 8B FSDP preset; LitGPT's TinyLlama full fine-tune
-with gradient accumulation) is written as a TrainSetup, estimated and dry-run, and compared with the figure its tool
+Each run in data/published.json 'peaks' (torchtitan's Llama 3.1 8B FSDP preset; LitGPT's config-hub fine-tunes;
+PEFT's MetaMathQA runs) is written as a TrainSetup, estimated and dry-run, and compared with the figure its tool
 printed in the same view:
 
-- a published *reserved* peak (torch.cuda's reserved_bytes.all.peak, what torchtitan logs) with the dry run's
-  modelled reserved view (`helpers.measure.reserved`: the step's allocations replayed through the caching allocator's
+- a published *reserved* peak (torch.cuda's reserved peak: what torchtitan logs, what PEFT's results record) with
+  the dry run's modelled reserved view (`helpers.measure.reserved`: the step's allocations replayed through the caching allocator's
   rules; the CUDA context and NCCL's buffers are outside it, as they are outside torch's statistic);
 - a published *allocated* peak (torch.cuda.max_memory_allocated(), what LitGPT prints) with the estimate and the dry
   run's allocated peak in blocks (the allocator model's rounding, as torch counts it).

@@ -55,7 +55,7 @@ def lora_words(s) -> str:
     """', LoRA r16 (fp32 adapters, nf4 base)' for a LoRA set-up, '' otherwise."""
     if s.lora_rank is None:
         return ""
-    adapters = "fp32" if s.adapters_fp32 else ("fp32" if s.precision == "fp32" else s.half)
+    adapters = "fp32" if s.adapters_fp32 else s.half          # (adapters_fp32 holds for precision fp32)
     return f", LoRA r{s.lora_rank} ({adapters} adapters" + (f", {s.base_weights} base)" if s.base_weights else ")")
 
 

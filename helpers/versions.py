@@ -111,12 +111,15 @@ def of(setup, library: str) -> tuple[Version | None, str]:
     return (here, "installed") if here is not None else (None, "not installed")
 
 
-def older(setup, key: str) -> bool:
-    """The set-up's release of the rule's library predates `changed_in` (a library not installed and not given: the
-    newest behaviour)."""
-    rule = _BY_KEY[key]
-    v, _ = of(setup, rule.library)
+def _before(rule: Rule, v: Version | None) -> bool:
+    """Release `v` predates the rule's change (None, a library not installed and not given: the newest behaviour)."""
     return v is not None and v < Version(rule.changed_in)
+
+
+def older(setup, key: str) -> bool:
+    """The set-up's release of the rule's library predates `changed_in`."""
+    rule = _BY_KEY[key]
+    return _before(rule, of(setup, rule.library)[0])
 
 
 def applied(setup) -> list[dict]:
@@ -127,7 +130,7 @@ def applied(setup) -> list[dict]:
         if not r.bears(setup):
             continue
         v, where = of(setup, r.library)
-        old = v is not None and v < Version(r.changed_in)
+        old = _before(r, v)
         out.append({"key": r.key, "library": r.library, "version": str(v) if v else None, "from": where,
                     "changed_in": r.changed_in, "older": old, "does": r.before if old else r.since,
                     "source": r.source})

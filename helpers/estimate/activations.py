@@ -59,6 +59,11 @@ def qk_norm_bytes(m: ModelSpec, setup) -> int:
     return (4 + normalised) * (m.q_width + m.k_width)
 
 
+def adapted_names(m: ModelSpec, setup) -> set[str]:
+    """The module names ('q_proj', 'down_proj', ...) the set-up's LoRA adapts in a decoder layer."""
+    return {t.name.rsplit(".", 2)[-2] for t in m.lora_targets(setup.lora_targets) if t.group == "layer.0"}
+
+
 def adapter_input_copy(setup) -> int:
     """Bytes per element of the copy of its input each adapted linear keeps for itself, 0 where the adapters read the
     very tensor the base layer read. peft casts a layer's input to the adapters' dtype (`_cast_input_dtype`): fp32
@@ -86,7 +91,7 @@ def lora_saves(m: ModelSpec, setup) -> tuple[int, int, int]:
     a = 4 if compute_mode(setup) == "fp32" else 2
     own = adapter_input_copy(setup)
     dropped = bool(setup.lora_dropout)
-    adapted = {t.name.rsplit(".", 2)[-2] for t in m.lora_targets(setup.lora_targets) if t.group == "layer.0"}
+    adapted = adapted_names(m, setup)
 
     def kept(names) -> int:                  # per element of an input the named linears read
         n = len(adapted & names)
@@ -130,14 +135,14 @@ def kept_4bit_inputs(m: ModelSpec, setup) -> tuple[int, int]:
     Under full checkpointing (non-reentrant, transformers' default from 5.0, PR #43203) the layer's saved tensors are
     dropped and recomputed, but a ctx attribute is not a saved tensor: every 4-bit linear's input stays, the first
     layer's too (peft's enable_input_require_grads); under reentrant checkpointing (before 5.0: the
-    'checkpointing_reentrant' rule) the checkpointed forward runs without autograd and keeps none (`add_activations`). Measured on dry runs with the old matmul re-enacted
-    (`helpers.measure.nf4.inputs_kept`)."""
+    'checkpointing_reentrant' rule) the checkpointed forward runs without autograd and keeps none (`add_activations`).
+    Measured on dry runs with the old matmul re-enacted (`helpers.measure.nf4.inputs_kept`)."""
     if setup.attention == "eager" or m.kv_latent or m.moe_layers:
         raise InputError(f"bitsandbytes before 0.43.2 (versions {setup.versions!r}) is modelled for dense "
                          f"attention-kernel (sdpa, flash) layers without MLA: {m.name} with attention "
                          f"{setup.attention!r} is not: give a bitsandbytes of 0.43.2 or later")
     a = 4 if compute_mode(setup) == "fp32" else 2
-    adapted = {t.name.rsplit(".", 2)[-2] for t in m.lora_targets(setup.lora_targets) if t.group == "layer.0"}
+    adapted = adapted_names(m, setup)
     own = adapter_input_copy(setup)
     shared = lambda names: bool(adapted & names) and not own and not setup.lora_dropout  # noqa: E731
     if setup.checkpointing != "none":

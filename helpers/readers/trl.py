@@ -271,26 +271,28 @@ class _Reader(collect.TrainerYaml):
         frozen base (QLoRA: its unquantised parts, and the 4-bit matmuls computed in fp32) is fp32, which the set-up
         does not express; listed with the bytes it adds at least."""
         from helpers import models
+        from helpers.errors import InputError
         from helpers.estimate import quantized
+        from helpers.units import to_gib
 
-        c = self.c
         try:
             m = models.spec(self.model) if self.model else None
-        except Exception:          # (a model the catalogue cannot read: the entry says it without a figure)
+        except InputError:         # (a model the catalogue cannot read: the entry says it without a figure)
             m = None
-        qlora = c.fields.get("base_weights") in ("nf4", "nf4-dq")
-        what = "the unquantised embedding, norms and head" if qlora else "the frozen base"
+        qlora = bool(self.c.fields.get("base_weights"))
         extra = ""
         if m is not None:
             n = m.params - sum(t.numel for t in quantized.nf4_tensors(m)) if qlora else m.params
-            extra = f" ({2 * n / 2**30:.2f} GiB for {m.name})"
+            extra = f" ({to_gib(2 * n):.2f} GiB for {m.name})"
+        what = "the unquantised embedding, norms and head" if qlora else "the frozen base"
+        how = (", and the 4-bit matmuls compute in fp32 (bnb_4bit_compute_dtype is the dtype)" if qlora
+               else ", plus the 16-bit copies autocast makes of its weights for each matmul")
         where = self.path if key in self.data else f"{TOOL} default"
-        c.unmodelled_at(where, self.lines.get(key), key, dtype, f"LoRA on a base loaded in float32 (TRL's default dtype) under 16-bit autocast is not "
-                                 f"modelled: {what} is fp32, and the estimate counts it in the compute dtype, so the "
-                                 f"real figure is higher by at least 2 bytes per such parameter{extra}"
-                                 + (", and the 4-bit matmuls compute in fp32 (bnb_4bit_compute_dtype is the dtype)"
-                                    if qlora else ", plus the 16-bit copies autocast makes of its weights for each "
-                                                  "matmul") + "; dtype: bfloat16 trains as estimated")
+        self.c.unmodelled_at(where, self.lines.get(key), key, dtype,
+                             f"LoRA on a base loaded in float32 (TRL's default dtype) under 16-bit autocast is not "
+                             f"modelled: {what} is fp32, and the estimate counts it in the compute dtype, so the real "
+                             f"figure is higher by at least 2 bytes per such parameter{extra}{how}; dtype: bfloat16 "
+                             f"trains as estimated")
 
     def rest(self) -> None:
         """Every key not read above: not modelled (listed) or ignored."""
