@@ -112,6 +112,10 @@ GRID = [
     # fp16 mixed precision (autocast in fp16, torch's GradScaler): QLoRA as a T4 runs it
     ("llama-3.2-3b", T(precision="fp16-mixed", lora_rank=16, base_weights="nf4-dq", batch=2, seq=1024,
                        checkpointing="full")),
+    # LoRA on a float32 base under bf16 autocast (TRL's default dtype): autocast's per-matmul copies of frozen weights
+    ("llama-3-8b", T(lora_rank=16, lora_dropout=0.05, base_weights="fp32", seq=1024, attention="flash")),
+    ("qwen2.5-7b", T(strategy="ddp", gpus=2, lora_rank=16, lora_targets="q,v", base_weights="fp32", batch=2, seq=1024,
+                     checkpointing="full")),
 ]
 
 

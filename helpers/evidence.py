@@ -79,7 +79,7 @@ def detail(result: Result) -> str:
 
 
 def _old_matmul(s) -> bool:
-    return bool(s.base_weights) and versions.older(s, "bnb_4bit_input_kept")
+    return s.quantized and versions.older(s, "bnb_4bit_input_kept")
 
 
 def _old_loss(s) -> bool:

@@ -96,7 +96,10 @@ def _candidates(m, s: TrainSetup) -> list[tuple[str, dict]]:
                     {"versions": None}))
     if s.lora_rank is None:
         out.append((f"LoRA rank {LORA_RANK}", {"lora_rank": LORA_RANK}))
-    elif s.base_weights is None:
+    elif not s.quantized:
+        if s.base_fp32:
+            out.append((f"LoRA base loaded in {s.half} (dtype {'bfloat16' if s.half == 'bf16' else 'float16'})",
+                        {"base_weights": None}))
         out.append(("QLoRA: 4-bit (nf4) base", {"base_weights": "nf4"}))
     return out
 

@@ -22,8 +22,8 @@ STRATEGIES = strategies.NAMES
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
 ADAPTER_DTYPES = ("fp32", "bf16")
-BASE_WEIGHTS = ("nf4", "nf4-dq")   # QLoRA: bitsandbytes 4-bit NormalFloat base, without / with double quantisation
-                                   # (None: the base in the compute dtype)
+BASE_WEIGHTS = ("fp32", "nf4", "nf4-dq")  # LoRA's frozen base: fp32 under 16-bit autocast; QLoRA's bitsandbytes 4-bit
+QUANTIZED_BASES = ("nf4", "nf4-dq")        # NormalFloat, without / with double quantisation (None: the compute dtype)
 MAX_GRAD_ACCUM = 4096         # micro batches per optimizer step (real runs use 1 to a few hundred)
 MAX_LAYERS = 1024              # decoder layers (checkpoint_every); the largest models have about 128
 
@@ -165,20 +165,27 @@ class TrainSetup:
     for them (`_cast_input_dtype`) and keeps that copy. 'bf16': adapters in the base's dtype. Elsewhere the engine
     decides (DeepSpeed's bf16 mode casts the whole module; FSDP2 follows its MixedPrecisionPolicy)."""
     base_weights: str | None = option(None, Face(
-        "--base-weights", lambda: f"with --lora-rank: QLoRA's bitsandbytes 4-bit base, nf4 (an fp32 absmax per 64 "
-                                  f"weights: transformers' BitsAndBytesConfig default, TRL's) or nf4-dq (double "
-                                  f"quantisation: axolotl's, LLaMA-Factory's, OpenRLHF's); compute in the precision's "
-                                  f"dtype ({'/'.join(strategies.names(lambda s: s.qlora))})",
+        "--base-weights", lambda: f"with --lora-rank: how the frozen base is stored: fp32 (loaded in float32, TRL's "
+                                  f"default dtype, computed under 16-bit autocast; "
+                                  f"{'/'.join(strategies.names(lambda s: s.autocast))}), or QLoRA's bitsandbytes "
+                                  f"4-bit base, nf4 (an fp32 absmax per 64 weights: transformers' BitsAndBytesConfig "
+                                  f"default, TRL's) or nf4-dq (double quantisation: axolotl's, LLaMA-Factory's, "
+                                  f"OpenRLHF's), computed in the precision's dtype "
+                                  f"({'/'.join(strategies.names(lambda s: s.qlora))}); default: the compute dtype",
         choices=BASE_WEIGHTS, control=Control("menu", "LoRA base", options=("bf16",) + BASE_WEIGHTS, none="bf16",
-                                              tooltip="nf4: QLoRA's 4-bit base (with a LoRA rank); -dq: double "
-                                                      "quantisation"),
+                                              tooltip="fp32: a float32 base under autocast; nf4: QLoRA's 4-bit base "
+                                                      "(with a LoRA rank); -dq: double quantisation"),
         applies=lambda v: v["lora_rank"] is not None,
-        no_time="a 4-bit base changes the model's numerics (bitsandbytes nf4) and dequantises in every matmul; its "
-                "speed is not modelled"))
-    """How LoRA's frozen base is stored. None: in the compute dtype. 'nf4': QLoRA, as transformers' BitsAndBytesConfig
-    loads it with `bnb_4bit_use_double_quant=False` (its default); 'nf4-dq': with double quantisation
-    (`bnb_4bit_use_double_quant=True`, the absmax itself quantised to 8 bits). helpers.estimate.quantized says how.
-    Needs lora_rank."""
+        no_time="the base's storage changes the model's numerics (bitsandbytes nf4 dequantises in every matmul; an "
+                "fp32 base is cast in every matmul); its speed is not modelled"))
+    """How LoRA's frozen base is stored. None: in the compute dtype (bf16; fp32 under precision 'fp32'). 'fp32': loaded
+    in float32 (`from_pretrained` without a dtype before transformers 5, TRL's ModelConfig default) and trained under
+    autocast (precision bf16-mixed / fp16-mixed on single and ddp): 4 bytes per frozen weight, and every linear whose
+    input needs a gradient keeps the 16-bit copy autocast makes of its frozen weight (autocast caches casts of leaf
+    tensors that require grad only: torch aten/src/ATen/autocast_mode.h `cached_cast`). 'nf4': QLoRA, as transformers'
+    BitsAndBytesConfig loads it with `bnb_4bit_use_double_quant=False` (its default); 'nf4-dq': with double
+    quantisation (`bnb_4bit_use_double_quant=True`, the absmax itself quantised to 8 bits).
+    helpers.estimate.quantized says how. Needs lora_rank."""
     versions: str | None = option(None, Face(
         "--versions", lambda: f"library releases the run uses, comma-separated, e.g. "
                               f"bitsandbytes=0.42.0,transformers=4.44 (libraries with rules that changed across "
@@ -331,6 +338,16 @@ class TrainSetup:
         return st.engine == "fsdp2" and self.precision == "bf16-mixed"     # MixedPrecisionPolicy's fp32 originals
 
     @property
+    def quantized(self) -> bool:
+        """QLoRA: a bitsandbytes 4-bit base (base_weights 'nf4' or 'nf4-dq')."""
+        return self.base_weights in QUANTIZED_BASES
+
+    @property
+    def base_fp32(self) -> bool:
+        """LoRA on a float32 frozen base computed under 16-bit autocast (base_weights 'fp32')."""
+        return self.base_weights == "fp32"
+
+    @property
     def double_quant(self) -> bool:
         """A 4-bit base with bitsandbytes' double quantisation (base_weights 'nf4-dq')."""
         return self.base_weights == "nf4-dq"
@@ -454,15 +471,29 @@ class TrainSetup:
         if self.base_weights is not None:
             _choice("base_weights", self.base_weights, BASE_WEIGHTS)
             if self.lora_rank is None:
-                raise InputError(f"base_weights {self.base_weights!r} (QLoRA's 4-bit frozen base) needs lora_rank: "
-                                 f"a quantised base cannot be trained itself, only LoRA adapters on it")
-            if not st.qlora:
+                raise InputError(f"base_weights {self.base_weights!r} (how LoRA's frozen base is stored) needs "
+                                 f"lora_rank: without adapters every weight is trained, in the precision's dtypes")
+            if self.base_fp32:
+                if not (self.mixed and st.autocast):
+                    raise InputError(f"base_weights 'fp32' (a float32 base under 16-bit autocast) is modelled with "
+                                     f"precision bf16-mixed or fp16-mixed on strategies "
+                                     f"{strategies.listing(lambda x: x.autocast, 'and')}, got precision "
+                                     f"{self.precision!r} on {s!r}"
+                                     + (": under precision fp32 the base is fp32 already (leave base_weights out)"
+                                        if self.precision == "fp32" else
+                                        ": there the engine computes with its own 16-bit copies of the weights"
+                                        if self.mixed else ": precision bf16 computes in the weights' own dtype"))
+                if self.adapter_dtype == "bf16":
+                    raise InputError("adapter_dtype 'bf16' with base_weights 'fp32': peft gives adapters the base's "
+                                     "dtype or upcasts them, never lower; use adapter_dtype fp32 (the default)")
+            elif not st.qlora:
                 raise InputError(f"base_weights {self.base_weights!r} is modelled with strategies "
                                  f"{strategies.listing(lambda x: x.qlora, 'and')}, got {s!r} (bitsandbytes' quantisation "
                                  f"state under an engine's sharding or re-casting is not modelled here)")
             if self.degrees.model_parallel > 1:
                 raise InputError(f"base_weights {self.base_weights!r} is modelled without tensor or context parallelism "
-                                 f"(a 4-bit weight's quantisation state split over ranks is not modelled), got "
+                                 f"(a 4-bit weight's quantisation state, or autocast's casts of a frozen sharded "
+                                 f"weight, split over ranks is not modelled), got "
                                  f"tensor_parallel={self.tensor_parallel}, context_parallel={self.context_parallel}")
         if self.lora_rank is not None and not st.lora:
             raise InputError(f"lora_rank is modelled with strategies {strategies.listing(lambda x: x.lora, 'and')}, "

@@ -40,7 +40,7 @@ RULES = (
          "MatMul4Bit keeps only the 4-bit weight (ctx.tensors = (None, B))",
          "bitsandbytes commit 9e75374 (PR #1270, 'fix QLoRA mem bug: delete useless buffered activation', "
          "2024-07-16), first released in 0.43.2; autograd/_functions.py MatMul4Bit.forward",
-         lambda s: s.base_weights is not None),
+         lambda s: s.quantized),
     Rule("causal_lm_loss_copies_logits", "transformers", "4.49.0",
          "the causal-LM loss shifts the fp32 logits by one token with logits[..., :-1, :].contiguous(): one more fp32 "
          "copy of the logits while the loss runs",

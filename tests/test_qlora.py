@@ -125,8 +125,8 @@ def test_fp32_compute_changes_the_base_by_the_4bit_weights_alone():
 
 
 @pytest.mark.parametrize("changes,needle", [
-    (dict(base_weights="nf4"), "base_weights 'nf4' (QLoRA's 4-bit frozen base) needs lora_rank"),
-    (dict(base_weights="int4", lora_rank=8), "unknown base_weights 'int4': allowed are nf4, nf4-dq"),
+    (dict(base_weights="nf4"), "base_weights 'nf4' (how LoRA's frozen base is stored) needs lora_rank"),
+    (dict(base_weights="int4", lora_rank=8), "unknown base_weights 'int4': allowed are fp32, nf4, nf4-dq"),
     (dict(base_weights="nf4", lora_rank=8, strategy="zero3"), "modelled with strategies single and ddp, got 'zero3'"),
     (dict(base_weights="nf4", lora_rank=8, strategy="fsdp2"), "modelled with strategies single and ddp, got 'fsdp2'"),
     (dict(base_weights="nf4", lora_rank=8, strategy="zero2"), "modelled with strategies single and ddp, got 'zero2'"),

@@ -306,18 +306,23 @@ def test_trl_defaults(tmp_path):
     assert q.setup.base_weights == "nf4-dq"
 
 
-def test_trl_lora_on_its_float32_default_is_listed_with_its_bytes(tmp_path):
-    """TRL loads the model in float32 unless `dtype` says otherwise (ModelConfig.dtype, SFTTrainer's docstring): LoRA
-    on that base under bf16 autocast is not modelled, and the listing says by how much the estimate is under."""
+def test_trl_qlora_or_fsdp_on_its_float32_default_is_listed_with_its_bytes(tmp_path):
+    """TRL loads the model in float32 unless `dtype` says otherwise (ModelConfig.dtype, SFTTrainer's docstring). LoRA
+    on that base on one GPU is modelled (base_weights=fp32, tests/test_lora_fp32_base.py); a QLoRA base's fp32 parts,
+    and an fp32 base under FSDP's sharding, are listed with the bytes the estimate is under by at least; DeepSpeed
+    casts the module to bf16 itself, and nothing is listed."""
     base = "model_name_or_path: meta-llama/Llama-3.2-3B\nuse_peft: true\nbf16: true\n"
-    imp = read(write(tmp_path, "t.yaml", base))
-    nm = by_key(imp.not_modelled)
-    assert "higher by at least 2 bytes per such parameter (5.98 GiB for llama-3.2-3b)" in nm["dtype"].why
-    assert nm["dtype"].line is None and "default" in nm["dtype"].file
-    assert "dtype" not in by_key(read(write(tmp_path, "b.yaml", base + "dtype: bfloat16\n")).not_modelled)
     q = read(write(tmp_path, "q.yaml", base + "dtype: float32\nload_in_4bit: true\nbnb_4bit_quant_type: nf4\n"))
     assert "unquantised embedding, norms and head" in by_key(q.not_modelled)["dtype"].why
     assert by_key(q.settings)["bnb_4bit_quant_type"].value == "nf4" and by_key(q.settings)["bf16"].value is True
+    f = read(write(tmp_path, "f.yaml", base + "fsdp: full_shard auto_wrap\nfsdp_config:\n  version: 2\n"))
+    nm = by_key(f.not_modelled)
+    assert f.setup.strategy == "fsdp2" and f.setup.base_weights is None
+    assert "higher by at least 2 bytes per such parameter (5.98 GiB per GPU for llama-3.2-3b)" in nm["dtype"].why
+    assert nm["dtype"].line is None and "default" in nm["dtype"].file
+    ds_file(tmp_path, {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}, "z2.json")
+    z = read(write(tmp_path, "z.yaml", base + "deepspeed: z2.json\n"))
+    assert z.setup.strategy == "zero2" and z.setup.base_weights is None and "dtype" not in by_key(z.not_modelled)
 
 
 def test_trl_deepspeed_companion_auto(tmp_path):

@@ -27,8 +27,8 @@ def compute_mode(setup) -> str:
     """'autocast' (an fp32 model under torch.autocast: single/ddp bf16-mixed), 'fp32', or 'low' (bf16 weights)."""
     if setup.precision == "fp32":
         return "fp32"
-    if setup.mixed and setup.strat.autocast and not setup.lora_rank:
-        return "autocast"                   # (LoRA's frozen base is bf16 itself: only its adapters are fp32)
+    if setup.mixed and setup.strat.autocast and (not setup.lora_rank or setup.base_fp32):
+        return "autocast"                   # (LoRA's frozen base is bf16 itself unless base_weights 'fp32')
     return "low"
 
 
@@ -151,6 +151,56 @@ def kept_4bit_inputs(m: ModelSpec, setup) -> tuple[int, int]:
     mlp_in = 0 if shared(MLP_IN_NAMES) else a * m.hidden
     down = 0 if shared({"down_proj"}) else a * m.intermediate
     return qkv + mlp_in + down, qkv
+
+
+def base_weight_copies(m: ModelSpec, setup) -> tuple[int, int, int]:
+    """LoRA on an fp32 base under autocast (base_weights 'fp32'): (bytes of the 16-bit weight copies one decoder layer's
+    linears keep, bytes of them the first layer keeps less without checkpointing, bytes of the output head's copy).
+
+    Autocast casts a linear's fp32 weight to the 16-bit dtype for each call and caches the cast only for a leaf that
+    requires grad (torch aten/src/ATen/autocast_mode.h `cached_cast`), so a frozen weight is cast afresh by every
+    linear; `F.linear` then saves that copy for its input's gradient whenever its input needs one (its weight needs
+    none, so the input itself is not saved). Without checkpointing the first layer's linears up to its first adapter
+    read the frozen embedding's output, which needs no gradient, and keep nothing; under checkpointing peft's
+    enable_input_require_grads gives that output a gradient, and the recomputed layer keeps every copy."""
+    half = 2
+    layer0 = [t for t in m.tensors if t.group == "layer.0" and t.linear]
+    per_layer = half * sum(t.numel for t in layer0)
+    adapted, less = adapted_names(m, setup), 0
+    if setup.checkpointing == "none":
+        for names in (QKV_NAMES, {"o_proj"}, MLP_IN_NAMES, {"down_proj"}):
+            less += half * sum(t.numel for t in layer0 if t.name.rsplit(".", 2)[-2] in names)
+            if adapted & names:
+                break
+    head = half * m.vocab * m.hidden
+    return per_layer, less, head
+
+
+def add_base_weight_copies(b: Builder, m: ModelSpec) -> None:
+    """The 16-bit copies of an fp32 frozen base's weights that its linears save for backward (`base_weight_copies`)."""
+    s = b.setup
+    if m.moe_layers or m.kv_latent:
+        raise InputError(f"base_weights 'fp32' is modelled for dense models without MLA: {m.name}'s experts or latent "
+                         f"attention compute differently under autocast (leave base_weights out: a bf16 base)")
+    per_layer, less, head = base_weight_copies(m, s)
+    why = (f"autocast casts a frozen fp32 weight afresh for every matmul (it caches casts of trainable leaves only) "
+           f"and the linear saves the {s.half} copy for its input's gradient: {per_layer / 2**20:,.0f} MiB per layer")
+    if s.checkpointing == "full":
+        kept = sum(1 for i in range(m.layers) if (i + 1) % s.checkpoint_every) * per_layer
+        if kept:
+            b.gpu(f"{s.half} copies of the fp32 base's weights in the layers not checkpointed", "activations", kept,
+                  FORWARDS | BWD_START | BWD_HEAD, why)
+        b.gpu(f"{s.half} copies of the fp32 base's weights in the layer recomputed", "activations", per_layer,
+              BWD_END, why + "; checkpointing re-runs a layer's forward, and its casts, before its backward")
+    else:
+        b.gpu(f"{s.half} copies of the fp32 base's weights, saved by its linears", "activations",
+              m.layers * per_layer - less, FORWARDS | BWD_START | BWD_HEAD,
+              why + (f"; the first layer's linears before its first adapter read the frozen embedding's output, which "
+                     f"needs no gradient, and keep none ({less / 2**20:,.0f} MiB less)" if less else ""))
+        b.gpu(f"{s.half} copies of the first layer's weights, not yet freed", "activations", per_layer - less, BWD_END,
+              "backward frees each layer's saved tensors as it passes")
+    b.gpu(f"{s.half} copy of the fp32 output head's weight, saved for the hidden states' gradient", "logits", head,
+          LOSS | BWD_START | BWD_HEAD, "the frozen head is cast like the other linears; kept until the head's backward")
 
 
 def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
@@ -287,7 +337,7 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else ""))
         b.gpu("activations of the first layers, not yet freed", "activations", max(per_dense, per_moe), BWD_END,
               "backward frees each layer's saved tensors as it passes")
-    if s.base_weights and versions.older(s, "bnb_4bit_input_kept"):
+    if s.quantized and versions.older(s, "bnb_4bit_input_kept"):
         per_layer, first_less = kept_4bit_inputs(m, s)
         if s.checkpointing == "full" and versions.older(s, "checkpointing_reentrant"):
             per_layer = 0       # reentrant: a checkpointed layer's forward runs without autograd, MatMul4Bit keeps
@@ -303,11 +353,13 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               f"bitsandbytes {versions.of(s, 'bitsandbytes')[0]} keeps each 4-bit linear's input as ctx.tensors until "
               f"the graph is freed after backward (fixed in 0.43.2, commit 9e75374): {per_layer:,} "
               f"bytes per token per layer beyond what the layer saves anyway")
-    if s.base_weights:
+    if s.quantized:
         c = 4 if s.precision == "fp32" else 2
         b.gpu(f"a 4-bit weight dequantised for its matmul ({'fp32' if c == 4 else s.half}) with its fp32 absmax",
               "temporaries", quantized.dequantized_bytes(m, c), BWD_END,
               "bitsandbytes dequantises one Linear4bit's weight at a time, in forward and again in backward")
+    if s.base_fp32:
+        add_base_weight_copies(b, m)
     if s.lora_rank:
         adapted = len(m.lora_targets(s.lora_targets))
         targets = adapted if s.checkpointing == "none" else adapted // m.layers

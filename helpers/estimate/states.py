@@ -86,7 +86,7 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
     only parameters with gradients, master weights and optimizer states.
     """
     s = b.setup
-    if s.lora_rank and s.base_weights:
+    if s.lora_rank and s.quantized:
         codes, rest = quantized.nf4_base_bytes(m, s.double_quant)
         compute, _ = dtype_bytes(s)
         b.gpu("frozen base: 4-bit NF4 linear weights and their quantisation state", "parameters", codes, ALWAYS,
@@ -116,8 +116,11 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
         m = lora_adapters(m, s.lora_rank, s.lora_targets)
     elif s.lora_rank:
         compute, _ = dtype_bytes(s)
-        b.gpu(f"frozen base weights ({'fp32' if compute == 4 else s.half})", "parameters", m.params * compute, ALWAYS,
-              "LoRA: the base model is frozen (no gradients, no optimizer states), loaded in the compute dtype")
+        stored = 4 if s.base_fp32 else compute
+        b.gpu(f"frozen base weights ({'fp32' if stored == 4 else s.half})", "parameters", m.params * stored, ALWAYS,
+              "LoRA: the base model is frozen (no gradients, no optimizer states), "
+              + ("loaded in float32 and computed under autocast (base_weights 'fp32')" if s.base_fp32
+                 else "loaded in the compute dtype"))
         m = lora_adapters(m, s.lora_rank, s.lora_targets)
     MODEL_STATES[s.strat.family](b, m)
     if s.tensor_parallel > 1 and not s.lora_rank and not s.strat.sharded:      # (FSDP2's is in _fsdp2)

@@ -60,8 +60,10 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
     from helpers import models
 
     hf_logging.set_verbosity_error()
-    if setup.lora_rank and setup.precision != "fp32":
+    if setup.lora_rank and setup.precision != "fp32" and not setup.base_fp32:
         dtype = HALF[setup.half]                 # LoRA: the frozen base is loaded in the compute dtype
+    elif setup.base_fp32:
+        dtype = torch.float32                    # base_weights 'fp32': loaded in float32, computed under autocast
     config = models.load_config(config_path)
     net = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=_attention_for(config, attention))
     net.config.use_cache = False
@@ -73,7 +75,7 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
     from helpers.measure import causal_lm_loss
 
     causal_lm_loss.as_released(net, setup)
-    if setup.base_weights:
+    if setup.quantized:
         from helpers.measure import nf4
 
         nf4.quantize(net, double=setup.double_quant)

@@ -125,7 +125,7 @@ def matmul_as(setup):
     release before 0.43.2, else the installed one unchanged."""
     from helpers import versions
 
-    if setup.base_weights and versions.older(setup, "bnb_4bit_input_kept"):
+    if setup.quantized and versions.older(setup, "bnb_4bit_input_kept"):
         return inputs_kept()
     return contextlib.nullcontext()
 

@@ -267,32 +267,48 @@ class _Reader(collect.TrainerYaml):
             self.fp32_base(dtype_key, dtype)
 
     def fp32_base(self, key: str, dtype: str) -> None:
-        """LoRA (or QLoRA) on a base TRL loads in float32 (its default dtype), trained under 16-bit autocast: the
-        frozen base (QLoRA: its unquantised parts, and the 4-bit matmuls computed in fp32) is fp32, which the set-up
-        does not express; listed with the bytes it adds at least."""
-        from helpers import models
+        """LoRA (or QLoRA) on a base TRL loads in float32 (its default dtype), trained under 16-bit autocast. On
+        single and ddp a LoRA base is modelled as it is (base_weights=fp32: 4 bytes per frozen weight, and the 16-bit
+        copy autocast makes of each for its matmul, which the linear keeps for backward); a QLoRA base's unquantised
+        parts in fp32, or an fp32 base under an engine that shards or re-casts it, is listed with the bytes it adds at
+        least."""
+        import dataclasses
+
+        from helpers import models, strategies
         from helpers.errors import InputError
         from helpers.estimate import quantized
         from helpers.units import to_gib
 
+        c = self.c
+        qlora, st = bool(c.fields.get("base_weights")), strategies.get(self.strategy)
+        if not qlora and st.engine == "deepspeed":
+            return      # DeepSpeed's bf16/fp16 mode casts the whole module (engine.py _configure_distributed_model)
+        if not qlora and st.autocast:
+            c.fields["base_weights"] = "fp32"
+            sets = ("base_weights=fp32 (LoRA on a float32 frozen base under autocast: 4 bytes per frozen weight, "
+                    "and each linear keeps the 16-bit copy autocast makes of its weight)")
+            entries = c.settings if key in self.data else c.defaults
+            for i, e in enumerate(entries):
+                if e.key == key:
+                    entries[i] = dataclasses.replace(e, sets=sets, fields={**e.fields, "base_weights": "fp32"})
+            return
         try:
             m = models.spec(self.model) if self.model else None
         except InputError:         # (a model the catalogue cannot read: the entry says it without a figure)
             m = None
-        qlora = bool(self.c.fields.get("base_weights"))
-        extra = ""
+        extra, shards = "", 1 if qlora else max(1, c.fields.get("gpus", 1))
         if m is not None:
             n = m.params - sum(t.numel for t in quantized.nf4_tensors(m)) if qlora else m.params
-            extra = f" ({to_gib(2 * n):.2f} GiB for {m.name})"
-        what = "the unquantised embedding, norms and head" if qlora else "the frozen base"
+            extra = f" ({to_gib(2 * n // shards):.2f} GiB per GPU for {m.name})"
+        what = "the unquantised embedding, norms and head" if qlora else "the frozen base's shard on each GPU"
         how = (", and the 4-bit matmuls compute in fp32 (bnb_4bit_compute_dtype is the dtype)" if qlora
-               else ", plus the 16-bit copies autocast makes of its weights for each matmul")
+               else f", the base sharded over {shards} GPU(s)")
         where = self.path if key in self.data else f"{TOOL} default"
-        self.c.unmodelled_at(where, self.lines.get(key), key, dtype,
-                             f"LoRA on a base loaded in float32 (TRL's default dtype) under 16-bit autocast is not "
-                             f"modelled: {what} is fp32, and the estimate counts it in the compute dtype, so the real "
-                             f"figure is higher by at least 2 bytes per such parameter{extra}{how}; dtype: bfloat16 "
-                             f"trains as estimated")
+        c.unmodelled_at(where, self.lines.get(key), key, dtype,
+                        f"{'QLoRA' if qlora else 'LoRA'} on a base loaded in float32 (TRL's default dtype) under "
+                        f"16-bit autocast is not modelled{'' if qlora else ' on ' + self.strategy}: {what} is fp32, "
+                        f"and the estimate counts it in the compute dtype, so the real figure is higher by at least "
+                        f"2 bytes per such parameter{extra}{how}; dtype: bfloat16 trains as estimated")
 
     def rest(self) -> None:
         """Every key not read above: not modelled (listed) or ignored."""
