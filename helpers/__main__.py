@@ -125,6 +125,10 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
                              "prints it and its CUDA context (see helpers.gpus)")
             continue
         _flag_argument(p, name, f, getattr(defaults, name))
+    p.add_argument("--offline", action="store_true",
+                   help="never download: a hub id the catalogue does not know is read from the Hugging Face cache or "
+                        "refused (HF_HUB_OFFLINE=1 does the same); without it, its config.json alone is fetched from "
+                        "the Hub, and the output says so")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--items", action="store_true", help="also list every named buffer behind the figures")
 
@@ -175,7 +179,8 @@ def imported_from(a: argparse.Namespace):
 
     imp = readers.read(a.from_files)
     if a.model is None and imp.model is None:
-        named = f" (they name {imp.model_named!r}, which the catalogue does not know)" if imp.model_named else ""
+        named = (f" (they name {imp.model_named!r}, which is neither in the catalogue nor in the Hugging Face cache, "
+                 f"nor downloadable here)" if imp.model_named else "")
         raise InputError(f"--from {' '.join(a.from_files)} names no model the catalogue knows{named}: pass --model "
                          f"(a catalogue name, hub id or config.json path)")
     overrides = []
@@ -186,7 +191,8 @@ def imported_from(a: argparse.Namespace):
         overrides.append({"flag": _flag_of(a, field), "field": field, "value": value, "replaced": old,
                           "from": _origin(imp, field)})
     if a.model is not None and a.model != imp.model:
-        overrides.append({"flag": "--model", "field": "model", "value": a.model, "replaced": imp.model,
+        replaced = imp.model or (f"{imp.model_named} (not found here)" if imp.model_named else None)
+        overrides.append({"flag": "--model", "field": "model", "value": a.model, "replaced": replaced,
                           "from": _origin(imp, "model") if imp.model_named else "the files name no model"})
     return a.model or imp.model, setup_from_args(a, imp.setup), imp, overrides
 
@@ -245,7 +251,33 @@ def main(argv=None) -> int:
         return 130
 
 
+def model_source(model) -> dict | None:
+    """Where a hub id's config came from, when it is not a catalogue model: {'hub_id', 'config' (the Hugging Face
+    cache or a download), 'same_shapes_as' (a catalogue model with the same parameters, or None)}; None otherwise."""
+    from helpers import hub, models
+
+    repo = models.hub_repo_of(model) or str(model)
+    where = hub.origin(repo)
+    if where is None:
+        return None
+    return {"hub_id": repo, "config": where, "same_shapes_as": models.same_shapes_as(model)}
+
+
+def model_source_line(src: dict) -> str:
+    same = f"; the same parameters as catalogue model {src['same_shapes_as']}" if src["same_shapes_as"] else ""
+    return f"model {src['hub_id']}: config.json from {src['config']}{same}"
+
+
 def _run(a: argparse.Namespace) -> int:
+    """The command, with a hub id's config.json downloadable unless --offline (helpers.hub; only for this call)."""
+    from helpers import hub
+
+    offline = getattr(a, "offline", False)
+    with hub.downloads(not offline, "--offline forbids a download" if offline else None):
+        return _command(a)
+
+
+def _command(a: argparse.Namespace) -> int:
     try:
         if a.command == "models":
             from helpers import models
@@ -270,14 +302,19 @@ def _run(a: argparse.Namespace) -> int:
         return 0
     from helpers import evidence, report
 
+    src = model_source(result.model)
     if a.json:
         doc = result.to_dict() | {"evidence": {"kind": evidence.kind(result), "detail": evidence.detail(result)}}
         if imported is not None:
             doc["imported"] = imported.to_json() | {"overrides": overrides}
+        if src is not None:
+            doc["model_source"] = src
         print(json.dumps(doc, indent=1, default=str), flush=True)
     else:
         if imported is not None:
             print(report.imported_table(imported, overrides) + "\n", flush=True)
+        if src is not None:
+            print(model_source_line(src), flush=True)
         print(report.table(result), flush=True)
     if a.items and not a.json:
         print("\n" + report.items_table(result))
@@ -315,9 +352,14 @@ def _answer(a: argparse.Namespace) -> int:
         return 2
     if imported is not None:
         doc["imported"] = imported.to_json() | {"overrides": overrides}
+    src = model_source(model)
+    if src is not None:
+        doc["model_source"] = src
     if a.json:
         print(json.dumps(doc, indent=1, default=str), flush=True)
         return 0
+    if src is not None:
+        text = model_source_line(src) + "\n" + text
     head = f"{base.model}: {setup.strategy} on {setup.gpus} GPU(s), batch {setup.batch} x seq {setup.seq}; as given: " \
            f"{doc['verdict']}   [estimate; GiB = 2^30 bytes]"
     print((report.imported_table(imported, overrides) + "\n\n" if imported is not None else "") + head + "\n" + text,

@@ -6,6 +6,7 @@ Nothing is downloaded: a model is a Hugging Face `config.json`; its parameter sh
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -50,6 +51,26 @@ def hub_id(name: str) -> str | None:
     return src["hub_ids"][0] if src else None
 
 
+def hub_repo_of(path: str | Path) -> str | None:
+    """The hub id of a config.json inside a Hugging Face cache (.../models--ORG--NAME/snapshots/REV/config.json),
+    else None."""
+    parts = Path(path).parts
+    if len(parts) >= 4 and parts[-3] == "snapshots" and parts[-4].startswith("models--"):
+        return parts[-4][len("models--"):].replace("--", "/")
+    return None
+
+
+def same_shapes_as(model: str | Path | ModelSpec) -> str | None:
+    """The catalogue model whose every parameter has the same name and shape, and the same traits, as `model`'s (a mirror, a fine-tune or
+    an instruct variant of it), None if there is none or `model` is itself in the catalogue."""
+    m = spec(model)
+    if m.name in catalogue():
+        return None
+    bare = lambda x: dataclasses.replace(x, name="", path="")  # noqa: E731  (shapes, tying, the family's traits)
+    mine = bare(m)
+    return next((name for name in catalogue() if bare(spec(name)) == mine), None)
+
+
 def config_path(model: str | Path) -> Path:
     """The config file for a catalogue name or a path to a config.json; InputError if there is none."""
     if not isinstance(model, (str, Path)):
@@ -65,10 +86,15 @@ def config_path(model: str | Path) -> Path:
     if path.suffix == ".json" and path.is_file():
         return path.resolve()
     if _HUB_ID_RE.match(str(model)) and not path.exists():
+        from helpers import hub
+
+        found = hub.config_file(str(model))
+        if found is not None:
+            return found
         raise InputError(
             f"unknown hub id {str(model)!r}: it is not in the catalogue (`python -m helpers models` lists the hub ids "
-            f"it knows) and nothing is downloaded here; download that model's config.json and pass its path "
-            f"(--model path/to/config.json)")
+            f"it knows) nor in the Hugging Face cache ({hub.cache_dir()}), and {hub.why_no_download()}; download that "
+            f"model's config.json and pass its path (--model path/to/config.json)")
     raise InputError(
         f"unknown model {str(model)!r}: give a catalogue name ({', '.join(catalogue())}) "
         f"or the path of a causal-LM config.json"
@@ -363,7 +389,7 @@ def _spec_from_path(path: str) -> ModelSpec:
             f"{path!r} ({cfg.model_type}) is not a decoder-only model with `layers.N` blocks; the memory arithmetic "
             f"covers Llama-style decoders (llama, qwen2, mistral, deepseek_v2, ...)"
         )
-    name = Path(path).stem if Path(path).parent in (MODELS_DIR, SCALED_DIR) else path
+    name = Path(path).stem if Path(path).parent in (MODELS_DIR, SCALED_DIR) else hub_repo_of(path) or path
     moe_layers = len({t.group for t in tensors if ".experts." in f".{t.name}" and t.group.startswith("layer.")})
     if not any(t.numel for t in tensors):
         raise InputError(f"{path!r} builds a model with no parameters; check its dimensions")

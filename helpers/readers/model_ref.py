@@ -1,8 +1,9 @@
 """The model a config file names (`model_name_or_path: ...`): a catalogue name, a local config, or neither.
 
 A hub id the catalogue knows (`helpers.models.hub_ids()`) becomes its catalogue name; a local path to a config.json or
-to a model directory (tried as written, then relative to the file that names it) becomes that path; anything else is
-kept only as `model_named` (model None), and the command line asks for --model. Nothing is downloaded.
+to a model directory (tried as written, then relative to the file that names it) becomes that path; another hub id is
+looked up in the local Hugging Face cache (and downloaded where the command line allows it: helpers.hub); what is
+found nowhere is kept only as `model_named` (model None), and the command line asks for --model.
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ def resolve(named, referring: Path, key: str = "model_name_or_path") -> tuple[st
             except InputError as e:
                 raise ConfigError(referring, f"{key} {text!r}: {e}") from None
             return str(config), text
+    if models._HUB_ID_RE.match(text) and not Path(text).exists():
+        from helpers import hub
+
+        try:
+            found = hub.config_file(text)       # the Hugging Face cache; a download where the command line allows it
+        except InputError:                      # (not reachable, gated, ...: the file still reads; --model may say)
+            found = None
+        if found is not None:
+            return str(found), text
     if text.startswith(("/", "./", "../", "~")) or text.endswith(".json"):
         raise ConfigError(referring, f"{key} {text!r} is a path with no model config.json there: give a hub id the "
                                      f"catalogue knows (python -m helpers models) or a local config.json")
