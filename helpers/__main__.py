@@ -184,7 +184,17 @@ def imported_from(a: argparse.Namespace):
         raise InputError(f"--from {' '.join(a.from_files)} names no model the catalogue knows{named}: pass --model "
                          f"(a catalogue name, hub id or config.json path)")
     overrides = []
-    for field, value in given(a).items():
+    typed = given(a)
+    from helpers.readers.provenance import GPUS_UNKNOWN_TOOL
+
+    unknown_world = any(d.key == "gpus" and d.tool == GPUS_UNKNOWN_TOOL for d in imp.defaults)
+    if unknown_world and typed.get("gpus", 1) > 1 and imp.setup.strategy == "single" and "strategy" not in typed:
+        # files that name no launcher, run on N GPUs: N data-parallel processes (accelerate launch / torchrun)
+        imp.setup = imp.setup.replace(strategy="ddp")
+        overrides.append({"flag": _flag_of(a, "gpus"), "field": "strategy", "value": "ddp", "replaced": "single",
+                          "from": "the files name no launcher or engine: on N GPUs the Trainer runs as N DDP "
+                                  "processes (accelerate launch, torchrun)"})
+    for field, value in typed.items():
         old = getattr(imp.setup, field)
         if old == value:
             continue
@@ -249,6 +259,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:          # the reader of a pipe left (`| head`): no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def model_source(model) -> dict | None:

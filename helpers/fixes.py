@@ -98,7 +98,7 @@ def _candidates(m, s: TrainSetup) -> list[tuple[str, dict]]:
         out.append((f"LoRA rank {LORA_RANK}", {"lora_rank": LORA_RANK}))
     elif not s.quantized:
         if s.base_fp32:
-            out.append((f"LoRA base loaded in {s.half} (dtype {'bfloat16' if s.half == 'bf16' else 'float16'})",
+            out.append((f"{s.half} LoRA base (dtype {'bfloat16' if s.half == 'bf16' else 'float16'})",
                         {"base_weights": None}))
         out.append(("QLoRA: 4-bit (nf4) base", {"base_weights": "nf4"}))
     return out

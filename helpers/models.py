@@ -82,9 +82,18 @@ def config_path(model: str | Path) -> Path:
         return MODELS_DIR / f"{hub_ids()[str(model).lower()]}.json"
     path = Path(model)
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise InputError(f"model directory {str(model)!r} has no config.json (an adapter-only or non-transformers "
+                             f"folder?): give the base model's checkpoint directory, its config.json, a hub id or a "
+                             f"catalogue name")
         path = path / "config.json"
     if path.suffix == ".json" and path.is_file():
-        return path.resolve()
+        real = path.resolve()               # (a Hugging Face cache's snapshot file links to an extension-less blob)
+        return real if real.suffix == ".json" else path.absolute()
+    first = str(model).split("/")[0]
+    if _HUB_ID_RE.match(str(model)) and not path.exists() and Path(first).is_dir():
+        raise InputError(f"no model config at {str(model)!r}: {first!r} is a local folder, and this path in it does "
+                         f"not exist; give a config.json or checkpoint directory that exists (or a hub id)")
     if _HUB_ID_RE.match(str(model)) and not path.exists():
         from helpers import hub
 

@@ -116,3 +116,14 @@ def test_measure_refuses_zero3_with_a_reason(capsys):
 def test_options_a_measurement_cannot_run_are_refused_not_ignored(capsys, mode, flags, needle):
     assert main(["measure", "--mode", mode, "--model", "llama-3-8b", *flags, "--no-progress"]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_gpus_on_files_that_name_no_launcher_means_ddp(tmp_path, capsys):
+    """A TRL file with no accelerate/DeepSpeed/FSDP companion says nothing of the world size; `--gpus 2` then runs the
+    Trainer as 2 DDP processes (what accelerate launch or torchrun do), listed as an override, not refused."""
+    (tmp_path / "t.yaml").write_text("model_name_or_path: meta-llama/Llama-3.2-1B\nuse_peft: true\n")
+    assert main(["estimate", "--from", str(tmp_path / "t.yaml"), "--gpus", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["setup"]["strategy"], doc["setup"]["gpus"]) == ("ddp", 2)
+    assert any(o["field"] == "strategy" and o["value"] == "ddp" for o in doc["imported"]["overrides"])
+

@@ -4,6 +4,7 @@ local Hugging Face cache (huggingface_hub's own cache layout and API), or downlo
 catalogue model has the same parameters; what cannot be had is one line naming why."""
 
 import json
+from pathlib import Path
 
 import huggingface_hub
 import pytest
@@ -17,12 +18,15 @@ MIRROR = "NousResearch/Llama-3.2-1B"
 
 
 def cache_config(root, repo_id: str, config: dict, revision: str = "0123abcd") -> None:
-    """`repo_id`'s config.json laid out as huggingface_hub's cache keeps it (refs/main -> snapshots/REV/)."""
+    """`repo_id`'s config.json laid out as huggingface_hub's cache keeps it: refs/main names the revision, whose
+    snapshots/REV/config.json is a link to the content under blobs/ (a name without .json)."""
     repo = root / ("models--" + repo_id.replace("/", "--"))
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(revision)
+    (repo / "blobs").mkdir()
+    (repo / "blobs" / "e3b0c44298fc1c14").write_text(json.dumps(config))     # its content, named by hash
     (repo / "snapshots" / revision).mkdir(parents=True)
-    (repo / "snapshots" / revision / "config.json").write_text(json.dumps(config))
+    (repo / "snapshots" / revision / "config.json").symlink_to(Path("../../blobs/e3b0c44298fc1c14"))
 
 
 @pytest.fixture
@@ -140,3 +144,13 @@ def test_a_gated_or_missing_repository_is_one_line(hf_cache, monkeypatch, capsys
 def test_hub_repo_of_reads_the_cache_layout():
     assert models.hub_repo_of("/c/hub/models--Qwen--Qwen3-4B/snapshots/abc/config.json") == "Qwen/Qwen3-4B"
     assert models.hub_repo_of("/some/dir/config.json") is None
+
+
+def test_local_paths_that_hold_no_config_say_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "adapter_config.json").write_text("{}")
+    assert main(["estimate", "--model", "ckpt"]) == 2
+    assert "model directory 'ckpt' has no config.json" in capsys.readouterr().err
+    assert main(["estimate", "--model", "ckpt/does-not-exist"]) == 2
+    assert "'ckpt' is a local folder, and this path in it does not exist" in capsys.readouterr().err

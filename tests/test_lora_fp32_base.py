@@ -111,5 +111,5 @@ def test_fixes_offers_a_bf16_base():
 
     s = TrainSetup(lora_rank=16, base_weights="fp32", seq=2048, batch=4, gpu_gib=16)
     ways = {w.name: w for w in fixes.ways_out(M, s)}
-    bf16 = ways["LoRA base loaded in bf16 (dtype bfloat16)"]
+    bf16 = ways["bf16 LoRA base (dtype bfloat16)"]
     assert bf16.change == {"base_weights": None} and bf16.peak_gib * 2**30 < estimate.run(M, s).gpu.peak_bytes

@@ -417,3 +417,21 @@ def test_qlora_under_zero_is_listed_not_refused(tmp_path):
     assert not any(d.key == "double_quantization" for d in i.defaults)     # gone with the 4-bit base it refines
     (tmp_path / "q.yaml").write_text((tmp_path / "q.yaml").read_text().replace("deepspeed: ds.json\n", ""))
     assert read([tmp_path / "q.yaml"]).setup.base_weights == "nf4-dq"
+
+
+@pytest.mark.parametrize("fmt,text,bad,near", [
+    ("trl", "use_peft: true\nper_device_train_batch_sise: 16\n", "per_device_train_batch_sise",
+     "per_device_train_batch_size"),
+    ("trl", "max_lenght: 4096\n", "max_lenght", "max_length"),
+    ("llamafactory", "stage: sft\nfinetuning_type: lora\ncutof_len: 4096\n", "cutof_len", "cutoff_len"),
+])
+def test_a_misspelt_memory_key_is_refused_not_ignored(tmp_path, fmt, text, bad, near):
+    """TRL's and LLaMA-Factory's parsers refuse keys their arguments do not have; read as ignored, a misspelt batch
+    size or length would train at its default in the estimate. Valid keys that look alike (a TrainingArguments field
+    such as per_device_eval_batch_size) are not touched."""
+    with pytest.raises(ConfigError) as err:
+        read(write(tmp_path, f"{fmt}.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\n" + text))
+    assert f"unknown key {bad!r}: did you mean {near!r}?" in str(err.value) and "\n" not in str(err.value)
+    ok = read(write(tmp_path, "ok.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nuse_peft: true\n"
+                                         "per_device_eval_batch_size: 4\ngradient_checkpointing_kwargs: {}\n"))
+    assert "per_device_eval_batch_size" in by_key(ok.ignored)

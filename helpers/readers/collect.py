@@ -161,6 +161,30 @@ def taker(data: dict):
     return take, done
 
 
+def misspelt(key: str, done: set[str], data: dict) -> str | None:
+    """The key a reader looks for that `key` looks like a misspelling of (difflib ratio >= 0.88), when the file does
+    not give that key itself and `key` is no field of transformers' TrainingArguments; else None. TRL's parser and
+    LLaMA-Factory's (HfArgumentParser, allow_extra_keys False) refuse a key their argument classes do not have, so a
+    misspelt memory setting never trains at its default: the reader refuses it too, instead of listing it as ignored."""
+    import dataclasses
+    import difflib
+
+    from transformers import TrainingArguments
+
+    if key in {f.name for f in dataclasses.fields(TrainingArguments)}:
+        return None
+    near = difflib.get_close_matches(key, sorted(k for k in done if k not in data), n=1, cutoff=0.88)
+    return near[0] if near else None
+
+
+def refuse_misspelt(path, key: str, done: set[str], data: dict, tool: str) -> None:
+    """ConfigError naming `key` and what it looks like (see `misspelt`), when it looks like one."""
+    near = misspelt(key, done, data)
+    if near is not None:
+        raise ConfigError(path, f"unknown key {key!r}: did you mean {near!r}? ({tool} refuses keys its arguments do "
+                                f"not have; fix the spelling)")
+
+
 class TrainerYaml:
     """A reader of an HF-Trainer YAML (LLaMA-Factory, TRL): its keys taken one topic method at a time, in TOPICS
     order, into one provenance Record; `default` records the tool's own default of a key."""

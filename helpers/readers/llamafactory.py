@@ -282,4 +282,5 @@ class _Reader(collect.TrainerYaml):
             if key in NOT_MODELLED and NOT_MODELLED[key]:
                 c.unmodelled(key, value, NOT_MODELLED[key])
             else:
+                collect.refuse_misspelt(self.path, key, done, data, TOOL)
                 c.ignore(key, value)

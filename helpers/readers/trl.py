@@ -319,6 +319,7 @@ class _Reader(collect.TrainerYaml):
             if key in NOT_MODELLED:
                 c.unmodelled(key, value, NOT_MODELLED[key])
             else:
+                collect.refuse_misspelt(self.path, key, done, data, TOOL)
                 c.ignore(key, value)
 
 
