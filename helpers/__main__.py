@@ -292,6 +292,10 @@ def _run(a: argparse.Namespace) -> int:
 
 def _command(a: argparse.Namespace) -> int:
     try:
+        if getattr(a, "gpu", None) is not None:
+            from helpers import gpus
+
+            a.gpu = gpus.canonical(a.gpu)            # 'H100', 'RTX 4090', 'Tesla T4' ... as their preset names
         if a.command == "models":
             from helpers import models
             for name in models.catalogue():

@@ -26,11 +26,29 @@ NCCL_CHANNELS_ASSUMED = 16      # channels NCCL opens: topology-dependent, no do
 NCCL_PEERS_RING = 2             # a ring's two neighbours per channel (assumed: the ring algorithm, Simple protocol)
 
 
+def canonical(name: str) -> str:
+    """The preset `name` means, read as people write GPU names: any case, spaces or underscores for dashes, with or
+    without NVIDIA / GeForce / Tesla, and short where only one preset fits ('H100', 'RTX 4090', '4090', 'a10g' is
+    not 'a10'); InputError naming the presets otherwise (an ambiguous 'a100' names both)."""
+    if not isinstance(name, str):
+        raise InputError(f"gpu must be a preset name ({', '.join(PRESETS)}), got {name!r}")
+    key = "-".join(name.strip().lower().replace("_", " ").replace("-", " ").split())
+    for prefix in ("nvidia-", "geforce-", "tesla-"):
+        key = key.removeprefix(prefix)
+    if key in PRESETS:
+        return key
+    fits = [p for p in PRESETS if p.split("-")[0] == key or p.removeprefix("rtx-") == key
+            or p.replace("-", "") == key.replace("-", "")]
+    if len(fits) == 1:
+        return fits[0]
+    what = f"{name!r} could be {' or '.join(fits)}" if fits else f"got {name!r}"
+    raise InputError(f"gpu must be one of {', '.join(PRESETS)} (capacities as nvidia-smi prints them, each with a "
+                     f"source in data/published.json): {what}; --gpu-gib X takes any capacity")
+
+
 def preset(name: str) -> dict:
     """A GPU preset: {'name', 'gpu', 'mib', 'bytes', 'gib', 'source', 'url', 'note'}; InputError for an unknown one."""
-    if name not in PRESETS:
-        raise InputError(f"gpu must be one of {', '.join(PRESETS)} (capacities as nvidia-smi prints them, each with a "
-                         f"source in data/published.json), got {name!r}; --gpu-gib X takes any capacity")
+    name = canonical(name)
     row = published.gpu_capacity(PRESETS[name])
     return row | {"name": name, "gib": row["mib"] / 1024}
 
@@ -39,6 +57,8 @@ def cuda_context(gpu: str | None = None) -> dict:
     """The CUDA context of one process on `gpu` (a preset name or nvidia-smi's name; None: any): {'bytes', 'source',
     'url', 'note', 'applies_to'}: a measurement for that GPU where one was found, else the generic CUDA >= 11.7 one."""
     rows = published.cuda_context_rows()
+    if gpu is not None and gpu not in PRESETS and gpu not in PRESETS.values():
+        gpu = canonical(gpu)
     name = PRESETS.get(gpu, gpu)
     row = next((r for r in rows if name and r.get("gpu") == name), rows[0])
     return row | {"bytes": row["mib"] * MiB}

@@ -127,3 +127,20 @@ def test_gpus_on_files_that_name_no_launcher_means_ddp(tmp_path, capsys):
     assert (doc["setup"]["strategy"], doc["setup"]["gpus"]) == ("ddp", 2)
     assert any(o["field"] == "strategy" and o["value"] == "ddp" for o in doc["imported"]["overrides"])
 
+
+
+def test_gpu_presets_as_people_write_them(capsys):
+    """--gpu takes 'H100', 'RTX 4090', 'Tesla T4' as the presets they name; an ambiguous 'A100' names both."""
+    from helpers import gpus
+
+    assert [gpus.canonical(n) for n in ("H100", "RTX 4090", "4090", "Tesla T4", "NVIDIA A100 80GB")] == [
+        "h100-80gb", "rtx-4090", "rtx-4090", "t4", "a100-80gb"]
+    base = ["fit", "--model", "llama-3.2-1b", "--lora-rank", "8", "--json"]
+    assert main(base + ["--gpu", "RTX 4090"]) == 0
+    loose = json.loads(capsys.readouterr().out)
+    assert main(base + ["--gpu", "rtx-4090"]) == 0
+    drop = lambda doc: [{k: v for k, v in f.items() if k != "seconds"} for f in doc["fit"]]  # noqa: E731 (time taken)
+    assert drop(json.loads(capsys.readouterr().out)) == drop(loose) and loose["fit"][0]["value"] >= 1
+    assert main(base + ["--gpu", "A100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'A100' could be a100-80gb or a100-40gb" in err and "\n" not in err
