@@ -326,6 +326,8 @@ def _command(a: argparse.Namespace) -> int:
             doc["imported"] = imported.to_json() | {"overrides": overrides}
         if src is not None:
             doc["model_source"] = src
+        if report.reserve_caution(result):
+            doc["reserve_caution"] = report.reserve_caution(result)
         print(json.dumps(doc, indent=1, default=str), flush=True)
     else:
         if imported is not None:
@@ -372,6 +374,9 @@ def _answer(a: argparse.Namespace) -> int:
     src = model_source(model)
     if src is not None:
         doc["model_source"] = src
+    if report.reserve_caution(base):
+        doc["reserve_caution"] = report.reserve_caution(base)
+        text = f"as given: {doc['reserve_caution']}\n" + text
     if a.json:
         print(json.dumps(doc, indent=1, default=str), flush=True)
         return 0

@@ -196,4 +196,9 @@ def table(f: Fit) -> str:
         if r is not None:
             lines.append(f"  {label:7s}{f.vary} {value}: GPU peak {to_gib(r.gpu.peak_bytes):.2f} GiB, host peak "
                          f"{to_gib(r.host.peak_bytes):.2f} GiB per node")
+    if f.result is not None:
+        from helpers import report
+
+        caution = report.reserve_caution(f.result)
+        lines += [f"  {caution}"] if caution else []
     return "\n".join(lines)

@@ -97,8 +97,53 @@ def table(r: Result) -> str:
     if not any(r.host.phases.values()):
         lines += ["", "host: nothing offloaded (the processes' own RAM, data loaders and the CUDA context are not counted)"]
     device = device_verdict(r)
-    lines += ["", verdict(r)] + ([device] if device else [])
+    caution = reserve_caution(r)
+    lines += ["", verdict(r)] + ([device] if device else []) + ([caution] if caution else [])
     return "\n".join(lines)
+
+
+GRID_FILE = "dryrun_vs_estimate.json"     # under data/results/: `python -m helpers bench dryrun`'s table
+
+
+def grid_reserve_ratios() -> list[float]:
+    """Per set-up of the recorded dry-run grid: the caching allocator's modelled reserved peak over the tensors'
+    allocated peak (each a dry run of the real step on fake tensors); [] without the file."""
+    import json
+
+    from helpers import models
+
+    path = models.DATA_DIR / "results" / GRID_FILE
+    if not path.exists():
+        return []
+    out = []
+    for row in json.loads(path.read_text())["rows"]:
+        g = row["dry_run"]["gpu"]
+        if g.get("reserved") and g["peak_bytes"]:
+            out.append(max(g["reserved"].values()) / g["peak_bytes"])
+    return out
+
+
+def reserve_caution(r: Result) -> str | None:
+    """For an estimate that fits a GPU capacity with less headroom than the caching allocator took on the recorded
+    dry-run grid: one line saying so, with the grid's median and largest reserve above the tensors, and how to see
+    this set-up's own (a dry run replays the allocator). The estimate's figures and verdict are unchanged: the line
+    only says what they leave out. None otherwise."""
+    import statistics
+
+    d = r.gpu
+    if r.mode != "estimate" or not d.capacity_bytes or r.oom["device"] or not d.peak_bytes:
+        return None
+    ratios = grid_reserve_ratios()
+    if not ratios:
+        return None
+    room = d.capacity_bytes / d.peak_bytes - 1
+    most, median = max(ratios) - 1, statistics.median(ratios) - 1
+    if room >= most:
+        return None
+    risk = "likely" if room < median else "possible"
+    return (f"headroom {room:.0%}: OOM from the allocator's cache is {risk}. This estimate counts tensors; on the "
+            f"{len(ratios)} dry-run set-ups of data/results/{GRID_FILE} the caching allocator reserved a median "
+            f"{median:.0%} (up to {most:.0%}) above them. `measure --mode dry-run` replays it on this set-up")
 
 
 def reserved_note(r: Result) -> str:
@@ -162,7 +207,8 @@ def imported_table(imported, overrides=()) -> str:
     for o in overrides:
         lines.append(f"  {o['flag']:44s}{short(o['value'], 14):>14s}  {short(o['field'] + '=' + str(o['value']), 35):36s}"
                      + (f"flag, overrides {short(o['replaced'])} from {o['from']}" if o["replaced"] is not None
-                        else "flag (the files do not set it)"))
+                        else "flag (" + ("the files do not set it" if o["from"].startswith("TrainSetup default")
+                                         else o["from"]) + ")"))
     if imported.not_modelled:
         lines.append("  not modelled: " + "; ".join(f"{x.key}={short(x.value)} ({x.file}"
                                                     f"{'' if x.line is None else f':{x.line}'}: {x.why})"
