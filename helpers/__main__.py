@@ -416,7 +416,7 @@ def _measured(a: argparse.Namespace, save: Path | None, model, setup):
         return dryrun.run(model, setup, progress=not a.no_progress, gpu=a.gpu, alloc_conf=a.alloc_conf)
     if a.mode == "scaled":
         from helpers.measure import scaled
-        return scaled.run(model, setup, steps=a.steps)
+        return scaled.run(model, setup, steps=a.steps, progress=not a.no_progress)
     from helpers.measure import gpu
     return gpu.run(model, setup, snapshot=str(save.with_suffix(".pickle")) if save else None)
 

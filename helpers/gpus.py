@@ -21,6 +21,15 @@ PRESETS = {                     # --gpu NAME -> the name nvidia-smi prints (its 
     "t4": "Tesla T4",
     "rtx-4090": "NVIDIA GeForce RTX 4090",
     "rtx-3090": "NVIDIA GeForce RTX 3090",
+    "h200": "NVIDIA H200",
+    "h100-nvl": "NVIDIA H100 NVL",
+    "a800-80gb": "NVIDIA A800-SXM4-80GB",
+    "h20": "NVIDIA H20",
+    "rtx-a6000": "NVIDIA RTX A6000",
+    "a10g": "NVIDIA A10G",
+    "v100-32gb": "Tesla V100-SXM2-32GB",
+    "v100-16gb": "Tesla V100-SXM2-16GB",
+    "rtx-3060": "NVIDIA GeForce RTX 3060",
 }
 NCCL_CHANNELS_ASSUMED = 16      # channels NCCL opens: topology-dependent, no documented default (assumed)
 NCCL_PEERS_RING = 2             # a ring's two neighbours per channel (assumed: the ring algorithm, Simple protocol)

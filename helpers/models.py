@@ -491,6 +491,9 @@ def scaled_path(model: str | Path, hidden: int = SCALE_HIDDEN) -> Path:
 
     text = json.dumps(scaled_config(model, hidden), indent=1, sort_keys=True)
     name = config_path(model).stem
+    repo = hub_repo_of(config_path(model))
+    if repo is not None or name == "config":       # a hub id's, or a checkpoint folder's: named by it, not 'config'
+        name = (repo or config_path(model).parent.name).replace("/", "--")
     folder = SCALED_DIR
     path = folder / f"{name}-scaled-{hashlib.sha1(text.encode()).hexdigest()[:8]}.json"
     if not path.exists():              # two processes may write the same twin at once: each through its own file

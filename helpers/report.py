@@ -99,6 +99,9 @@ def table(r: Result) -> str:
     device = device_verdict(r)
     caution = reserve_caution(r)
     lines += ["", verdict(r)] + ([device] if device else []) + ([caution] if caution else [])
+    if r.mode == "scaled":
+        lines.append("(the tiny twin's own figures, to check the rules on a real step: the full-size model's come from "
+                     "`estimate` (instant) or `measure --mode dry-run`)")
     return "\n".join(lines)
 
 

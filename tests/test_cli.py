@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from helpers.__main__ import main
+from helpers.errors import InputError
 
 
 def cli(capsys, *args):
@@ -133,8 +134,12 @@ def test_gpu_presets_as_people_write_them(capsys):
     """--gpu takes 'H100', 'RTX 4090', 'Tesla T4' as the presets they name; an ambiguous 'A100' names both."""
     from helpers import gpus
 
-    assert [gpus.canonical(n) for n in ("H100", "RTX 4090", "4090", "Tesla T4", "NVIDIA A100 80GB")] == [
-        "h100-80gb", "rtx-4090", "rtx-4090", "t4", "a100-80gb"]
+    assert [gpus.canonical(n) for n in ("H100 80GB", "RTX 4090", "4090", "Tesla T4", "NVIDIA A100 80GB", "A10G",
+                                        "RTX A6000", "H200")] == [
+        "h100-80gb", "rtx-4090", "rtx-4090", "t4", "a100-80gb", "a10g", "rtx-a6000", "h200"]
+    for short, both in (("V100", "v100-32gb or v100-16gb"), ("H100", "h100-80gb or h100-nvl")):
+        with pytest.raises(InputError, match=both):
+            gpus.canonical(short)
     base = ["fit", "--model", "llama-3.2-1b", "--lora-rank", "8", "--json"]
     assert main(base + ["--gpu", "RTX 4090"]) == 0
     loose = json.loads(capsys.readouterr().out)
@@ -150,10 +155,10 @@ def test_a_tight_fit_says_what_the_estimate_leaves_out(capsys):
     """An estimate that fits with less headroom than the caching allocator took on the recorded dry-run grid says so
     (with the grid's median and largest reserve over the tensors, from data/results/dryrun_vs_estimate.json); its
     figures and verdict stay those of the estimate. One with room to spare says nothing."""
-    from helpers import report
-
     import statistics
     from pathlib import Path
+
+    from helpers import report
 
     ratios = report.grid_reserve_ratios()
     assert len(ratios) >= 20 and all(x >= 1 for x in ratios)

@@ -154,3 +154,15 @@ def test_local_paths_that_hold_no_config_say_so(tmp_path, monkeypatch, capsys):
     assert "model directory 'ckpt' has no config.json" in capsys.readouterr().err
     assert main(["estimate", "--model", "ckpt/does-not-exist"]) == 2
     assert "'ckpt' is a local folder, and this path in it does not exist" in capsys.readouterr().err
+
+
+def test_a_cached_models_twin_is_named_by_it(hf_cache, capsys):
+    """measure's default, the tiny twin, is named after the hub id it twins (not 'config'), says it is the twin's
+    own figure, and --no-progress leaves no progress bar."""
+    cache_config(hf_cache, MIRROR, llama_1b())
+    assert models.scaled_path(MIRROR).name.startswith("NousResearch--Llama-3.2-1B-scaled-")
+    assert main(["measure", "--model", MIRROR, "--lora-rank", "8", "--seq", "128", "--steps", "2",
+                 "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("NousResearch--Llama-3.2-1B-scaled-") and "the tiny twin's own figures" in out
+    assert "training steps" not in err
