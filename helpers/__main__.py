@@ -228,7 +228,7 @@ def _origin(imp, field: str) -> str:
 def main(argv=None) -> int:
     parser = Parser(prog="python -m helpers", description="LLM training memory, per phase, in GiB.")
     sub = parser.add_subparsers(dest="command", required=True)
-    setup_parser(sub.add_parser("estimate", help="analytic estimate (instant, no tensors)"))
+    setup_parser(sub.add_parser("estimate", help="analytic estimate (no tensors: milliseconds per set-up; a command takes a few seconds, mostly importing torch and transformers)"))
     measure = sub.add_parser("measure", help="measured memory: dry-run (full size, fake tensors), scaled (tiny twin, "
                                              "real, this CPU)")
     setup_parser(measure)

@@ -101,7 +101,7 @@ def table(r: Result) -> str:
     lines += ["", verdict(r)] + ([device] if device else []) + ([caution] if caution else [])
     if r.mode == "scaled":
         lines.append("(the tiny twin's own figures, to check the rules on a real step: the full-size model's come from "
-                     "`estimate` (instant) or `measure --mode dry-run`)")
+                     "`estimate` or `measure --mode dry-run`)")
     return "\n".join(lines)
 
 
