@@ -353,6 +353,8 @@ def _answer(a: argparse.Namespace) -> int:
     try:
         model, setup, imported, overrides = imported_from(a)
         base = estimate.run(model, setup)
+        if a.gpu:
+            base.meta["gpu_preset"] = a.gpu
         doc = {"model": base.model, "params": base.params, "setup": base.setup, "verdict": report.verdict(base)}
         if a.command == "fit":
             answers = [fit.largest(model, setup, v, gpu=a.gpu) for v in (a.vary or ["batch", "seq"])]
@@ -399,7 +401,10 @@ def _measured(a: argparse.Namespace, save: Path | None, model, setup):
     from helpers import estimate
 
     if a.command != "measure":
-        return estimate.run(model, setup)
+        r = estimate.run(model, setup)
+        if getattr(a, "gpu", None):
+            r.meta["gpu_preset"] = a.gpu         # the verdict counts the preset's CUDA context and NCCL, as fit does
+        return r
     from helpers.measure.scaled import check_steps
 
     check_steps(a.steps)

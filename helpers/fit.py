@@ -80,17 +80,10 @@ def fits(result: Result, gpu: str | None = None) -> tuple[bool, str]:
 
     if result.oom["device"] is not None:
         return False, report.verdict(result)
-    cap = result.gpu.capacity_bytes
-    if gpu is not None and cap:
-        s = result.setup
-        parts = gpus.overhead(s["strategy"], s["gpus"], gpu)
-        peak = result.gpu.peak_bytes
-        part = gpus.pushed_over(peak, peak, parts, cap)
-        if part is not None:
-            return False, (f"OOM on GPU with the device total: {to_gib(peak + sum(parts.values())):.1f} GiB "
-                           f"(tensors {to_gib(peak):.1f} + CUDA context and NCCL {to_gib(sum(parts.values())):.1f}) "
-                           f"of {to_gib(cap):.1f} GiB: {gpus.PART_LABELS[part]} took it over")
-    return True, report.verdict(result)
+    if gpu is not None:
+        result.meta["gpu_preset"] = gpu
+    total = report.device_total_oom(result)
+    return (False, total) if total else (True, report.verdict(result))
 
 
 def too_big(result: Result) -> str:

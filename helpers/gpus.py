@@ -41,18 +41,31 @@ def canonical(name: str) -> str:
     not 'a10'); InputError naming the presets otherwise (an ambiguous 'a100' names both)."""
     if not isinstance(name, str):
         raise InputError(f"gpu must be a preset name ({', '.join(PRESETS)}), got {name!r}")
+    import difflib
+    import re
+
     key = "-".join(name.strip().lower().replace("_", " ").replace("-", " ").split())
     for prefix in ("nvidia-", "geforce-", "tesla-"):
         key = key.removeprefix(prefix)
+    key = re.sub(r"\b(\d+)g\b", r"\1gb", key)                       # 80g -> 80gb
     if key in PRESETS:
         return key
+    by_smi = {v.lower().replace(" ", "-"): k for k, v in PRESETS.items()}
+    for smi, preset_name in by_smi.items():                            # nvidia-smi's own name
+        if key in (smi, smi.removeprefix("nvidia-").removeprefix("tesla-")):
+            return preset_name
+    tokens = set(key.split("-"))
     fits = [p for p in PRESETS if p.split("-")[0] == key or p.removeprefix("rtx-") == key
             or p.replace("-", "") == key.replace("-", "")]
+    if not fits:               # every part of a preset's name among the name's (A100-SXM4-80GB, V100-SXM2-32GB)
+        fits = [p for p in PRESETS if len(p.split("-")) > 1 and set(p.split("-")) <= tokens]
     if len(fits) == 1:
         return fits[0]
-    what = f"{name!r} could be {' or '.join(fits)}" if fits else f"got {name!r}"
-    raise InputError(f"gpu must be one of {', '.join(PRESETS)} (capacities as nvidia-smi prints them, each with a "
-                     f"source in data/published.json): {what}; --gpu-gib X takes any capacity")
+    near = difflib.get_close_matches(key, list(PRESETS), n=3, cutoff=0.5)
+    what = (f"{name!r} could be {' or '.join(fits)}" if fits else
+            f"got {name!r}" + (f" (did you mean {' or '.join(near)}?)" if near else ""))
+    raise InputError(f"gpu must be one of {', '.join(sorted(PRESETS))} (capacities as nvidia-smi prints them, each "
+                     f"with a source in data/published.json): {what}; --gpu-gib X takes any capacity")
 
 
 def preset(name: str) -> dict:

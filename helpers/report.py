@@ -27,6 +27,9 @@ def verdict(r: Result) -> str:
                  if d.peak_phase != oom["phase"] and d.peak_bytes > d.phases[oom["phase"]] else "")
         return (f"OOM on {oom['device'].upper()} at the {PHASE_LABELS[oom['phase']]}: "
                 f"{fmt(d.phases[oom['phase']])} needed there, {fmt(d.capacity_bytes)} available{later}")
+    total = device_total_oom(r)
+    if total:
+        return total
     parts = []
     for name, label in (("gpu", "per GPU"), ("host", "host per node")):
         d = r.device(name)
@@ -35,6 +38,28 @@ def verdict(r: Result) -> str:
         cap = f" of {fmt(d.capacity_bytes)}" if d.capacity_bytes else ""
         parts.append(f"{fmt(d.peak_bytes)}{cap} {label} (peak at {PHASE_LABELS[d.peak_phase]})")
     return ("fits: " if any(r.device(n).capacity_bytes for n in ("gpu", "host")) else "needs: ") + "; ".join(parts)
+
+
+def preset_overhead(r: Result) -> int:
+    """Bytes beyond the tensors that an estimate made for a GPU preset (meta 'gpu_preset', set by the command line's
+    --gpu) holds on each GPU: the CUDA context and NCCL's buffers (helpers.gpus.overhead); 0 otherwise."""
+    preset = r.meta.get("gpu_preset")
+    if r.mode != "estimate" or not preset:
+        return 0
+    return sum(gpus.overhead(r.setup["strategy"], r.setup["gpus"], preset).values())
+
+
+def device_total_oom(r: Result) -> str | None:
+    """For an estimate made for a GPU preset whose tensors fit the capacity but whose device total (tensors + CUDA
+    context + NCCL buffers) does not: the verdict line saying so (as `fit` judges it); None otherwise."""
+    extra, cap = preset_overhead(r), r.gpu.capacity_bytes
+    if not extra or not cap or r.gpu.peak_bytes + extra <= cap:
+        return None
+    parts = gpus.overhead(r.setup["strategy"], r.setup["gpus"], r.meta["gpu_preset"])
+    part = gpus.pushed_over(r.gpu.peak_bytes, r.gpu.peak_bytes, parts, cap)
+    return (f"OOM on GPU with the device total: {to_gib(r.gpu.peak_bytes + extra):.1f} GiB (tensors "
+            f"{to_gib(r.gpu.peak_bytes):.1f} + CUDA context and NCCL {to_gib(extra):.1f}) of {to_gib(cap):.1f} GiB: "
+            f"{gpus.PART_LABELS[part or 'cuda_context']} took it over")
 
 
 def versioned_lines(r: Result) -> list[str]:
@@ -139,12 +164,15 @@ def reserve_caution(r: Result) -> str | None:
     ratios = grid_reserve_ratios()
     if not ratios:
         return None
-    room = d.capacity_bytes / d.peak_bytes - 1
+    if device_total_oom(r):
+        return None
+    room = (d.capacity_bytes - preset_overhead(r)) / d.peak_bytes - 1      # (a preset's CUDA context and NCCL too)
     most, median = max(ratios) - 1, statistics.median(ratios) - 1
     if room >= most:
         return None
     risk = "likely" if room < median else "possible"
-    return (f"headroom {room:.0%}: OOM from the allocator's cache is {risk}. This estimate counts tensors; on the "
+    counts = "tensors and the preset's CUDA context" if preset_overhead(r) else "tensors"
+    return (f"headroom {room:.0%}: OOM from the allocator's cache is {risk}. This estimate counts {counts}; on the "
             f"{len(ratios)} dry-run set-ups of data/results/{GRID_FILE} the caching allocator reserved a median "
             f"{median:.0%} (up to {most:.0%}) above them. `measure --mode dry-run` replays it on this set-up")
 
@@ -173,8 +201,9 @@ def device_verdict(r: Result) -> str | None:
     peak = max(r.gpu.device_total.values())
     cap = fmt(r.gpu.capacity_bytes)
     if v["fits"]:
-        how = (" once the allocator frees its cache (it would reserve " + fmt(peak) + " with room to spare)"
-               if v["released_cache"] else f": {fmt(peak)} at most")
+        how = (f" only if the allocator frees its cache and retries: with its cache it would need {fmt(peak)}, more "
+               f"than the {cap} there is (PyTorch frees cached blocks when an allocation fails and tries again; "
+               f"fragmented blocks can still fail it)" if v["released_cache"] else f": {fmt(peak)} at most")
         return f"device total (reserved + context + NCCL) fits in {cap}{how}"
     return (f"device total: OOM at the {PHASE_LABELS.get(v['phase'], v['phase'])} (a {fmt(v['requested_bytes'])} "
             f"request; {fmt(v['allocated_bytes'])} allocated, {fmt(v['reserved_bytes'])} reserved, of {cap}): "

@@ -368,7 +368,7 @@ def test_8_concurrent_twin_writes_never_collide(tmp_path, monkeypatch):
     (["estimate", "--mode", "dry-run", "--model", M], "unrecognized arguments: --mode dry-run"),
     (["estimate", "--mod", M], "unrecognized arguments: --mod"),   # --model is optional beside --from files
     (["estimate", "--model", M, "--gpus-per", "8"], "unrecognized arguments: --gpus-per 8"),   # no abbreviations
-    (["estimate", "--model", M, "--gpu", "8"], "gpu must be one of a100-80gb"),           # --gpu is a preset name
+    (["estimate", "--model", M, "--gpu", "8"], "gpu must be one of a10, a100-40gb"),           # --gpu is a preset name
     (["estimate", "--model", M, "--pin-memory", "--no-pin-memory"], "exclude each other"),
     (["estimate", "--model", M, "--batch", "abc"], "--batch must be an integer, got 'abc'"),
     (["estimate", "--model", M, "--seq", "1.5"], "--seq must be an integer, got '1.5'"),

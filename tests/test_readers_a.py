@@ -424,6 +424,8 @@ def test_qlora_under_zero_is_listed_not_refused(tmp_path):
      "per_device_train_batch_size"),
     ("trl", "max_lenght: 4096\n", "max_lenght", "max_length"),
     ("llamafactory", "stage: sft\nfinetuning_type: lora\ncutof_len: 4096\n", "cutof_len", "cutoff_len"),
+    ("trl", "per_device_train_batch_size: 2\nper_device_train_batch_sise: 4\n", "per_device_train_batch_sise",
+     "per_device_train_batch_size"),                     # beside the right key: TRL refuses it all the same
 ])
 def test_a_misspelt_memory_key_is_refused_not_ignored(tmp_path, fmt, text, bad, near):
     """TRL's and LLaMA-Factory's parsers refuse keys their arguments do not have; read as ignored, a misspelt batch

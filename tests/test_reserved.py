@@ -71,7 +71,7 @@ def test_nccl_buffers_only_where_a_strategy_communicates():
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--gpu", "h300"], "gpu must be one of a100-80gb"),
+    (["--gpu", "h300"], "gpu must be one of a10, a100-40gb"),
     (["--gpu", "l4", "--gpu-gib", "24"], "exclude each other"),
 ])
 def test_bad_gpu_flags(capsys, args, needle):

@@ -162,8 +162,8 @@ def taker(data: dict):
 
 
 def misspelt(key: str, done: set[str], data: dict) -> str | None:
-    """The key a reader looks for that `key` looks like a misspelling of (difflib ratio >= 0.88), when the file does
-    not give that key itself and `key` is no field of transformers' TrainingArguments; else None. TRL's parser and
+    """The key a reader looks for that `key` looks like a misspelling of (difflib ratio >= 0.88), whether or not the
+    file gives that key too, when `key` is no field of transformers' TrainingArguments; else None. TRL's parser and
     LLaMA-Factory's (HfArgumentParser, allow_extra_keys False) refuse a key their argument classes do not have, so a
     misspelt memory setting never trains at its default: the reader refuses it too, instead of listing it as ignored."""
     import dataclasses
@@ -173,7 +173,7 @@ def misspelt(key: str, done: set[str], data: dict) -> str | None:
 
     if key in {f.name for f in dataclasses.fields(TrainingArguments)}:
         return None
-    near = difflib.get_close_matches(key, sorted(k for k in done if k not in data), n=1, cutoff=0.88)
+    near = difflib.get_close_matches(key, sorted(done), n=1, cutoff=0.88)       # (given beside it too: a duplicate)
     return near[0] if near else None
 
 
