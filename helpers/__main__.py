@@ -228,7 +228,8 @@ def _origin(imp, field: str) -> str:
 def main(argv=None) -> int:
     parser = Parser(prog="python -m helpers", description="LLM training memory, per phase, in GiB.")
     sub = parser.add_subparsers(dest="command", required=True)
-    setup_parser(sub.add_parser("estimate", help="analytic estimate (no tensors: milliseconds per set-up; a command takes a few seconds, mostly importing torch and transformers)"))
+    setup_parser(sub.add_parser("estimate", help="analytic estimate (no tensors: milliseconds per set-up; a command "
+                                                 "takes a few seconds, mostly importing torch and transformers)"))
     measure = sub.add_parser("measure", help="measured memory: dry-run (full size, fake tensors), scaled (tiny twin, "
                                              "real, this CPU)")
     setup_parser(measure)
@@ -326,8 +327,9 @@ def _command(a: argparse.Namespace) -> int:
             doc["imported"] = imported.to_json() | {"overrides": overrides}
         if src is not None:
             doc["model_source"] = src
-        if report.reserve_caution(result):
-            doc["reserve_caution"] = report.reserve_caution(result)
+        caution = report.reserve_caution(result)
+        if caution:
+            doc["reserve_caution"] = caution
         print(json.dumps(doc, indent=1, default=str), flush=True)
     else:
         if imported is not None:
@@ -376,9 +378,10 @@ def _answer(a: argparse.Namespace) -> int:
     src = model_source(model)
     if src is not None:
         doc["model_source"] = src
-    if report.reserve_caution(base):
-        doc["reserve_caution"] = report.reserve_caution(base)
-        text = f"as given: {doc['reserve_caution']}\n" + text
+    caution = report.reserve_caution(base)
+    if caution:
+        doc["reserve_caution"] = caution
+        text = f"as given: {caution}\n" + text
     if a.json:
         print(json.dumps(doc, indent=1, default=str), flush=True)
         return 0

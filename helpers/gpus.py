@@ -40,7 +40,7 @@ def canonical(name: str) -> str:
     without NVIDIA / GeForce / Tesla, and short where only one preset fits ('H100', 'RTX 4090', '4090', 'a10g' is
     not 'a10'); InputError naming the presets otherwise (an ambiguous 'a100' names both)."""
     if not isinstance(name, str):
-        raise InputError(f"gpu must be a preset name ({', '.join(PRESETS)}), got {name!r}")
+        raise InputError(f"gpu must be a preset name ({', '.join(sorted(PRESETS))}), got {name!r}")
     import difflib
     import re
 

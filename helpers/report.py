@@ -40,22 +40,22 @@ def verdict(r: Result) -> str:
     return ("fits: " if any(r.device(n).capacity_bytes for n in ("gpu", "host")) else "needs: ") + "; ".join(parts)
 
 
-def preset_overhead(r: Result) -> int:
-    """Bytes beyond the tensors that an estimate made for a GPU preset (meta 'gpu_preset', set by the command line's
-    --gpu) holds on each GPU: the CUDA context and NCCL's buffers (helpers.gpus.overhead); 0 otherwise."""
+def preset_parts(r: Result) -> dict[str, int]:
+    """What an estimate made for a GPU preset (meta 'gpu_preset', set by the command line's --gpu) holds on each GPU
+    beyond the tensors: {'cuda_context', 'nccl_buffers'} (helpers.gpus.overhead); {} otherwise."""
     preset = r.meta.get("gpu_preset")
     if r.mode != "estimate" or not preset:
-        return 0
-    return sum(gpus.overhead(r.setup["strategy"], r.setup["gpus"], preset).values())
+        return {}
+    return gpus.overhead(r.setup["strategy"], r.setup["gpus"], preset)
 
 
 def device_total_oom(r: Result) -> str | None:
     """For an estimate made for a GPU preset whose tensors fit the capacity but whose device total (tensors + CUDA
     context + NCCL buffers) does not: the verdict line saying so (as `fit` judges it); None otherwise."""
-    extra, cap = preset_overhead(r), r.gpu.capacity_bytes
+    parts, cap = preset_parts(r), r.gpu.capacity_bytes
+    extra = sum(parts.values())
     if not extra or not cap or r.gpu.peak_bytes + extra <= cap:
         return None
-    parts = gpus.overhead(r.setup["strategy"], r.setup["gpus"], r.meta["gpu_preset"])
     part = gpus.pushed_over(r.gpu.peak_bytes, r.gpu.peak_bytes, parts, cap)
     return (f"OOM on GPU with the device total: {to_gib(r.gpu.peak_bytes + extra):.1f} GiB (tensors "
             f"{to_gib(r.gpu.peak_bytes):.1f} + CUDA context and NCCL {to_gib(extra):.1f}) of {to_gib(cap):.1f} GiB: "
@@ -166,12 +166,13 @@ def reserve_caution(r: Result) -> str | None:
         return None
     if device_total_oom(r):
         return None
-    room = (d.capacity_bytes - preset_overhead(r)) / d.peak_bytes - 1      # (a preset's CUDA context and NCCL too)
+    extra = sum(preset_parts(r).values())                                # a preset's CUDA context and NCCL
+    room = (d.capacity_bytes - extra) / d.peak_bytes - 1
     most, median = max(ratios) - 1, statistics.median(ratios) - 1
     if room >= most:
         return None
     risk = "likely" if room < median else "possible"
-    counts = "tensors and the preset's CUDA context" if preset_overhead(r) else "tensors"
+    counts = "tensors and the preset's CUDA context" if extra else "tensors"
     return (f"headroom {room:.0%}: OOM from the allocator's cache is {risk}. This estimate counts {counts}; on the "
             f"{len(ratios)} dry-run set-ups of data/results/{GRID_FILE} the caching allocator reserved a median "
             f"{median:.0%} (up to {most:.0%}) above them. `measure --mode dry-run` replays it on this set-up")

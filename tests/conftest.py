@@ -26,3 +26,18 @@ def scaled_agrees():
             assert e.gpu.phases[phase] == pytest.approx(measured, rel=rel), phase
         return r, e
     return check
+
+
+@pytest.fixture
+def dry_agrees():
+    """A check: the dry run of `model` under `setup` (the real step on fake tensors) against the estimate, every GPU
+    phase within `rel`. Returns (dry run, estimate)."""
+    from helpers import estimate
+    from helpers.measure import dryrun
+
+    def check(model: str, setup: TrainSetup, rel: float = 0.01):
+        d, e = dryrun.run(model, setup, progress=False), estimate.run(model, setup)
+        for phase, measured in d.gpu.phases.items():
+            assert e.gpu.phases[phase] == pytest.approx(measured, rel=rel), phase
+        return d, e
+    return check

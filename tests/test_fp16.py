@@ -9,7 +9,6 @@ import pytest
 
 from helpers import estimate
 from helpers.errors import InputError
-from helpers.measure import dryrun
 from helpers.readers import read
 from helpers.training import TrainSetup
 
@@ -21,11 +20,8 @@ M = "llama-3.2-1b"
     dict(seq=1024, batch=2, lora_rank=16, base_weights="nf4"),          # QLoRA on a T4: an fp16 base and compute
     dict(seq=1024, batch=1, strategy="ddp", gpus=2, checkpointing="full"),
 ], ids=["full", "qlora", "ddp-ckpt"])
-def test_dry_run_with_grad_scaler_agrees_with_the_estimate(kw):
-    s = TrainSetup(precision="fp16-mixed", **kw)
-    d, e = dryrun.run(M, s, progress=False), estimate.run(M, s)
-    for phase, measured in d.gpu.phases.items():
-        assert e.gpu.phases[phase] == pytest.approx(measured, rel=0.01), phase
+def test_dry_run_with_grad_scaler_agrees_with_the_estimate(kw, dry_agrees):
+    dry_agrees(M, TrainSetup(precision="fp16-mixed", **kw))
 
 
 def test_the_same_bytes_as_bf16_mixed_but_the_scaler():

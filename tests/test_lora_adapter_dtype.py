@@ -24,12 +24,9 @@ SETUPS = [
 
 
 @pytest.mark.parametrize("kw", SETUPS, ids=["all-linear", "q,v", "dropout", "ckpt", "qlora", "mixed-bf16", "bf16"])
-def test_dry_run_through_peft_agrees_with_the_estimate(kw):
+def test_dry_run_through_peft_agrees_with_the_estimate(kw, dry_agrees):
     """Every phase within 1% of a dry run of peft's own adapters (fp32 where peft's default puts them)."""
-    s = TrainSetup(**kw)
-    d, e = dryrun.run(M, s, progress=False), estimate.run(M, s)
-    for phase, measured in d.gpu.phases.items():
-        assert e.gpu.phases[phase] == pytest.approx(measured, rel=0.01), phase
+    dry_agrees(M, TrainSetup(**kw))
 
 
 def test_peft_default_costs_an_fp32_copy_per_adapted_layer():

@@ -47,12 +47,9 @@ SETUPS = [
 
 
 @pytest.mark.parametrize("kw", SETUPS, ids=["all-linear", "ckpt", "q,v", "mlp", "fp16-dropout"])
-def test_dry_run_through_peft_on_an_fp32_base_agrees_with_the_estimate(kw):
+def test_dry_run_through_peft_on_an_fp32_base_agrees_with_the_estimate(kw, dry_agrees):
     """Every phase within 1% of a dry run of peft's adapters on the base loaded in float32, under autocast."""
-    s = TrainSetup(base_weights="fp32", **kw)
-    d, e = dryrun.run(M, s, progress=False), estimate.run(M, s)
-    for phase, measured in d.gpu.phases.items():
-        assert e.gpu.phases[phase] == pytest.approx(measured, rel=0.01), phase
+    dry_agrees(M, TrainSetup(base_weights="fp32", **kw))
 
 
 def test_the_fp32_base_nearly_doubles_the_peak():

@@ -7,7 +7,7 @@ import torch
 from helpers import estimate, models
 from helpers.__main__ import main
 from helpers.errors import InputError
-from helpers.measure import dryrun, engines, scaled
+from helpers.measure import engines, scaled
 from helpers.training import TrainSetup
 
 M = "llama-3-8b"
@@ -56,11 +56,8 @@ def test_fewer_targets_fewer_bytes():
 
 
 @pytest.mark.parametrize("targets", ["q,v", "q,k,v,o"])
-def test_dry_run_agrees_with_the_estimate(targets):
-    s = TrainSetup(precision="bf16-mixed", lora_rank=16, lora_targets=targets, seq=512)
-    e, d = estimate.run(M, s), dryrun.run(M, s, progress=False)
-    for phase, measured in d.gpu.phases.items():
-        assert e.gpu.phases[phase] == pytest.approx(measured, rel=0.03), phase
+def test_dry_run_agrees_with_the_estimate(targets, dry_agrees):
+    dry_agrees(M, TrainSetup(precision="bf16-mixed", lora_rank=16, lora_targets=targets, seq=512), rel=0.03)
 
 
 def test_scaled_run_agrees_with_the_estimate():

@@ -12,7 +12,7 @@ from helpers import estimate, explore, models
 from helpers.__main__ import main
 from helpers.errors import InputError
 from helpers.estimate import quantized
-from helpers.measure import dryrun, engines, nf4, scaled
+from helpers.measure import engines, nf4, scaled
 from helpers.training import TrainSetup
 
 M = "llama-3-8b"
@@ -138,13 +138,11 @@ def test_bad_combinations_are_one_line_errors(changes, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
-def test_dry_run_agrees_with_the_estimate_at_full_size():
+def test_dry_run_agrees_with_the_estimate_at_full_size(dry_agrees):
     """Llama-3.2-1B quantised by bitsandbytes' own quantize_4bit on fake tensors and stepped with its default 4-bit
     matmul: every phase within 3% of the estimate, and the 4-bit base's bytes the same to within the buffers."""
     s = TrainSetup(lora_rank=16, base_weights="nf4", precision="bf16", seq=1024)
-    d, e = dryrun.run("llama-3.2-1b", s, progress=False), estimate.run("llama-3.2-1b", s)
-    for phase, measured in d.gpu.phases.items():
-        assert e.gpu.phases[phase] == pytest.approx(measured, rel=0.03), phase
+    d, e = dry_agrees("llama-3.2-1b", s, rel=0.03)
     assert d.gpu.breakdown["setup"]["parameters"] == pytest.approx(e.gpu.breakdown["setup"]["parameters"], abs=2**20)
 
 

@@ -161,7 +161,7 @@ def taker(data: dict):
     return take, done
 
 
-def misspelt(key: str, done: set[str], data: dict) -> str | None:
+def misspelt(key: str, done: set[str]) -> str | None:
     """The key a reader looks for that `key` looks like a misspelling of (difflib ratio >= 0.88), whether or not the
     file gives that key too, when `key` is no field of transformers' TrainingArguments; else None. TRL's parser and
     LLaMA-Factory's (HfArgumentParser, allow_extra_keys False) refuse a key their argument classes do not have, so a
@@ -177,9 +177,9 @@ def misspelt(key: str, done: set[str], data: dict) -> str | None:
     return near[0] if near else None
 
 
-def refuse_misspelt(path, key: str, done: set[str], data: dict, tool: str) -> None:
+def refuse_misspelt(path, key: str, done: set[str], tool: str) -> None:
     """ConfigError naming `key` and what it looks like (see `misspelt`), when it looks like one."""
-    near = misspelt(key, done, data)
+    near = misspelt(key, done)
     if near is not None:
         raise ConfigError(path, f"unknown key {key!r}: did you mean {near!r}? ({tool} refuses keys its arguments do "
                                 f"not have; fix the spelling)")

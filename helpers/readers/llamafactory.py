@@ -282,5 +282,5 @@ class _Reader(collect.TrainerYaml):
             if key in NOT_MODELLED and NOT_MODELLED[key]:
                 c.unmodelled(key, value, NOT_MODELLED[key])
             else:
-                collect.refuse_misspelt(self.path, key, done, data, TOOL)
+                collect.refuse_misspelt(self.path, key, done, TOOL)
                 c.ignore(key, value)
