@@ -109,7 +109,8 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
     """The set-up flags shared by every sub-command (a flag given overrides what --from files say)."""
     p.add_argument("--from", dest="from_files", action="append", default=None, metavar="FILE",
                    help="read the set-up from your training config (DeepSpeed JSON, axolotl / LLaMA-Factory / TRL / "
-                        "accelerate YAML, torchtitan TOML, OpenRLHF command line); repeat for a companion file. "
+                        "accelerate / torchtune / LitGPT YAML, torchtitan TOML, OpenRLHF command line); repeat for a "
+                        "companion file. "
                         "Flags given beside it override what the files say, and are listed as overrides")
     p.add_argument("--model", default=None,
                    help="catalogue name or hub id (see `models`, e.g. Qwen/Qwen3-4B), or the path of a config.json; "

@@ -16,7 +16,7 @@ from helpers.readers.base import ConfigError, Default, Ignored, Imported, NotMod
 __all__ = ["read", "ConfigError", "Imported", "Setting", "Default", "NotModelled", "Ignored", "companion", "FORMATS"]
 
 # Asked in this order which of them a file belongs to; DeepSpeed JSON last: it is mostly a companion of another.
-FORMATS = ("torchtitan", "openrlhf", "axolotl", "llamafactory", "trl", "accelerate", "deepspeed")
+FORMATS = ("torchtitan", "torchtune", "litgpt", "openrlhf", "axolotl", "llamafactory", "trl", "accelerate", "deepspeed")
 
 
 def _reader(name: str):
@@ -51,8 +51,8 @@ def detect(path: Path, data) -> str:
         if reader.claims(path, data):
             return name
     raise ConfigError(path, f"not a config this package reads: expected one of {', '.join(FORMATS)} "
-                            f"(a DeepSpeed JSON, an axolotl or LLaMA-Factory YAML, a torchtitan TOML, an OpenRLHF "
-                            f"command line or .sh script, a TRL or accelerate YAML)")
+                            f"(a DeepSpeed JSON, an axolotl, LLaMA-Factory, torchtune or LitGPT YAML, a torchtitan TOML, "
+                            f"an OpenRLHF command line or .sh script, a TRL or accelerate YAML)")
 
 
 def read(paths) -> Imported:

@@ -87,7 +87,8 @@ class Imported:
     knows), the set-up, and where each of its values came from."""
 
     format: str
-    """Which reader read it ('deepspeed', 'axolotl', 'llamafactory', 'torchtitan', 'openrlhf', 'trl', 'accelerate')."""
+    """Which reader read it ('deepspeed', 'axolotl', 'llamafactory', 'torchtitan', 'torchtune', 'litgpt', 'openrlhf',
+    'trl', 'accelerate')."""
     model: str | None
     setup: TrainSetup
     files: list[str]
@@ -259,6 +260,25 @@ def get(data: dict, dotted: str, default=None):
             return default
         cur = cur[part]
     return cur
+
+
+_ABSENT = object()
+
+
+def lookup(data: dict, dotted: str, default) -> tuple[bool, Any]:
+    """(present, value): the file's value of a dotted key (None included, as written), or (False, default)."""
+    v = get(data, dotted, _ABSENT)
+    return (False, default) if v is _ABSENT else (True, v)
+
+
+def leaves(data: dict, prefix: str = "", opaque: tuple[str, ...] = ()):
+    """(dotted key, value) of every leaf of a nested mapping; a key in `opaque` is one leaf, its mapping whole."""
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value and name not in opaque:
+            yield from leaves(value, name, opaque)
+        else:
+            yield name, value
 
 
 def probability(file, key: str, value) -> float:

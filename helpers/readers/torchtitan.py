@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.readers.base import ConfigError, Imported, get
+from helpers.readers.base import ConfigError, Imported, get, leaves
 from helpers.readers.provenance import Record, boolean, positive_int
 
 NAME = "torchtitan"
@@ -99,7 +99,7 @@ class _Reader:
         d.default(TOOL, "attention", "sdpa (cuDNN/flash backends)", "github:pytorch/torchtitan "
                   "torchtitan/models/attention.py @238fa9953e4a (ScaledDotProductAttentionWrapper: cuDNN, flash, "
                   "math in that priority)", attention="flash")
-        for key, value in _leaves(self.data):
+        for key, value in leaves(self.data):
             if key not in self.used:
                 d.ignored_at(f, self.line(key), key, value)
         return d.finish(model, named)
@@ -355,15 +355,6 @@ class _Reader:
 
 
 _MISSING = object()
-
-
-def _leaves(data: dict, prefix: str = ""):
-    for key, value in data.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            yield from _leaves(value, name)
-        else:
-            yield name, value
 
 
 def read(path: Path, data, lines: dict, given: list[Path]) -> Imported:
