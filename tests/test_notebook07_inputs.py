@@ -84,3 +84,15 @@ def test_a_setup_no_single_change_fixes_gets_the_closest_changes_to_combine(tmp_
     line = next(x for x in text.splitlines() if x.startswith("no single change fits; combine: "))
     listed = line.removeprefix("no single change fits; combine: ").split(" — ")[0].split("; ")
     assert len(listed) == 3 and all(x.endswith(" GiB)") for x in listed), line
+
+
+UPSTREAM = ROOT / "tests" / "data" / "configs_upstream"
+
+
+@pytest.mark.parametrize("config, fmt, gpu", [
+    ("torchtune/recipes/configs/llama3_2/1B_qlora_single_device.yaml", "torchtune", "a10g"),
+    ("litgpt/config_hub/finetune/llama-3.2-1B/lora.yaml", "litgpt", "rtx-3060"),
+])
+def test_torchtune_and_litgpt_files(tmp_path, config, fmt, gpu):
+    text = _run(tmp_path, FILES=[str(UPSTREAM / config)], GPU=gpu)
+    assert f"read 1 file(s) as {fmt}" in text and "llama-3.2-1b" in text
