@@ -190,11 +190,15 @@ def imported_from(a: argparse.Namespace):
 
     unknown_world = any(d.key == "gpus" and d.tool == GPUS_UNKNOWN_TOOL for d in imp.defaults)
     if unknown_world and typed.get("gpus", 1) > 1 and imp.setup.strategy == "single" and "strategy" not in typed:
-        # files that name no launcher, run on N GPUs: N data-parallel processes (accelerate launch / torchrun)
-        imp.setup = imp.setup.replace(strategy="ddp")
-        overrides.append({"flag": _flag_of(a, "gpus"), "field": "strategy", "value": "ddp", "replaced": "single",
+        # files that name no launcher, run on N GPUs: N data-parallel processes (accelerate launch / torchrun), or
+        # the tool's own distributed engine (torchtune's distributed recipes: FSDP2)
+        imp.setup = imp.setup.replace(strategy=imp.more_gpus)
+        overrides.append({"flag": _flag_of(a, "gpus"), "field": "strategy", "value": imp.more_gpus,
+                          "replaced": "single",
                           "from": "the files name no launcher or engine: on N GPUs the Trainer runs as N DDP "
-                                  "processes (accelerate launch, torchrun)"})
+                                  "processes (accelerate launch, torchrun)" if imp.more_gpus == "ddp" else
+                                  f"the files leave the world size to the launcher: on N GPUs {imp.format} runs "
+                                  f"{imp.more_gpus}"})
     for field, value in typed.items():
         old = getattr(imp.setup, field)
         if old == value:

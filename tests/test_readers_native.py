@@ -32,8 +32,9 @@ def reading(path: Path) -> dict:
 
 
 # Each row: the file, then what torchtune's recipe does with it (recipes/*.py and the builders at bd2a0fc): dtype bf16
-# is pure bf16; enable_activation_checkpointing wraps every layer; a file without _single_device in its name runs a
-# distributed recipe (FSDP2 over tune run's ranks: 1 unless --gpus); qlora_ builders quantise the base (NF4);
+# is pure bf16; enable_activation_checkpointing wraps every layer; a file with a distributed recipe's keys runs FSDP2
+# over tune run's ranks (1 unless --gpus), one without them runs on one GPU (a distributed recipe on one rank applies
+# no FSDP either); qlora_ builders quantise the base (NF4);
 # optimizer fused True -> fused, else torch's foreach; tokenizer.max_seq_len null -> 2048 assumed (said).
 TORCHTUNE = [
     ("llama3_2/1B_lora_single_device.yaml",
@@ -50,19 +51,18 @@ TORCHTUNE = [
     ("llama3_1/8B_full_single_device.yaml",
      dict(model="llama-3.1-8b", strategy="single", optimizer="adamw-8bit", checkpointing="full")),
     ("qwen2_5/3B_lora.yaml",
-     dict(model="qwen2.5-3b", strategy="fsdp2", lora_rank=8, lora_targets=ALL_LINEAR, adapter_dtype=None)),
+     dict(model="qwen2.5-3b", strategy="single", lora_rank=8, lora_targets=ALL_LINEAR, adapter_dtype="bf16")),
     ("phi3/mini_lora_single_device.yaml",
      dict(model="phi-3-mini", lora_targets="qkv_proj,o_proj,gate_up_proj,down_proj", checkpointing="full")),
     ("gemma2/2B_qlora_single_device.yaml", dict(model="gemma-2-2b", base_weights="nf4-dq")),
     ("qwen3/8B_lora_single_device.yaml", dict(model="qwen3-8b", lora_rank=8)),
-    ("llama3_2/1B_full.yaml", dict(model="llama-3.2-1b", strategy="fsdp2", lora_rank=None, grad_accum=8)),
+    ("llama3_2/1B_full.yaml", dict(model="llama-3.2-1b", strategy="single", lora_rank=None, grad_accum=8)),
 ]
 TORCHTUNE_LISTED = {
     "llama3_2/1B_lora_single_device.yaml": {"loss._component_", "(torchtune's model)"},
     "llama3_1/8B_full_single_device.yaml": {"optimizer_in_bwd"},
-    "llama3_1/8B_qat_lora.yaml": {"quantizer", "custom_sharded_layers"},
+    "llama3_1/8B_qat_lora.yaml": {"quantizer"},
     "llama3_2/8B_to_1B_KD_lora_single_device.yaml": {"teacher_model", "kd_loss"},
-    "llama3_2/1B_full.yaml": {"custom_sharded_layers"},
 }
 
 # LitGPT at 2685705: precision bf16-true is pure bf16 with bf16 adapters; quantize bnb.nf4 -> nf4 (no double
@@ -200,3 +200,55 @@ def test_cli_estimates_a_torchtune_file_and_says_the_sequence_is_assumed():
     assert out.returncode == 0, out.stderr
     assert "imported (torchtune)" in out.stdout and "pass --seq N" in out.stdout
     assert "needs:" in out.stdout
+
+
+def test_torchtune_gpus_flag_runs_the_distributed_recipe():
+    """A torchtune file with no distributed key on --gpus 4: FSDP2 (its distributed recipes), not the Trainer's DDP."""
+    out = subprocess.run([sys.executable, "-m", "helpers", "estimate", "--from", str(TT / "llama3_2/1B_full.yaml"),
+                          "--gpus", "4", "--offline"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "fsdp2 on 4 GPU(s)" in out.stdout
+
+
+def test_torchtune_qlora_under_fsdp2_is_listed_not_dropped(tmp_path):
+    f = tmp_path / "qlora.yaml"
+    f.write_text(TT_MIN.format(modules="[q_proj, v_proj]", dtype="bf16").replace("lora_llama3_2_1b", "qlora_llama3_2_1b")
+                 + "fsdp_cpu_offload: false\n")
+    imp = read(f)
+    assert imp.setup.strategy == "fsdp2" and imp.setup.base_weights is None
+    assert any(n.key == "model._component_" and "4-bit" in n.why for n in imp.not_modelled)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("enable_activation_checkpoint: true\n", ("'enable_activation_checkpoint'", "'enable_activation_checkpointing'")),
+    ("", ("'lora_rnak'", "'lora_rank'")),
+])
+def test_torchtune_misspelt_keys_are_refused(tmp_path, text, words):
+    body = TT_MIN.format(modules="[q_proj]", dtype="bf16") + text
+    if not text:
+        body = body.replace("  lora_attn_modules", "  lora_rnak: 64\n  lora_attn_modules")
+    f = tmp_path / "x.yaml"
+    f.write_text(body)
+    with pytest.raises(ConfigError) as e:
+        read(f)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("lora_rnak: 64\n", ("'lora_rnak'", "'lora_r'")),
+    ("train:\n  micro_batch: 2\n", ("train.'micro_batch'", "micro_batch_size")),
+])
+def test_litgpt_unknown_keys_are_refused_as_its_cli_does(tmp_path, extra, words):
+    f = tmp_path / "run.yaml"
+    f.write_text("checkpoint_dir: checkpoints/meta-llama/Llama-3.2-1B\nprecision: bf16-true\n" + extra)
+    with pytest.raises(ConfigError) as e:
+        read(f)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_litgpt_legacy_precision_and_a_missing_local_checkpoint(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("checkpoint_dir: /no/such/dir/my-llama\nprecision: bf16\nlora_r: 8\n")
+    imp = read(f)
+    assert imp.setup.precision == "bf16-mixed" and imp.model is None and imp.model_named == "/no/such/dir/my-llama"
+    assert any(n.key == "precision" and "legacy" in n.why for n in imp.not_modelled)

@@ -98,6 +98,9 @@ class Imported:
     ignored: list[Ignored] = field(default_factory=list)
     model_named: str | None = None
     """The model as the files name it (a hub id or path), also when the catalogue does not know it."""
+    more_gpus: str = "ddp"
+    """The strategy the tool runs on N > 1 GPUs when the files leave the world size to the launcher (`--gpus N`):
+    the Trainer's DDP, torchtune's distributed recipes' FSDP2."""
 
     def to_json(self) -> dict:
         """The `imported` object of the CLI's JSON: files, settings, defaults, not_modelled, ignored."""

@@ -37,6 +37,14 @@ LORA_DEFAULTS = {"lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "lora_quer
                  "lora_value": True, "lora_projection": False, "lora_mlp": False, "lora_head": False}
 PRECISIONS = {"bf16-true": "bf16", "bf16-mixed": "bf16-mixed", "32-true": "fp32", "16-mixed": "fp16-mixed",
               "16-true": "bf16"}
+# Lightning Fabric's legacy spellings (lightning/fabric/connector.py _convert_precision_to_unified_args, with a warning)
+LEGACY_PRECISIONS = {"bf16": "bf16-mixed", "16": "16-mixed", "32": "32-true"}
+TOP_KEYS = {"checkpoint_dir", "out_dir", "precision", "quantize", "devices", "num_nodes", "resume", "lora_r",
+            "lora_alpha", "lora_dropout", "lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp",
+            "lora_head", "data", "train", "log", "eval", "optimizer", "logger_name", "seed", "access_token"}
+TRAIN_KEYS = {"save_interval", "log_interval", "global_batch_size", "micro_batch_size", "lr_warmup_steps",
+              "lr_warmup_fraction", "epochs", "max_tokens", "max_steps", "max_time", "max_seq_length",
+              "tie_embeddings", "max_norm", "min_lr"}
 QUANTIZE = {"bnb.nf4": "nf4", "bnb.nf4-dq": "nf4-dq", "bnb.fp4": "nf4", "bnb.fp4-dq": "nf4-dq"}
 TRAIN_DEFAULTS = {"global_batch_size": 16, "micro_batch_size": 1, "max_seq_length": None}
 SEQ_UNKNOWN = 2048
@@ -52,9 +60,9 @@ MODEL_DIFFERENCES = (
     "groups than heads, litgpt/model.py CausalSelfAttention expands keys and values to every head before "
     "scaled_dot_product_attention ('flash attention requires it in training mode'), so each layer keeps the expanded "
     "copies for backward: the real figure is higher by those copies; its loss is chunked_cross_entropy over 128-token "
-    "chunks, and finetune_lora's forward computes the head in 128-token chunks (lm_head_chunk_size=128), which hold "
-    "less than transformers' whole fp32 logits: lower; and the loop keeps the previous micro batch's logits until the "
-    "next forward returns: higher")
+    "chunks{head}, which holds less than transformers' whole fp32 logits: lower; and the loop keeps the previous micro "
+    "batch's logits until the next forward returns: higher")
+LORA_HEAD = ", and finetune_lora's forward computes the head in 128-token chunks (lm_head_chunk_size=128)"
 
 
 def claims(path: Path, data) -> bool:
@@ -69,7 +77,22 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     if "checkpoint_dir" not in data:
         raise ConfigError(path, "a LitGPT config without checkpoint_dir (a pretraining config?): only the fine-tuning "
                                 "configs of finetune_lora and finetune_full are read")
+    _refuse_unknown(path, data)
     return _Reader(path, data, lines).read()
+
+
+def _refuse_unknown(path: Path, data: dict) -> None:
+    """LitGPT's CLI (jsonargparse over setup()'s arguments and TrainArgs) refuses a key they do not have: so does
+    this reader, naming the nearest key (a misspelt lora_r never trains at its default)."""
+    import difflib
+
+    for key, known, where in [(k, TOP_KEYS, "") for k in data] + \
+            [(k, TRAIN_KEYS, "train.") for k in (data.get("train") or {}) if isinstance(data.get("train"), dict)]:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+            hint = f": did you mean {where}{near[0]!r}?" if near else ""
+            raise ConfigError(path, f"unknown key {where}{key!r}{hint} (LitGPT's finetune_lora / finetune_full take "
+                                    f"{', '.join(sorted(known))})")
 
 
 class _Reader:
@@ -93,7 +116,8 @@ class _Reader:
         d = self.d
         d.default(TOOL, "attention", "sdpa", "litgpt/model.py CausalSelfAttention.scaled_dot_product_attention: "
                   "torch's F.scaled_dot_product_attention (flash on a GPU that has it)", attention="flash")
-        d.unmodelled("(LitGPT's model)", "litgpt.model.GPT", MODEL_DIFFERENCES + model_ref.expanded_kv_text(
+        d.unmodelled("(LitGPT's model)", "litgpt.model.GPT", MODEL_DIFFERENCES.format(
+            head=LORA_HEAD if self.lora else "") + model_ref.expanded_kv_text(
             model, d.fields.get("precision")))
         for key, why in NOT_MODELLED.items():
             present, v = self.value(key, None)
@@ -114,10 +138,12 @@ class _Reader:
         model, _ = model_ref.resolve(text, self.path, "checkpoint_dir") if Path(text).expanduser().is_dir() else \
             (None, None)
         parts = text.split("/")
-        hub = "/".join(parts[-2:]) if len(parts) >= 2 else text
-        if model is None:
+        local = text.startswith(("/", "./", "../", "~")) and not Path(text).expanduser().is_dir()
+        hub = text if local or len(parts) < 2 else "/".join(parts[-2:])
+        if model is None and not local:
             model, _ = model_ref.resolve(hub, self.path, "checkpoint_dir")
         self.d.set("checkpoint_dir", named, sets=f"model={model!r}" if model else
+                   f"model=None ({hub!r}: no such local directory: pass --model)" if local else
                    f"model=None ({hub!r} is not in the catalogue or the local cache: pass --model)")
         return model, hub
 
@@ -156,7 +182,12 @@ class _Reader:
     def precision(self, world: int) -> None:
         d, f = self.d, self.path
         present, p = self.value("precision", None)
-        if p is None:
+        if isinstance(p, (str, int)) and not isinstance(p, bool) and str(p) in LEGACY_PRECISIONS:
+            d.unmodelled("precision", p, f"Lightning's legacy spelling of {LEGACY_PRECISIONS[str(p)]!r} (it warns and "
+                                         f"uses that): read as {LEGACY_PRECISIONS[str(p)]!r}")
+            p = LEGACY_PRECISIONS[str(p)]
+            d.set("precision", p, precision=PRECISIONS[p])
+        elif p is None:
             p = "bf16-mixed"
             d.default(TOOL, "precision", None, "litgpt/utils.py get_default_supported_precision(training=True): "
                       "'bf16-mixed' on a GPU with bf16 ('16-mixed' without)", precision="bf16-mixed")
@@ -264,9 +295,14 @@ class _Reader:
         if not targets:
             raise ConfigError(f, "every lora_query/key/value/projection/mlp switch is off: LoRA adapts no layer")
         joined = ",".join(model_ref.module_names(targets, model))
-        d.default(TOOL, "lora_query/key/value/projection/mlp", joined, "the file's switches over finetune_lora's "
-                  "defaults (query and value on); LitGPT's own LoRA layers, estimated as peft's on the same "
-                  "projections", lora_targets=joined)
+        given = [k for k in LORA_SWITCHES if k in self.data]
+        if given:
+            d.set(given[0], self.data[given[0]], lora_targets=joined,
+                  sets=f"lora_targets={joined!r} (with {', '.join(given[1:]) or 'no other switch'} and finetune_lora's "
+                       f"defaults for the rest; LitGPT's own LoRA layers, estimated as peft's)")
+        else:
+            d.default(TOOL, "lora_query/key/value/projection/mlp", joined, "finetune_lora's defaults (query and value "
+                      "on); LitGPT's own LoRA layers, estimated as peft's on the same projections", lora_targets=joined)
 
     def optimizer(self) -> None:
         d, f = self.d, self.path

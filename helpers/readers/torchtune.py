@@ -91,7 +91,35 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
         raise ConfigError(path, "not a torchtune fine-tuning config (no model, optimizer or batch_size: an "
                                 "evaluation, generation or quantization config?): only the configs of the "
                                 "full_finetune_* and lora_finetune_* recipes are read")
+    _refuse_misspelt(path, data)
     return _Reader(path, data, lines).read()
+
+
+KNOWN = READ | {"output_dir", "tokenizer", "checkpointer", "dataset", "seed", "shuffle", "epochs", "max_steps_per_epoch",
+                "clip_grad_norm", "metric_logger", "log_every_n_steps", "log_peak_memory_stats", "log_level",
+                "profiler", "lr_scheduler", "save_adapter_weights_only", "run_val_every_n_steps", "dataset_val",
+                "batch_size_val", "enable_async_checkpointing", "save_every_n_steps", "cudnn_deterministic_mode",
+                "collate_fn", "low_cpu_ram", "activation_offloading_use_streams", "ac_option",
+                "resize_token_embeddings", "enable_fp8_training", "fp8_recipe_name", "context_parallel_rotate_method",
+                "teacher_checkpointer", "kd_ratio", "enable_kv_cache", "model.lora_alpha", "datasets"}
+
+
+def _refuse_misspelt(path: Path, data: dict) -> None:
+    """torchtune reads each key by name (cfg.get): a misspelt one (enable_activation_checkpoint, lora_rnak) is never
+    read and the run trains at the default. A key within difflib's 0.88 of one the recipes or builders read is
+    refused here, naming that key, instead of being listed as ignored."""
+    import difflib
+
+    known = {k for k in KNOWN if "." not in k} | {k.split(".", 1)[1] for k in KNOWN if k.startswith("model.")}
+    keys = [(k, "") for k in data] + [(k, "model.") for k in (data.get("model") or {})
+                                      if isinstance(data.get("model"), dict)]
+    for key, where in keys:
+        if str(key) in known or str(key).startswith("_"):
+            continue
+        near = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.88)
+        if near:
+            raise ConfigError(path, f"unknown key {where}{key!r}: did you mean {where}{near[0]!r}? (torchtune reads "
+                                    f"keys by name, so this one would never be read; fix the spelling)")
 
 
 class _Reader:
@@ -135,14 +163,15 @@ class _Reader:
         builder = component.rsplit(".", 1)[-1]
         self.method = "qlora" if builder.startswith("qlora_") else "lora" if builder.startswith("lora_") else "full"
         base = re.sub(r"^(q?lora_)", "", builder)
-        base = re.sub(r"_(base|instruct)$", "", base)
+        if base.startswith(("qwen2_5_", "qwen3_")):                 # (their builders come as _base and _instruct)
+            base = re.sub(r"_(base|instruct)$", "", base)
         model = BUILDERS.get(base)
         _, ckpt = self.value("checkpointer.checkpoint_dir", None)
         if model is None and isinstance(ckpt, str) and Path(ckpt).expanduser().is_dir():
             model, _ = model_ref.resolve(ckpt, f, "checkpointer.checkpoint_dir")
         d.set("model._component_", component, sets=f"model={model!r}" + (
             f" ({self.method})" if self.method != "full" else " (full fine-tuning)") if model else
-            "model=None (a builder whose shapes the catalogue does not hold: pass --model)")
+            f"model=None ({builder!r}: no builder whose shapes the catalogue holds: pass --model)")
         return model, component
 
     def run_kind(self) -> None:
@@ -154,11 +183,17 @@ class _Reader:
 
     def engine(self) -> None:
         d, f = self.d, self.path
-        distributed = any(k in self.data for k in DISTRIBUTED_KEYS) or "single_device" not in f.stem
+        distributed = any(k in self.data for k in DISTRIBUTED_KEYS)
         self.distributed = distributed
+        d.more_gpus = "fsdp2"
+        method = "lora" if self.method != "full" else "full"
         if not distributed:
-            d.default(TOOL, "(recipe)", f"{'lora' if self.method != 'full' else 'full'}_finetune_single_device",
-                      "the file's name says single_device and it has no distributed key", strategy="single", gpus=1)
+            d.default(TOOL, "(recipe)", f"{method}_finetune_single_device or _distributed",
+                      "the recipe is a command-line choice and the file has no distributed key: one GPU (a "
+                      "distributed recipe on one rank applies no FSDP either); --gpus N reads it as "
+                      f"{method}_finetune_distributed (FSDP2 over tune run --nproc_per_node N)",
+                      sets="strategy='single' (--gpus N: FSDP2)", strategy="single")
+            d.world_unknown = True
             return
         dims = {}
         for key, default in (("data_parallel_shard_dim", -1), ("data_parallel_replicate_dim", 1),
@@ -272,11 +307,13 @@ class _Reader:
         if not self.distributed and self.d.fields.get("precision") == "bf16":
             d.default(TOOL, "(LoRA adapters)", "the model's dtype", "torchtune builds the model, adapters included, "
                       "under the recipe's dtype", adapter_dtype="bf16")
-        _, quant = self.value("model.quantize_base", self.method == "qlora")
+        present, quant = self.value("model.quantize_base", self.method == "qlora")
         if boolean(f, "model.quantize_base", quant):
-            d.default(TOOL, "(QLoRA base)", "torchao NF4Tensor", "the qlora_ builders set quantize_base=True: "
-                      "torchao's NF4 (4-bit, blocks of 64, scalers quantised to 8 bits in blocks of 256), estimated "
-                      "as bitsandbytes' nf4 with double quantisation, the same layout in bytes", base_weights="nf4-dq")
+            d.set("model.quantize_base" if present else "model._component_", quant if present else
+                  self.data["model"]["_component_"], base_weights="nf4-dq",
+                  sets="base_weights='nf4-dq' (torchao's NF4: 4-bit, blocks of 64, scalers quantised to 8 bits in "
+                       "blocks of 256; estimated as bitsandbytes' nf4 with double quantisation, the same layout in "
+                       "bytes)")
 
     def memory(self) -> None:
         d, f = self.d, self.path
