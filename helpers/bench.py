@@ -116,6 +116,11 @@ GRID = [
     ("llama-3-8b", T(lora_rank=16, lora_dropout=0.05, base_weights="fp32", seq=1024, attention="flash")),
     ("qwen2.5-7b", T(strategy="ddp", gpus=2, lora_rank=16, lora_targets="q,v", base_weights="fp32", batch=2, seq=1024,
                      checkpointing="full")),
+    # keys and values expanded to every query head before the kernel (torchtune's and LitGPT's attention)
+    ("llama-3.2-1b", T(precision="bf16", lora_rank=32, lora_targets="q,v", lora_dropout=0.05, adapter_dtype="bf16",
+                       batch=2, seq=512, attention="flash", kv_expanded=True)),
+    ("qwen2.5-7b", T(strategy="fsdp2", gpus=4, precision="bf16", batch=2, seq=2048, checkpointing="full",
+                     attention="flash", kv_expanded=True)),
 ]
 
 
@@ -142,6 +147,7 @@ def _label(name: str, s: T) -> str:
     opts += [f"ratio{s.offload_ratio}"] * (s.offload_ratio is not None)
     opts += [f"lora{s.lora_rank}" + ("" if s.lora_targets == "all-linear" else f"[{s.lora_targets}]")] * bool(s.lora_rank)
     opts += [s.base_weights] * bool(s.base_weights)
+    opts += ["kv-expanded"] * s.kv_expanded
     return f"{name} " + " ".join(opts)
 
 

@@ -33,7 +33,7 @@ def kind(result: Result) -> str:
     s, mode = result.train_setup, result.mode
     if mode == "estimate":
         return "estimated"
-    if mode in ("dry-run", "scaled") and (_old_matmul(s) or _old_loss(s)):
+    if mode in ("dry-run", "scaled") and (_old_matmul(s) or _old_loss(s) or s.kv_expanded):
         return "re-enacted"
     if mode == "dry-run":
         return s.strat.dry_run_evidence
@@ -67,6 +67,9 @@ def detail(result: Result) -> str:
         text += (f"; transformers {versions.of(s, 'transformers')[0]}'s causal-LM loss re-enacted on the installed "
                  f"{versions.installed('transformers')} (the logits shifted by a copy"
                  + (", upcast by the forward)" if versions.older(s, "logits_upcast_in_forward") else ")"))
+    if result.mode in ("dry-run", "scaled") and s.kv_expanded:
+        text += ("; torchtune's / LitGPT's attention re-enacted on transformers' model (keys and values expanded to "
+                 "every query head before the kernel)")
     tp, cp = s.tensor_parallel, s.context_parallel
     if tp > 1 and result.mode == "dry-run":
         text += f"; tensor parallel {tp}: torchtitan's plan run by DTensor on a fake 2-D mesh"

@@ -34,7 +34,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "pin_memory", "fused_ce", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "pin_memory", "fused_ce", "kv_expanded", "resume")
 
 
 @dataclass(frozen=True)
@@ -267,6 +267,13 @@ class TrainSetup:
         no_time="FlashAttention recomputes the attention scores inside its backward kernel and is usually faster "
                 "than eager; its speed is not modelled"))
     """The attention kernel: eager (the scores materialised), sdpa (torch's scaled_dot_product_attention) or flash."""
+    kv_expanded: bool = option(False, Face(
+        "--expanded-kv", "the attention expands keys and values to every query head before the kernel and keeps the "
+        "expanded copies for backward (torchtune's and LitGPT's own models; transformers' 16-bit SDPA keeps them "
+        "grouped)"))
+    """Keys and values repeated to every query head before a 16-bit SDPA/flash kernel, as torchtune's
+    MultiHeadAttention and LitGPT's CausalSelfAttention do (and transformers' SDPA where it cannot pass enable_gqa):
+    the kernel saves the expanded copies. Eager and fp32 attention keep them expanded anyway."""
     gpu_gib: float | None = option(None, Face("--gpu-gib", "GPU capacity in GiB", metavar="X", control=Control(
         "gib", "GPU GiB", none=0.0, tooltip="0: no capacity")))
     """Capacity of one GPU in GiB, for the out-of-memory verdict."""
@@ -406,6 +413,9 @@ class TrainSetup:
         st = strategies.get(self.strategy)
         _choice("checkpointing", self.checkpointing, CHECKPOINTING)
         _choice("attention", self.attention, ATTENTIONS)
+        if self.kv_expanded and self.checkpointing == "selective":
+            raise InputError("kv_expanded with checkpointing 'selective' (torchtitan's policy, whose model keeps them "
+                             "grouped) is not modelled: use checkpointing 'full' or 'none'")
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.adam_impl is not None:
             _choice("adam_impl", self.adam_impl, ADAM_IMPLS)
@@ -593,6 +603,8 @@ def _model_parallel(s: TrainSetup, st: strategies.Strategy) -> None:
     if s.fused_ce:
         raise InputError("fused_ce with tensor_parallel or context_parallel is not modelled (loss parallel shards "
                          "the logits instead): leave fused_ce off")
+    if s.kv_expanded:
+        raise InputError("kv_expanded with tensor_parallel or context_parallel is not modelled: leave it off")
 
 
 def _takes_client_optimizer(values: dict) -> bool:

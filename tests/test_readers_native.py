@@ -107,11 +107,10 @@ def test_litgpt_model_outside_the_catalogue_keeps_its_hub_id():
     assert imp.model is None and imp.model_named == "mistralai/Mistral-7B-v0.1"
 
 
-def test_the_expanded_keys_and_values_are_priced_per_token():
-    """Llama-3.2-1B: 32 query heads over 8 key/value heads of 64: (32 - 8) x 64 x 2 (k, v) x 2 B = 6,144 B."""
-    why = next(n.why for n in read(TT / "llama3_2/1B_lora_single_device.yaml").not_modelled
-               if n.key == "(torchtune's model)")
-    assert "6,144 B per token per layer" in why and "higher" in why
+def test_both_tools_attention_keeps_keys_and_values_expanded():
+    """torchtune's MultiHeadAttention and LitGPT's CausalSelfAttention expand k and v before SDPA: kv_expanded."""
+    assert read(TT / "llama3_2/1B_lora_single_device.yaml").setup.kv_expanded
+    assert read(LG / "llama-3.2-1B/qlora.yaml").setup.kv_expanded
 
 
 @pytest.mark.parametrize("path, fmt", [

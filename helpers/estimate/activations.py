@@ -203,6 +203,24 @@ def add_base_weight_copies(b: Builder, m: ModelSpec) -> None:
           LOSS | BWD_START | BWD_HEAD, "the frozen head is cast like the other linears; kept until the head's backward")
 
 
+def expanded_kv_bytes(m: ModelSpec, setup) -> int:
+    """Bytes per token per layer that keeping keys and values expanded to every query head adds to what a 16-bit
+    flash/SDPA kernel saves (`kv_expanded`: torchtune's MultiHeadAttention at bd2a0fc, attention.py 284-290, and
+    LitGPT's CausalSelfAttention at 2685705, model.py 534-536, copy them with expand + flatten/reshape before SDPA;
+    the kernel saves the copies, the grouped ones are freed); 0 where the modelled attention keeps them expanded
+    anyway (eager, fp32), for MLA and without grouped-query attention."""
+    if not setup.kv_expanded or m.kv_latent or m.kv_heads >= m.heads or setup.attention == "eager" \
+            or compute_mode(setup) == "fp32":
+        return 0
+    return 2 * (m.heads * m.head_dim - m.k_width) + 2 * (m.heads * m.v_width // m.kv_heads - m.v_width)
+
+
+def _expanded_note(m: ModelSpec, s) -> str:
+    extra = expanded_kv_bytes(m, s)
+    return (f"; {extra:,} bytes per token per layer of it are the keys and values expanded to every query head "
+            f"(kv_expanded: torchtune's and LitGPT's attention)") if extra else ""
+
+
 def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
     """Bytes saved for backward by one decoder layer, without checkpointing."""
     T, B, S = setup.batch * setup.seq, setup.batch, setup.seq
@@ -226,9 +244,10 @@ def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
     elif m.kv_latent:                       # MLA under flash: values and output padded to the query head size
         attn = 2 * T * (m.q_width + m.k_width + 2 * m.q_width + o_width) + 4 * B * m.heads * S
     else:                                                           # flash: q, k, v, output, logsumexp
-        attn = 2 * T * (m.q_width + m.k_width + m.v_width + o_width) + 4 * B * m.heads * S
+        attn = 2 * T * (m.q_width + m.k_width + m.v_width + o_width) + 4 * B * m.heads * S \
+            + T * expanded_kv_bytes(m, setup)
     if m.fused_qkv and not (setup.attention != "flash" and mode == "fp32" and m.kv_heads < m.heads) \
-            and not (setup.attention == "eager" and m.kv_heads < m.heads):
+            and not ((setup.attention == "eager" or setup.kv_expanded) and m.kv_heads < m.heads):
         attn += a * T * (m.q_width + m.k_width)      # saved values are a view: the whole qkv output stays alive
     latent = (4 + 2 * a) * T * m.kv_latent                         # the latent's RMSNorm
     if moe:  # routed pairs keep input, gate/up output, SiLU output, product, output; shared experts as dense
@@ -331,10 +350,11 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
         b.gpu("layer inputs kept by checkpointing", "activations", m.layers * stream + final_norm,
               FORWARDS | BWD_START | BWD_HEAD, "one residual-stream tensor per layer (torch.utils.checkpoint)")
         b.gpu("one layer recomputed in backward", "activations", max(per_dense, per_moe),
-              BWD_END, "checkpointing re-runs a layer's forward before its backward")
+              BWD_END, "checkpointing re-runs a layer's forward before its backward" + _expanded_note(m, s))
     else:
         b.gpu("saved activations", "activations", full + final_norm, FORWARDS | BWD_START | BWD_HEAD,
-              f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else ""))
+              f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else "")
+              + _expanded_note(m, s))
         b.gpu("activations of the first layers, not yet freed", "activations", max(per_dense, per_moe), BWD_END,
               "backward frees each layer's saved tensors as it passes")
     if s.quantized and versions.older(s, "bnb_4bit_input_kept"):

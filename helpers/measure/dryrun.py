@@ -404,7 +404,8 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
     tp = setup.tensor_parallel
     mesh = _fake_mesh(setup.gpus, tp) if st.fake_process_group or tp > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=True), \
-            (nf4.dequantized_matmuls() if setup.quantized else contextlib.nullcontext()), nf4.matmul_as(setup):
+            (nf4.dequantized_matmuls() if setup.quantized else contextlib.nullcontext()), nf4.matmul_as(setup), \
+            engines.kv_expanded(setup):
         net = build_model(m, setup, dev)                     # built before tracking: setup is the engine's state
         bar.update()
         tracker = Tracker() if track else NullTracker()

@@ -318,3 +318,24 @@ def step(tracker: Tracker, optimizer, device: str | None = None, scaler=None) ->
             optimizer.step()
     tracker.label(optimizer_states(optimizer), "optimizer_states", device)
     optimizer.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def kv_expanded(setup):
+    """With `setup.kv_expanded`, the model's attention on keys and values repeated to every query head before the
+    kernel, as torchtune's and LitGPT's models do: transformers' own SDPA path takes its `repeat_kv` branch
+    (`use_gqa_in_sdpa` answers False: integrations/sdpa_attention.py, transformers 5), and the fake GPU's flash
+    attention repeats them the same way (`fakegpu.EXPAND_KV`). Undone on exit."""
+    if not setup.kv_expanded:
+        yield
+        return
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from helpers.measure import fakegpu
+
+    saved = sdpa.use_gqa_in_sdpa, fakegpu.EXPAND_KV
+    sdpa.use_gqa_in_sdpa, fakegpu.EXPAND_KV = (lambda *a, **k: False), True
+    try:
+        yield
+    finally:
+        sdpa.use_gqa_in_sdpa, fakegpu.EXPAND_KV = saved

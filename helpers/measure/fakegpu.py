@@ -27,6 +27,9 @@ _FP32 = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2
 _FP32_OPT_DTYPE = ("softmax.int", "log_softmax.int", "prod", "cumsum", "sum")
 _cast_cache: dict[int, tuple] = {}
 _installed = False
+EXPAND_KV = False
+"""Set by `engines.kv_expanded`: the attention below repeats keys and values to every query head first (a copy), as
+torchtune's and LitGPT's models do before SDPA."""
 _libs: list = []
 
 
@@ -152,6 +155,10 @@ def _flash_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     """HF attention function: the CUDA flash (bf16/fp16) or memory-efficient (fp32) kernel's op."""
     aten = torch.ops.aten
     causal = True if is_causal is None else is_causal
+    if EXPAND_KV and key.shape[1] != query.shape[1]:      # (the model's own expand + flatten, before the kernel)
+        rep = query.shape[1] // key.shape[1]
+        key, value = (t.unsqueeze(2).expand(t.shape[0], t.shape[1], rep, *t.shape[2:]).flatten(1, 2)
+                      for t in (key, value))
     if torch.is_autocast_enabled(NAME):                   # SDPA is on autocast's lower-precision list
         target = torch.get_autocast_dtype(NAME)
         query, key, value = (t.to(target) for t in (query, key, value))

@@ -136,7 +136,7 @@ def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int,
     engines.watch_logits(engine.module, tracker)
     with tqdm(total=steps, desc=f"twin, {s.strategy}: training steps", leave=False, disable=not progress) as bar:
         hooks = _Recorder(bar)
-        with nf4.matmul_as(s):
+        with nf4.matmul_as(s), engines.kv_expanded(s):
             run_steps(engine, tracker, ids, s.grad_accum, steps, hooks=hooks)
     return hooks.losses, hooks.rss, hooks.times
 

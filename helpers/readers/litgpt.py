@@ -56,10 +56,8 @@ NOT_MODELLED = {
     "resume": "resuming loads the optimizer states",
 }
 MODEL_DIFFERENCES = (
-    "LitGPT's own GPT model is estimated as transformers' (the catalogue's rules): where the model has fewer key/value "
-    "groups than heads, litgpt/model.py CausalSelfAttention expands keys and values to every head before "
-    "scaled_dot_product_attention ('flash attention requires it in training mode'), so each layer keeps the expanded "
-    "copies for backward: the real figure is higher by those copies; its loss is chunked_cross_entropy over 128-token "
+    "LitGPT's own GPT model is estimated with the catalogue's transformers rules plus its expanded keys and values "
+    "(kv_expanded); its loss is chunked_cross_entropy over 128-token "
     "chunks{head}, which holds less than transformers' whole fp32 logits: lower; and the loop keeps the previous micro "
     "batch's logits until the next forward returns: higher")
 LORA_HEAD = ", and finetune_lora's forward computes the head in 128-token chunks (lm_head_chunk_size=128)"
@@ -116,9 +114,11 @@ class _Reader:
         d = self.d
         d.default(TOOL, "attention", "sdpa", "litgpt/model.py CausalSelfAttention.scaled_dot_product_attention: "
                   "torch's F.scaled_dot_product_attention (flash on a GPU that has it)", attention="flash")
+        d.default(TOOL, "(attention)", "keys and values expanded", "litgpt/model.py CausalSelfAttention: k and v "
+                  "expanded to every head before scaled_dot_product_attention ('flash attention requires it in "
+                  "training mode'), which saves the copies", kv_expanded=True)
         d.unmodelled("(LitGPT's model)", "litgpt.model.GPT", MODEL_DIFFERENCES.format(
-            head=LORA_HEAD if self.lora else "") + model_ref.expanded_kv_text(
-            model, d.fields.get("precision")))
+            head=LORA_HEAD if self.lora else ""))
         for key, why in NOT_MODELLED.items():
             present, v = self.value(key, None)
             if present and v not in (None, False):

@@ -76,20 +76,3 @@ def module_names(targets: list[str], model: str | None) -> list[str]:
         if t not in out:
             out.append(t)
     return out
-
-
-def expanded_kv_text(model: str | None, precision: str | None) -> str:
-    """What keeping keys and values expanded to every query head adds (torchtune's and LitGPT's attention), in bytes
-    per token per decoder layer for the model: (heads - key/value heads) x head_dim x 2 (keys and values) x 2 B,
-    beyond the grouped keys and values the modelled 16-bit flash/SDPA attention keeps
-    (`estimate.activations.layer_bytes`; in fp32 it already keeps them expanded); '' without a model, without
-    grouped-query attention, or in fp32."""
-    if model is None or precision == "fp32":
-        return ""
-    m = models.spec(model)
-    extra = (m.heads - m.kv_heads) * m.head_dim * 2 * 2
-    if m.kv_heads >= m.heads or m.kv_latent:
-        return ""
-    per_1k = extra * m.layers * 1000 / 2**20
-    return (f" ({m.heads} query heads over {m.kv_heads} key/value heads: {extra:,} B per token per layer kept, "
-            f"{per_1k:,.0f} MiB per 1,000 tokens when every layer keeps its activations)")

@@ -70,10 +70,9 @@ READ = {"model._component_", "model.lora_attn_modules", "model.apply_lora_to_mlp
         "optimizer_in_bwd", "loss._component_", "tokenizer.max_seq_len", "dataset.packed", "device",
         "checkpointer.checkpoint_dir", "resume_from_checkpoint", *DISTRIBUTED_KEYS, *NOT_MODELLED}
 MODEL_DIFFERENCES = (
-    "torchtune's own TransformerDecoder is estimated as transformers' (the catalogue's rules): where the model has "
-    "fewer key/value heads than query heads, torchtune/modules/attention.py expands keys and values to every head "
-    "before scaled_dot_product_attention, so each layer keeps the expanded copies for backward: the real figure is "
-    "higher by those copies")
+    "torchtune's own TransformerDecoder is estimated with the catalogue's transformers rules plus its expanded keys "
+    "and values (kv_expanded); its rotary embedding and norms are taken as transformers' (not checked by a dry run "
+    "of torchtune itself)")
 
 
 def claims(path: Path, data) -> bool:
@@ -144,8 +143,15 @@ class _Reader:
         d = self.d
         d.default(TOOL, "attention", "sdpa", "torchtune/modules/attention_utils.py _sdpa_or_flex_attention: torch's "
                   "scaled_dot_product_attention (flash on a GPU that has it)", attention="flash")
-        d.unmodelled("(torchtune's model)", "torchtune.modules.TransformerDecoder", MODEL_DIFFERENCES + model_ref.expanded_kv_text(
-            model, d.fields.get("precision")))
+        if d.fields.get("tensor_parallel", 1) * d.fields.get("context_parallel", 1) > 1:
+            d.unmodelled("(attention)", "keys and values expanded", "torchtune's MultiHeadAttention expands keys and "
+                         "values to every head before SDPA; with tensor or context parallelism that is not modelled: "
+                         "estimated grouped, the real figure is higher by the copies")
+        else:
+            d.default(TOOL, "(attention)", "keys and values expanded", "torchtune/modules/attention.py "
+                      "MultiHeadAttention: k and v expanded to every head (expand + flatten, a copy) before SDPA, "
+                      "which saves the copies", kv_expanded=True)
+        d.unmodelled("(torchtune's model)", "torchtune.modules.TransformerDecoder", MODEL_DIFFERENCES)
         for key, why in NOT_MODELLED.items():
             if self.data.get(key) not in (None, False):
                 d.unmodelled(key, self.data[key] if not isinstance(self.data[key], dict) else
