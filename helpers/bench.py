@@ -121,6 +121,11 @@ GRID = [
                        batch=2, seq=512, attention="flash", kv_expanded=True)),
     ("qwen2.5-7b", T(strategy="fsdp2", gpus=4, precision="bf16", batch=2, seq=2048, checkpointing="full",
                      attention="flash", kv_expanded=True)),
+    # LitGPT's fit loop: each micro batch's logits (and graph) held until the next forward returns
+    ("llama-3.2-1b", T(precision="bf16", lora_rank=32, lora_targets="q,v", lora_dropout=0.05, adapter_dtype="bf16",
+                       base_weights="nf4", versions="bitsandbytes=0.42.0", batch=2, seq=512, grad_accum=4,
+                       attention="flash", kv_expanded=True, outputs_held=True)),
+    ("qwen2.5-0.5b", T(precision="bf16", batch=2, seq=512, attention="flash", outputs_held=True)),
 ]
 
 
@@ -147,7 +152,7 @@ def _label(name: str, s: T) -> str:
     opts += [f"ratio{s.offload_ratio}"] * (s.offload_ratio is not None)
     opts += [f"lora{s.lora_rank}" + ("" if s.lora_targets == "all-linear" else f"[{s.lora_targets}]")] * bool(s.lora_rank)
     opts += [s.base_weights] * bool(s.base_weights)
-    opts += ["kv-expanded"] * s.kv_expanded
+    opts += ["kv-expanded"] * s.kv_expanded + ["outputs-held"] * s.outputs_held
     return f"{name} " + " ".join(opts)
 
 

@@ -34,7 +34,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "pin_memory", "fused_ce", "kv_expanded", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -274,6 +274,14 @@ class TrainSetup:
     """Keys and values repeated to every query head before a 16-bit SDPA/flash kernel, as torchtune's
     MultiHeadAttention and LitGPT's CausalSelfAttention do (and transformers' SDPA where it cannot pass enable_gqa):
     the kernel saves the expanded copies. Eager and fp32 attention keep them expanded anyway."""
+    outputs_held: bool = option(False, Face(
+        "--outputs-held", "the training loop keeps each micro batch's logits (and through them its autograd graph) "
+        "until the next forward returns: through its backward, the optimizer step and the next forward (LitGPT's "
+        "fit loop; the HF Trainer drops them)"))
+    """The loop's own variable keeps the model's output alive after the loss is taken (LitGPT's `logits = model(...)`
+    in fit(), rebound only when the next forward returns): the logits live through backward, the step and the next
+    forward, and so does the graph they reference (freed tensors aside: a ctx attribute such as bitsandbytes < 0.43.2
+    MatMul4Bit's kept input stays)."""
     gpu_gib: float | None = option(None, Face("--gpu-gib", "GPU capacity in GiB", metavar="X", control=Control(
         "gib", "GPU GiB", none=0.0, tooltip="0: no capacity")))
     """Capacity of one GPU in GiB, for the out-of-memory verdict."""
@@ -413,6 +421,9 @@ class TrainSetup:
         st = strategies.get(self.strategy)
         _choice("checkpointing", self.checkpointing, CHECKPOINTING)
         _choice("attention", self.attention, ATTENTIONS)
+        if self.outputs_held and (self.fused_ce or self.strategy not in ("single", "ddp")):
+            raise InputError("outputs_held is modelled with strategies single and ddp without fused_ce (LitGPT's loop on "
+                             f"one GPU), got strategy {self.strategy!r}" + (" with fused_ce" if self.fused_ce else ""))
         if self.kv_expanded and self.checkpointing == "selective":
             raise InputError("kv_expanded with checkpointing 'selective' (torchtitan's policy, whose model keeps them "
                              "grouped) is not modelled: use checkpointing 'full' or 'none'")

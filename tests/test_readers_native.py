@@ -113,6 +113,18 @@ def test_both_tools_attention_keeps_keys_and_values_expanded():
     assert read(LG / "llama-3.2-1B/qlora.yaml").setup.kv_expanded
 
 
+def test_litgpt_fit_loop_holds_its_outputs_on_one_gpu(tmp_path):
+    """litgpt/finetune/lora.py fit(): `logits` stays bound until the next forward returns (outputs_held); over
+    several GPUs that is listed as not modelled, with its direction."""
+    assert read(LG / "llama-3.2-1B/lora.yaml").setup.outputs_held
+    assert not read(TT / "llama3_2/1B_lora_single_device.yaml").setup.outputs_held     # torchtune dels its logits
+    f = tmp_path / "lora.yaml"
+    f.write_text("checkpoint_dir: checkpoints/meta-llama/Llama-3.2-1B\nprecision: bf16-true\ndevices: 4\nlora_r: 8\n")
+    imp = read(f)
+    assert not imp.setup.outputs_held
+    assert any("outputs_held): higher" in n.why for n in imp.not_modelled)
+
+
 @pytest.mark.parametrize("path, fmt", [
     (TT / "llama3_2/1B_lora_single_device.yaml", "torchtune"), (LG / "llama-3.2-1B/qlora.yaml", "litgpt"),
     (UP / "trl/examples/cli_configs/example_config.yaml", "trl"),

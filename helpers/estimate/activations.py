@@ -17,10 +17,13 @@ import math
 from helpers import versions
 from helpers.errors import InputError
 from helpers.estimate import parallel, quantized
-from helpers.estimate.items import BWD_END, BWD_HEAD, BWD_START, FORWARDS, LOSS
+from helpers.estimate.items import BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARDS, LOSS, STEP, STEP_PREPARE
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
 from helpers.units import next_power_of_2
+
+FIRST_FORWARDS = frozenset({"forward_start", "forward_gather", "forward"})
+STEADY_FORWARDS = frozenset({"steady_forward_start", "steady_forward_gather", "steady_forward"})
 
 
 def compute_mode(setup) -> str:
@@ -373,6 +376,14 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               f"bitsandbytes {versions.of(s, 'bitsandbytes')[0]} keeps each 4-bit linear's input as ctx.tensors until "
               f"the graph is freed after backward (fixed in 0.43.2, commit 9e75374): {per_layer:,} "
               f"bytes per token per layer beyond what the layer saves anyway")
+        if s.outputs_held:      # after backward every 4-bit linear's input is held by its ctx alone, shared or not
+            a = 4 if compute_mode(s) == "fp32" else 2
+            every = a * (2 * m.hidden + m.q_width + m.intermediate) if per_layer else 0
+            b.gpu("4-bit linears' inputs of the graph the loop holds", "activations", (m.layers * every - first_less) * T,
+                  BWD_DONE | STEP_PREPARE | STEP | STEADY_FORWARDS | (FIRST_FORWARDS if s.grad_accum > 1
+                                                                         else frozenset()),
+                  "the held logits keep their graph's nodes, and MatMul4Bit's ctx.tensors with them, through the "
+                  "step and the next forward (outputs_held)")
     if s.quantized:
         c = 4 if s.precision == "fp32" else 2
         b.gpu(f"a 4-bit weight dequantised for its matmul ({'fp32' if c == 4 else s.half}) with its fp32 absmax",
@@ -393,6 +404,13 @@ def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:
     return min(tokens, next_power_of_2(math.ceil(tokens / math.ceil(vocab / hidden))))
 
 
+def held_moments(s) -> frozenset:
+    """Where a micro batch's output held by the loop (`outputs_held`) is alive beyond its own forward: its backward,
+    the optimizer step, and the next forward (the first iteration's forward only from its second micro batch on)."""
+    moments = BWD_START | BWD_HEAD | BWD_END | BWD_DONE | STEP_PREPARE | STEP | STEADY_FORWARDS
+    return moments | (FIRST_FORWARDS if s.grad_accum > 1 else frozenset())
+
+
 def add_logits(b: Builder, m: ModelSpec) -> None:
     """Logits and cross-entropy: full logits with the fp32 upcast, or a fused/chunked linear cross-entropy."""
     s = parallel.rank_setup(b.setup)      # with loss parallel, `m.vocab` is one TP rank's share of the vocabulary
@@ -408,6 +426,12 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
               FORWARDS | BWD_START | BWD_HEAD, "Liger computes d(hidden) and d(lm_head) in the forward pass")
         return
     upcast = 4 * E if c == 2 else 0
+    if s.outputs_held:
+        returned = 4 if c == 2 and versions.older(s, "logits_upcast_in_forward") else c
+        b.gpu("logits the loop holds until the next forward returns", "logits", returned * E, held_moments(s),
+              "the loop's variable keeps the output after the loss (LitGPT fit(): `logits = model(input_ids, ...)`, "
+              "rebound when the next forward returns): this micro batch's logits through its backward and the "
+              "optimizer step, the previous micro batch's through the next forward")
     if not (c == 2 and versions.older(s, "logits_upcast_in_forward")):   # (before 4.46 the bf16 logits are freed
         b.gpu("logits", "logits", c * E, LOSS, f"batch x seq x vocab = {E:,} elements; dropped with the output")
     # at once: the model's forward upcasts them and returns the fp32 ones, counted below)

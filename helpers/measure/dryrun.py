@@ -79,8 +79,12 @@ class SingleStep:
     def forward(self, ids):
         ctx = fakegpu.autocast(engines.HALF[self.setup.half]) if self.setup.mixed else contextlib.nullcontext()
         with ctx:
-            # the output (and its logits) is dropped, as trainers do
-            loss = engines.causal_lm_loss(self.model, ids, self.setup.fused_ce, self.tracker)
+            if self.setup.outputs_held:     # the loop's variable keeps the logits (LitGPT): rebound after this forward
+                out = self.model(input_ids=ids, labels=ids)
+                loss, self.held = out.loss, out.logits
+                del out
+            else:                           # the output (and its logits) is dropped, as trainers do
+                loss = engines.causal_lm_loss(self.model, ids, self.setup.fused_ce, self.tracker)
             self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
         return loss
 

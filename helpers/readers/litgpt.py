@@ -58,8 +58,9 @@ NOT_MODELLED = {
 MODEL_DIFFERENCES = (
     "LitGPT's own GPT model is estimated with the catalogue's transformers rules plus its expanded keys and values "
     "(kv_expanded); its loss is chunked_cross_entropy over 128-token "
-    "chunks{head}, which holds less than transformers' whole fp32 logits: lower; and the loop keeps the previous micro "
-    "batch's logits until the next forward returns: higher")
+    "chunks{head}, which holds less than transformers' whole fp32 logits: lower{held}")
+HELD_UNMODELLED = ("; and its fit loop keeps each micro batch's logits (and graph) until the next forward returns, "
+                   "modelled on one GPU only (outputs_held): higher")
 LORA_HEAD = ", and finetune_lora's forward computes the head in 128-token chunks (lm_head_chunk_size=128)"
 
 
@@ -117,8 +118,13 @@ class _Reader:
         d.default(TOOL, "(attention)", "keys and values expanded", "litgpt/model.py CausalSelfAttention: k and v "
                   "expanded to every head before scaled_dot_product_attention ('flash attention requires it in "
                   "training mode'), which saves the copies", kv_expanded=True)
+        one = d.fields.get("strategy", "single") == "single"
+        if one:
+            d.default(TOOL, "(fit loop)", "logits = model(input_ids, ...)", "litgpt/finetune/lora.py and full.py fit(): "
+                      "the logits stay bound through backward, the optimizer step and the next forward",
+                      outputs_held=True)
         d.unmodelled("(LitGPT's model)", "litgpt.model.GPT", MODEL_DIFFERENCES.format(
-            head=LORA_HEAD if self.lora else ""))
+            head=LORA_HEAD if self.lora else "", held="" if one else HELD_UNMODELLED))
         for key, why in NOT_MODELLED.items():
             present, v = self.value(key, None)
             if present and v not in (None, False):
