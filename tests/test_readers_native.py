@@ -80,6 +80,9 @@ LITGPT = [
     ("tiny-llama/full.yaml", dict(model="tinyllama-1.1b", lora_rank=None)),
     ("gemma2-2b/qlora.yaml", dict(model="gemma-2-2b", lora_dropout=0.1, base_weights="nf4")),
     ("llama-3-8b/lora.yaml", dict(model="llama-3-8b", lora_rank=32)),
+    # checkpoints/meta-llama/Meta-Llama-3.1-8B: the hub's name before Meta renamed it, as litgpt/config.py keeps it
+    ("llama-3.1-8b/full.yaml", dict(model="llama-3.1-8b", strategy="fsdp1", gpus=4, batch=4, grad_accum=4,
+                                    checkpointing="full", lora_rank=None)),
 ]
 
 
