@@ -126,6 +126,12 @@ def unmasked_first_readers(m: ModelSpec, setup) -> int:
 QKV_NAMES, MLP_IN_NAMES = {"q_proj", "k_proj", "v_proj", "qkv_proj"}, {"gate_proj", "up_proj", "gate_up_proj"}
 
 
+def all_4bit_inputs(m: ModelSpec, setup) -> int:
+    """Bytes per token of every 4-bit linear's input in one decoder layer: q/k/v's and gate/up's (hidden each),
+    o_proj's (q_width) and down_proj's (intermediate), in the compute dtype."""
+    return (4 if compute_mode(setup) == "fp32" else 2) * (2 * m.hidden + m.q_width + m.intermediate)
+
+
 def kept_4bit_inputs(m: ModelSpec, setup) -> tuple[int, int]:
     """bitsandbytes before 0.43.2 (helpers.versions 'bnb_4bit_input_kept'): MatMul4Bit kept each 4-bit linear's
     input as a ctx attribute, which backward never frees. (Bytes per token one decoder layer keeps so beyond what it
@@ -149,7 +155,7 @@ def kept_4bit_inputs(m: ModelSpec, setup) -> tuple[int, int]:
     own = adapter_input_copy(setup)
     shared = lambda names: bool(adapted & names) and not own and not setup.lora_dropout  # noqa: E731
     if setup.checkpointing != "none":
-        return a * (2 * m.hidden + m.q_width + m.intermediate), 0
+        return all_4bit_inputs(m, setup), 0
     qkv = 0 if shared(QKV_NAMES) else a * m.hidden
     mlp_in = 0 if shared(MLP_IN_NAMES) else a * m.hidden
     down = 0 if shared({"down_proj"}) else a * m.intermediate
@@ -377,11 +383,9 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               f"the graph is freed after backward (fixed in 0.43.2, commit 9e75374): {per_layer:,} "
               f"bytes per token per layer beyond what the layer saves anyway")
         if s.outputs_held:      # after backward every 4-bit linear's input is held by its ctx alone, shared or not
-            a = 4 if compute_mode(s) == "fp32" else 2
-            every = a * (2 * m.hidden + m.q_width + m.intermediate) if per_layer else 0
+            every = all_4bit_inputs(m, s) if per_layer else 0
             b.gpu("4-bit linears' inputs of the graph the loop holds", "activations", (m.layers * every - first_less) * T,
-                  BWD_DONE | STEP_PREPARE | STEP | STEADY_FORWARDS | (FIRST_FORWARDS if s.grad_accum > 1
-                                                                         else frozenset()),
+                  held_moments(s) - BWD_START - BWD_HEAD - BWD_END,
                   "the held logits keep their graph's nodes, and MatMul4Bit's ctx.tensors with them, through the "
                   "step and the next forward (outputs_held)")
     if s.quantized:

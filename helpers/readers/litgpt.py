@@ -130,7 +130,7 @@ class _Reader:
             if present and v not in (None, False):
                 d.unmodelled(key, v, why)
         for key, v in leaves(self.data, opaque=("optimizer",)):
-            if key not in READ and key not in NOT_MODELLED and not key.startswith("optimizer.init_args"):
+            if key not in READ and key not in NOT_MODELLED:         # (the optimizer's mapping is one leaf, read)
                 d.ignore(key, v)
         return d.finish(model, named)
 

@@ -64,8 +64,6 @@ def module_names(targets: list[str], model: str | None) -> list[str]:
     LoRAQKVLinear and torchtune's phi3 builders likewise adapt their fused linear."""
     if model is None:
         return targets
-    from helpers import models
-
     names = set(models.spec(model).linear_names())
     out = []
     for t in ",".join(targets).split(","):

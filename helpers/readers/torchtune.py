@@ -199,7 +199,6 @@ class _Reader:
                       "distributed recipe on one rank applies no FSDP either); --gpus N reads it as "
                       f"{method}_finetune_distributed (FSDP2 over tune run --nproc_per_node N)",
                       sets="strategy='single' (--gpus N: FSDP2)", strategy="single")
-            d.world_unknown = True
             return
         dims = {}
         for key, default in (("data_parallel_shard_dim", -1), ("data_parallel_replicate_dim", 1),
