@@ -34,6 +34,33 @@ FSDP_KEYS = ("offload_params", "activation_checkpointing", "sharding_strategy", 
              "cpu_offload_pin_memory", "fsdp_version", "version")
 
 
+HEAD_WHY = ("a sequence-classification model (a score head of num_labels outputs instead of the LM head): the estimate "
+            "counts the LM head and its full-vocabulary logits, so the real figure is lower")
+# (key, why): memory-relevant keys of axolotl's schema that the estimate does not model (schemas/config.py, peft.py
+# @067b021c); each is listed when set, with the direction the real figure lies in.
+EXTRAS = (
+    ("lora_modules_to_save", "modules trained in full beside LoRA (PEFT keeps a trainable copy of each, with its "
+                             "gradient and optimizer states, beside the frozen original): not modelled, the real "
+                             "figure is higher"),
+    ("unfrozen_parameters", "only the parameters these patterns match are trained (the rest frozen): not modelled, "
+                            "estimated with every parameter trained"),
+    ("reward_model", "reward modelling (TRL's RewardTrainer, trl/trainer/reward_trainer.py compute_loss): " + HEAD_WHY),
+    ("process_reward_model", "process reward modelling (token classification): " + HEAD_WHY),
+    ("model_type", HEAD_WHY),
+    ("num_labels", HEAD_WHY),
+    ("fp8", "torchao float8 training (fp8 matmuls, their scales and casts) is not modelled: estimated in bf16"),
+    ("fp8_enable_fsdp_float8_all_gather", "float8 all-gather of FSDP's parameters is not modelled"),
+    ("torch_compile", "torch.compile changes which activations are saved (fused kernels, its own recomputation): "
+                      "not modelled, estimated as eager PyTorch"),
+)
+
+
+def _sequence_classifier(data: dict) -> bool:
+    return bool(data.get("reward_model") or data.get("process_reward_model")
+                or "SequenceClassification" in str(data.get("model_type") or "")
+                or "TokenClassification" in str(data.get("model_type") or ""))
+
+
 def claims(path: Path, data) -> bool:
     """A YAML mapping with axolotl's model key, base_model (LLaMA-Factory and TRL say model_name_or_path)."""
     return Path(path).suffix.lower() in (".yaml", ".yml") and isinstance(data, dict) and "base_model" in data
@@ -84,6 +111,7 @@ class _Reader:
         self.lora(strategy)
         self.plugins()
         self.rl()
+        self.extras()
         ds = self.take("deepspeed")
         if ds is not None:
             self.apply_deepspeed(ds, model)
@@ -469,6 +497,29 @@ class _Reader:
             d.unmodelled_at(f, self.line("rl"), "rl", rl, f"rl {rl!r} (its extra models and sequences) is not "
                                                         f"modelled: estimated as supervised fine-tuning")
 
+    def extras(self):
+        """Keys of axolotl's schema (schemas/config.py and peft.py @067b021c) that change memory and are not modelled:
+        listed with the direction of the real figure, never left under "ignored"."""
+        d, f = self.d, self.path
+        for key, why in EXTRAS:
+            value = self.take(key)
+            if value is None or value is False or value == []:
+                continue
+            if key in ("model_type", "num_labels"):
+                if not _sequence_classifier(self.data):
+                    self.used.discard(key)                                    # a causal LM's class: ignored as before
+                elif self.data.get("reward_model") or self.data.get("process_reward_model"):
+                    d.setting(f, self.line(key), key, value, sets="the reward model's head (listed as not modelled)")
+                else:
+                    d.unmodelled_at(f, self.line(key), key, value, why)
+                continue
+            if key == "reward_model":
+                batch = d.fields.get("batch", 1)
+                d.setting(f, self.line(key), key, value, batch=2 * batch,
+                          sets=f"batch={2 * batch} (chosen and rejected of each pair in one forward: TRL's "
+                               f"RewardTrainer splits the model's scores with torch.chunk(..., 2))")
+            d.unmodelled_at(f, self.line(key), key, value, why)
+
     def apply_deepspeed(self, ref, model: str | None):
         d, f = self.d, self.path
         if not isinstance(ref, (str, dict)):
@@ -487,7 +538,7 @@ class _Reader:
             d.fields.pop("adam_impl", None)                                   # DeepSpeed brings its own Adam
         if d.fields.get("strategy") in ("fsdp1", "fsdp2") and "strategy" in changes:
             raise ConfigError(f, "both deepspeed and fsdp are set: axolotl runs one of them")
-        if "batch" in changes and self.data.get("rl") in ("dpo", "ipo"):
+        if "batch" in changes and (self.data.get("rl") in ("dpo", "ipo") or self.data.get("reward_model")):
             changes["batch"] = 2 * changes["batch"]                           # the pair doubling stays
         applied.fields = changes
         d.merge(applied)

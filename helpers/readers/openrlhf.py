@@ -46,7 +46,8 @@ FLAGS = {
     "param_dtype": ("--param_dtype", "--ds.param_dtype"),
     "flash_attn": ("--flash_attn", None),
     "attn_implementation": ("--attn_implementation", "--ds.attn_implementation"),
-    "gradient_checkpointing": ("--gradient_checkpointing", "--model.gradient_checkpointing_enable"),
+    "gradient_checkpointing": ("--gradient_checkpointing", "--model.gradient_checkpointing_enable",
+                               "--actor.gradient_checkpointing_enable"),
     "adam_offload": ("--adam_offload", "--ds.adam_offload"),
     "zpg": ("--zpg", "--ds.zpg"),
     "ring_attn_size": ("--ring_attn_size", "--ds.ring_attn_size"),
@@ -81,7 +82,8 @@ OTHER_SWITCHES = {"--save_hf_ckpt", "--disable_ds_ckpt", "--use_ds_universal_ckp
                   "--colocate_actor_ref", "--colocate_critic_reward", "--ckpt.save_hf", "--ckpt.disable_ds",
                   "--data.apply_chat_template", "--model.pretrain_mode_enable", "--data.multiturn",
                   "--model.gradient_checkpointing_reentrant", "--data.disable_fast_tokenizer",
-                  "--ds.use_universal_ckpt",
+                  "--ds.use_universal_ckpt", "--actor.gradient_checkpointing_reentrant",
+                  "--train.dynamic_batch_enable",
                   "--train.full_determinism_enable", "--model.ipo_enable", "--train.colocate_all",
                   "--vllm.enable_sleep", "--ds.enable_sleep", "--vllm.enforce_eager"}
 # per module: (micro batch default, max_len default) in the classic (v0.8.5) and dotted (3c3be623) sources
@@ -115,11 +117,23 @@ def _variables(text: str) -> dict[str, str]:
     return out
 
 
+ARRAY_RE = re.compile(r"^[ \t]*([A-Za-z_]\w*)=\((.*?)\)[ \t]*$", re.S | re.M)
+
+
+def _arrays(code: str) -> dict[str, str]:
+    """Bash arrays of flags (NAME=( --flag value ... ), one or many lines), as their words joined by spaces, for
+    expanding ${NAME[@]} where the command uses them (OpenRLHF's newer scripts build their command so)."""
+    return {m.group(1): " ".join(m.group(2).split()) for m in ARRAY_RE.finditer(code)}
+
+
 def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]:
     """(module, the launcher's tokens before it, the flag tokens after it, shell variables) of the first command that
     runs an openrlhf.cli module. Line continuations are joined; a heredoc's lines (read -r -d '' cmd <<EOF) are read as
-    part of the command they build."""
+    part of the command they build; bash arrays used as "${NAME[@]}" are expanded in place."""
     code = _strip_comments(text)
+    arrays = _arrays(code)
+    code = re.sub(r'"?\$\{([A-Za-z_]\w*)\[[@*]\]\}"?',
+                  lambda m: arrays.get(m.group(1), m.group(0)), ARRAY_RE.sub("", code))
     joined = re.sub(r"\\\r?\n", " ", code)
     for line in joined.splitlines():
         m = MODULE_RE.search(line)
@@ -286,26 +300,28 @@ class _Reader:
                   "model=None (not in the catalogue: pass a config.json)")
         return model, str(v)
 
-    def pair(self, flags, sets, dashes: str = ""):
+    def pair(self, flags, sets, dashes: str = "", fields=None):
         """Two flags that together set one field, each (name, default): their values, each recorded as a setting
-        or as OpenRLHF's default with `sets(*values)`, the field they make."""
+        or as OpenRLHF's default with `sets(*values)`, the field they make (`fields(*values)`: the TrainSetup fields
+        they set, where the caller sets them)."""
         d, f = self.d, self.path
         got = []
         for name, default in flags:
             k, v = self.get(name)
             got.append((k, positive_int(f, k or dashes + name, v if k else default), dashes + name, default))
         values = [v for _, v, _, _ in got]
+        made = fields(*values) if fields else {}
         for k, v, key, default in got:
-            (d.setting(f, self.line(k), k, v, sets=sets(*values)) if k else
-             d.default(self.tool, key, default, self.source, sets=sets(*values)))
+            (d.setting(f, self.line(k), k, v, sets=sets(*values), **made) if k else
+             d.default(self.tool, key, default, self.source, sets=sets(*values), **made))
         return values
 
     def world(self) -> int:
         d, f = self.d, self.path
         if self.module == "train_ppo_ray":
             nodes, per = self.pair((("actor_num_nodes", 1), ("actor_num_gpus_per_node", 8)),
-                                   lambda n, p: f"gpus={n * p} (actor)")
-            d.fields.update(gpus=nodes * per, gpus_per_node=per)
+                                   lambda n, p: f"gpus={n * p}, gpus_per_node={p} (actor)",
+                                   fields=lambda n, p: {"gpus": n * p, "gpus_per_node": p})
             return nodes * per
         gpus, how = _launcher_gpus(f, self.launcher, self.text)
         if gpus is None:
@@ -361,6 +377,8 @@ class _Reader:
             seq = positive_int(f, k or "max_len", seq if k else len_default)
             (d.setting(f, self.line(k), k, seq, seq=seq) if k else
              d.default(self.tool, FLAGS["max_len"][style == "dotted"], len_default, self.source, seq=seq))
+        if self.module == "train_ppo_ray" and "--train.dynamic_batch_enable" in self.flags:
+            self.dynamic_batch(tp, ring)
         k, total = self.get("train_batch")
         total = positive_int(f, k or "train batch", total if k else 128)
         dp_micro = micro * max(world // (tp * ring), 1)
@@ -369,6 +387,34 @@ class _Reader:
                 f"{max(world // (tp * ring), 1)}))")
         (d.setting(f, self.line(k), k, total, sets=sets, grad_accum=accum) if k else
          d.default(self.tool, FLAGS["train_batch"][style == "dotted"], 128, self.source, sets=sets, grad_accum=accum))
+
+    def dynamic_batch(self, tp: int, ring: int):
+        """--train.dynamic_batch_enable (train_ppo_ray.py @3c3be623): the actor's micro batches are bins of samples of
+        at most --train.max_tokens_per_gpu x ring x TP tokens (first fit, utils/seqlen_balancing.py
+        get_minimum_num_micro_batch_size; a longer sample gets a bin of its own), then balanced by
+        get_seqlen_balanced_partitions. With --ds.packing_samples a bin is one packed row: batch 1 of that many
+        tokens, or of --data.max_len where one sample is longer."""
+        d, f = self.d, self.path
+        k = "--train.dynamic_batch_enable"
+        self.used.add(k)
+        kt = "--train.max_tokens_per_gpu"
+        tokens = positive_int(f, kt, self.flags[kt] if kt in self.flags else 16192)
+        if kt in self.flags:
+            self.used.add(kt)
+        if not self.flags.get("--ds.packing_samples"):
+            d.unmodelled_at(f, self.line(k), k, True, "dynamic batching without --ds.packing_samples pads each bin "
+                                                     "to its longest sample: not modelled, estimated with the micro "
+                                                     "batch as given")
+            return
+        seq = max(tokens * ring * tp, d.fields.get("seq", 0))
+        d.setting(f, self.line(k), k, True, batch=1, seq=seq,
+                  sets=f"batch=1, seq={seq} (one packed bin of at most {kt} {tokens} x ring {ring} x TP {tp} tokens, "
+                       f"or one --data.max_len sample: seqlen_balancing.py)")
+        (d.setting(f, self.line(kt), kt, tokens, sets="the bin size above") if kt in self.flags else
+         d.default(self.tool, kt, 16192, self.source, sets="the bin size above"))
+        d.unmodelled_at(f, self.line(k), k, True, "the balanced partition (get_seqlen_balanced_partitions) may put a "
+                                                 "few more tokens than the first-fit bin in one micro batch: the real "
+                                                 "peak can be slightly higher")
 
     def precision(self):
         d, f = self.d, self.path
@@ -478,6 +524,12 @@ class _Reader:
                     d.setting(f, self.line(k), k, v, sets="off (as modelled)")
                 continue
             d.unmodelled_at(f, self.line(k), k, v, why)
+        if self.module == "train_rm":
+            k, v = self.get("pretrain")
+            d.unmodelled_at(f, self.line(k), "openrlhf.cli.train_rm", v,
+                            "a reward model: the base model without its LM head, plus a value head of one output "
+                            "(openrlhf/models/model.py get_llm_for_sequence_regression @3c3be623); the estimate "
+                            "counts the LM head and its full-vocabulary logits, so the real figure is lower")
         if self.module == "train_dpo":
             k, ref = self.get("ref_pretrain")
             ko, off = self.get("ref_offload")

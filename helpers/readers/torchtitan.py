@@ -32,6 +32,10 @@ FLAVOURS = {
     ("qwen3", "8B"): "qwen3-8b", ("qwen3", "14B"): "qwen3-14b", ("qwen3", "32B"): "qwen3-32b",
     ("qwen3", "30B-A3B"): "qwen3-30b-a3b", ("deepseek_v3", "671B"): "deepseek-v3",
 }
+# model.name values of torchtitan's models that are not text decoders (torchtitan/models/flux,
+# torchtitan/experiments/vlm @238fa9953e4a): refused rather than estimated as one.
+NOT_LANGUAGE = {"flux": "FLUX diffusion image model (torchtitan/models/flux)",
+                "vlm": "vision-language model (torchtitan/experiments/vlm, a vision encoder beside the decoder)"}
 SECTIONS = {"job", "profiling", "metrics", "model", "optimizer", "lr_scheduler", "training", "parallelism",
             "checkpoint", "activation_checkpoint", "compile", "float8", "quantize", "comm", "memory_estimation",
             "fault_tolerance", "experimental", "validation", "debug", "mx"}
@@ -113,6 +117,9 @@ class _Reader:
                 d.default(TOOL, key, v, SOURCE, sets="model")
             elif not isinstance(v, str):
                 raise ConfigError(f, f"{key} must be a string, got {v!r}")
+        if name in NOT_LANGUAGE:
+            raise ConfigError(f, f"model.name {name!r} is torchtitan's {NOT_LANGUAGE[name]}, not a language model: this "
+                                 f"package estimates decoder-only language-model training")
         model = FLAVOURS.get((name, flavour))
         if name == "llama" and flavour in ("8B", "70B"):          # 2024 files: model.name "llama3" or "llama"
             model = FLAVOURS[("llama3", flavour)]
