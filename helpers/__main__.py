@@ -282,6 +282,18 @@ def model_source(model) -> dict | None:
     return {"hub_id": repo, "config": where, "same_shapes_as": models.same_shapes_as(model)}
 
 
+def tower_line(a: argparse.Namespace, imported) -> str | None:
+    """A --model hub id naming a multimodal checkpoint: what the estimate leaves out (a --from file's own model is
+    listed with its not-modelled settings instead)."""
+    from helpers import models
+
+    named = getattr(a, "model", None)
+    if not named or (imported is not None and imported.model_named == named):
+        return None
+    note = models.tower_note(named)
+    return f"not modelled: {note}" if note else None
+
+
 def model_source_line(src: dict) -> str:
     same = f"; the same parameters as catalogue model {src['same_shapes_as']}" if src["same_shapes_as"] else ""
     return f"model {src['hub_id']}: config.json from {src['config']}{same}"
@@ -326,6 +338,7 @@ def _command(a: argparse.Namespace) -> int:
     from helpers import evidence, report
 
     src = model_source(result.model)
+    tower = tower_line(a, imported)
     if a.json:
         doc = result.to_dict() | {"evidence": {"kind": evidence.kind(result), "detail": evidence.detail(result)}}
         if imported is not None:
@@ -335,12 +348,16 @@ def _command(a: argparse.Namespace) -> int:
         caution = report.reserve_caution(result)
         if caution:
             doc["reserve_caution"] = caution
+        if tower:
+            doc["not_modelled_model"] = tower
         print(json.dumps(doc, indent=1, default=str), flush=True)
     else:
         if imported is not None:
             print(report.imported_table(imported, overrides) + "\n", flush=True)
         if src is not None:
             print(model_source_line(src), flush=True)
+        if tower:
+            print(tower, flush=True)
         print(report.table(result), flush=True)
     if a.items and not a.json:
         print("\n" + report.items_table(result))
@@ -387,9 +404,14 @@ def _answer(a: argparse.Namespace) -> int:
     if caution:
         doc["reserve_caution"] = caution
         text = f"as given: {caution}\n" + text
+    tower = tower_line(a, imported)
+    if tower:
+        doc["not_modelled_model"] = tower
     if a.json:
         print(json.dumps(doc, indent=1, default=str), flush=True)
         return 0
+    if tower:
+        text = tower + "\n" + text
     if src is not None:
         text = model_source_line(src) + "\n" + text
     head = f"{base.model}: {setup.strategy} on {setup.gpus} GPU(s), batch {setup.batch} x seq {setup.seq}; as given: " \

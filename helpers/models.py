@@ -40,15 +40,60 @@ def sources() -> dict[str, dict]:
     return json.loads(SOURCES.read_text())["models"]
 
 
+@functools.lru_cache(maxsize=1)
+def mirrors() -> dict[str, str]:
+    """Original hub id by the hub id of a 16-bit re-upload under another organisation (model_sources.json "mirrors",
+    from unsloth's mapper), both in lower case."""
+    return {k.lower(): v.lower() for k, v in json.loads(SOURCES.read_text())["mirrors"]["ids"].items()}
+
+
 def hub_ids() -> dict[str, str]:
-    """Catalogue name by hub id, the id in lower case (the hub treats ids without regard to case)."""
-    return {hub.lower(): name for name, src in sources().items() for hub in src["hub_ids"]}
+    """Catalogue name by hub id, the id in lower case (the hub treats ids without regard to case); a re-upload listed
+    in mirrors() answers to its original's model."""
+    own = {hub.lower(): name for name, src in sources().items() for hub in src["hub_ids"]}
+    return own | {m: own[o] for m, o in mirrors().items() if o in own}
 
 
 def hub_id(name: str) -> str | None:
     """The main hub id of a catalogue name (None for a config given by path)."""
     src = sources().get(name)
     return src["hub_ids"][0] if src else None
+
+
+@functools.lru_cache(maxsize=None)
+def tower_params(name: str) -> int | None:
+    """Parameters outside the language model (vision tower and projector) of the multimodal checkpoint a catalogue
+    text model was taken from, counted on transformers' own class built on the meta device from the checkpoint's
+    published vision_config (model_sources.json "multimodal"); None for a text-only checkpoint."""
+    mm = sources().get(name, {}).get("multimodal")
+    if not mm:
+        return None
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    text = read_config_dict(name)
+    cfg = AutoConfig.for_model(text["model_type"].removesuffix("_text"), text_config=text,
+                               vision_config=mm["vision_config"], mm_tokens_per_image=mm["mm_tokens_per_image"])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    return sum(p.numel() for n, p in model.named_parameters() if ".language_model." not in f".{n}"
+               and not n.startswith("lm_head."))
+
+
+def tower_note(named: str | None) -> str | None:
+    """What the estimate leaves out when a hub id names a multimodal checkpoint whose language model is a catalogue
+    model (e.g. google/gemma-3-4b-it): its vision tower, loaded by AutoModelForCausalLM all the same."""
+    name = hub_ids().get(str(named or "").lower())
+    towers = tower_params(name) if name else None
+    if not towers:
+        return None
+    import transformers
+
+    cls = sources()[name]["multimodal"]["class"]
+    return (f"{named} is a multimodal checkpoint: transformers {transformers.__version__}'s AutoModelForCausalLM loads "
+            f"it as {cls}, with a vision tower and projector of {towers / 1e9:.2f} B parameters that the estimate "
+            f"(catalogue model {name}, its language model) does not count: the real figure is higher by their "
+            f"weights, and by their gradients and optimizer states where they are trained")
 
 
 def hub_repo_of(path: str | Path) -> str | None:
@@ -133,6 +178,11 @@ def _positive_int(path, key: str, value, most: int, least: int = 1) -> None:
         raise InputError(f"model config {str(path)!r}: {key} must be {kind} (at most {most:,}), got {value!r}")
 
 
+# keys of a multimodal checkpoint's config.json that hold its non-text towers (transformers' Gemma3Config, Mllama,
+# Qwen2-VL, LLaVA, Gemma3n: vision_config / audio_config beside text_config)
+VISION_KEYS = ("vision_config", "audio_config")
+
+
 def check_config_dict(raw, path="config") -> dict:
     """The raw config.json object, checked before transformers reads it: an object with a model_type, every dimension
     the memory arithmetic uses present (required ones), a positive integer in range, and consistent (heads divide
@@ -143,6 +193,13 @@ def check_config_dict(raw, path="config") -> dict:
     if not isinstance(raw.get("model_type"), str) or not raw["model_type"]:
         raise InputError(f"model config {str(path)!r} must name its model_type (e.g. \"llama\"), "
                          f"got {raw.get('model_type')!r}")
+    towers = [k for k in VISION_KEYS if isinstance(raw.get(k), dict)]
+    if towers:
+        raise InputError(f"model config {str(path)!r} is a vision-language checkpoint ({raw['model_type']}, with "
+                         f"{' and '.join(towers)}): the memory arithmetic counts text decoders, and this one's vision "
+                         f"tower would go uncounted; for a text-only run pass its language model's config (the "
+                         f"text_config object as a config.json), knowing the real figure is higher by the tower's "
+                         f"weights")
     for key, most in REQUIRED_DIMS.items():
         if key in raw:
             _positive_int(path, key, raw[key], most)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from helpers import models
 from helpers.errors import InputError
 from helpers.readers.base import (
     ConfigError,
@@ -127,6 +128,11 @@ class Record:
             self.gpus_unknown()
         self.not_modelled += only_where_modelled(self.fields, self.settings, self.defaults)
         self.not_modelled += fp16_where_modelled(self.fields, self.settings)
+        tower = models.tower_note(model_named) if model else None
+        if tower:
+            at = next((s for s in self.settings if s.value == model_named), None)
+            self.not_modelled.append(NotModelled(at.file if at else str(self.path), at.line if at else None,
+                                                 at.key if at else "model", model_named, tower))
         degrees = self.fields.get("tensor_parallel", 1) * self.fields.get("context_parallel", 1)
         if self.world_unknown and degrees > 1:
             self.fields["gpus"] = degrees
