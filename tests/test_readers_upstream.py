@@ -104,14 +104,21 @@ def test_axolotl_deepspeed_example_with_its_json_from_axolotl_root():
     assert alone == got                                                         # axolotl finds it under its own
 
 
-@pytest.mark.parametrize("name, words", [
-    ("llama-3/qlora-fsdp-70b.yaml", "FSDP1's flat parameters"),
-    ("distributed-parallel/qwen3-8b-fsdp-tp-cp.yaml", "fused_ce with tensor_parallel or context_parallel"),
-])
-def test_axolotl_examples_refused_in_one_line_until_modelled(name, words):
-    with pytest.raises(ConfigError, match=words) as e:
-        read(AX / name)
+def test_axolotl_lora_under_fsdp1_is_refused_in_one_line_until_modelled():
+    with pytest.raises(ConfigError, match="FSDP1's flat parameters") as e:
+        read(AX / "llama-3" / "qlora-fsdp-70b.yaml")
     assert "\n" not in str(e.value)
+
+
+def test_axolotl_fused_loss_with_tp_and_cp_is_estimated_without_it_and_said():
+    """Cut Cross-Entropy (the plugin's default) beside TP 2 x CP 2: estimated over the logits, listed as not modelled
+    with the real figure lower (once refused whole)."""
+    got = reading(AX / "distributed-parallel" / "qwen3-8b-fsdp-tp-cp.yaml")
+    assert (got["model"], got["strategy"], got["gpus"], got["tp"], got["cp"], got["fused_ce"]) == (
+        "qwen3-8b", "fsdp2", 8, 2, 2, False)
+    (cce,) = [n for n in read(AX / "distributed-parallel" / "qwen3-8b-fsdp-tp-cp.yaml").not_modelled
+              if n.key == "cut_cross_entropy"]
+    assert "real figure is lower" in cce.why
 
 
 # torchtitan @238fa995 (job_config.py, run_train.sh NGPU=8): data_parallel_shard_degree -1 takes what TP/CP/PP leave;

@@ -354,3 +354,21 @@ def fp16_where_modelled(fields: dict, settings: list[Setting]) -> list[NotModell
                                f"fp16 mixed precision {where} (its own loss scaling and overflow checks) is not "
                                f"modelled: estimated as bf16-mixed, the same bytes per value"))
     return out
+
+
+def fused_ce_where_modelled(fields: dict, settings: list[Setting], defaults: list | None = None) -> list[NotModelled]:
+    """A fused/chunked linear cross-entropy (Liger, Cut Cross-Entropy) read from a file that also shards the model by
+    tensor or context parallelism, which the package models only without it: estimated with the loss over the
+    logits (loss parallel's sharded logits under TP), fused_ce's Settings and tool defaults moved to the NotModelled
+    entries returned. The fused loss never materialises those logits, so the real figure is lower."""
+    if not fields.get("fused_ce") or fields.get("tensor_parallel", 1) * fields.get("context_parallel", 1) == 1:
+        return []
+    fields["fused_ce"] = False
+    out = []
+    for x in [x for x in settings if x.fields.get("fused_ce")] + [x for x in defaults or [] if x.fields.get("fused_ce")]:
+        (settings if x in settings else defaults).remove(x)
+        out.append(NotModelled(getattr(x, "file", x.source), getattr(x, "line", None), x.key, x.value,
+                               "a fused linear cross-entropy with tensor or context parallelism is not modelled: "
+                               "estimated with the loss over the logits, which the fused loss never materialises, "
+                               "so the real figure is lower"))
+    return out

@@ -24,6 +24,7 @@ from helpers.readers.base import (
     NotModelled,
     Setting,
     fp16_where_modelled,
+    fused_ce_where_modelled,
     only_where_modelled,
 )
 from helpers.training import TrainSetup
@@ -128,6 +129,7 @@ class Record:
             self.gpus_unknown()
         self.not_modelled += only_where_modelled(self.fields, self.settings, self.defaults)
         self.not_modelled += fp16_where_modelled(self.fields, self.settings)
+        self.not_modelled += fused_ce_where_modelled(self.fields, self.settings, self.defaults)
         tower = models.tower_note(model_named) if model else None
         if tower:
             at = next((s for s in self.settings if s.value == model_named), None)
