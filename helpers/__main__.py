@@ -283,15 +283,20 @@ def model_source(model) -> dict | None:
 
 
 def tower_line(a: argparse.Namespace, imported) -> str | None:
-    """A --model hub id naming a multimodal checkpoint: what the estimate leaves out (a --from file's own model is
-    listed with its not-modelled settings instead)."""
+    """What the model's own checkpoint holds that the estimate leaves out: a pre-quantised config's weights, and the
+    vision tower of a --model hub id naming a multimodal checkpoint (a --from file's own hub id is listed with its
+    not-modelled settings instead)."""
     from helpers import models
 
     named = getattr(a, "model", None)
-    if not named or (imported is not None and imported.model_named == named):
-        return None
-    note = models.tower_note(named)
-    return f"not modelled: {note}" if note else None
+    setup = imported.setup if imported is not None else None
+    base = getattr(a, "base_weights", None) or (setup.base_weights if setup is not None else None)
+    notes = [models.quantization_note(named or (imported.model if imported else None), base)
+             if named or (imported is not None and imported.model) else None]
+    if named and not (imported is not None and imported.model_named == named):
+        notes.append(models.tower_note(named))
+    notes = [n for n in notes if n]
+    return "\n".join(f"not modelled: {n}" for n in notes) or None
 
 
 def model_source_line(src: dict) -> str:
@@ -339,6 +344,7 @@ def _command(a: argparse.Namespace) -> int:
 
     src = model_source(result.model)
     tower = tower_line(a, imported)
+    unmodelled = report.unmodelled_caution(result, imported)
     if a.json:
         doc = result.to_dict() | {"evidence": {"kind": evidence.kind(result), "detail": evidence.detail(result)}}
         if imported is not None:
@@ -350,6 +356,8 @@ def _command(a: argparse.Namespace) -> int:
             doc["reserve_caution"] = caution
         if tower:
             doc["not_modelled_model"] = tower
+        if unmodelled:
+            doc["unmodelled_caution"] = unmodelled
         print(json.dumps(doc, indent=1, default=str), flush=True)
     else:
         if imported is not None:
@@ -359,6 +367,8 @@ def _command(a: argparse.Namespace) -> int:
         if tower:
             print(tower, flush=True)
         print(report.table(result), flush=True)
+        if unmodelled:
+            print(unmodelled, flush=True)
     if a.items and not a.json:
         print("\n" + report.items_table(result))
     if save is not None:
@@ -407,6 +417,10 @@ def _answer(a: argparse.Namespace) -> int:
     tower = tower_line(a, imported)
     if tower:
         doc["not_modelled_model"] = tower
+    unmodelled = report.unmodelled_caution(base, imported)
+    if unmodelled:
+        doc["unmodelled_caution"] = unmodelled
+        text = f"as given: {unmodelled}\n" + text
     if a.json:
         print(json.dumps(doc, indent=1, default=str), flush=True)
         return 0

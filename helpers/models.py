@@ -96,6 +96,25 @@ def tower_note(named: str | None) -> str | None:
             f"weights, and by their gradients and optimizer states where they are trained")
 
 
+def quantization_note(model, base_weights: str | None) -> str | None:
+    """A config.json with a quantization_config (a pre-quantised upload such as unsloth's -bnb-4bit) estimated
+    without a quantised base: what its weights really are, and the flag that says so."""
+    try:
+        q = read_config_dict(model).get("quantization_config")
+    except InputError:
+        return None
+    if not isinstance(q, dict) or base_weights is not None:
+        return None
+    method = q.get("quant_method", "?")
+    if method == "bitsandbytes" and q.get("load_in_4bit"):
+        flag = "nf4-dq" if q.get("bnb_4bit_use_double_quant") else "nf4"
+        how = f"bitsandbytes 4-bit {q.get('bnb_4bit_quant_type', 'nf4')}: pass --base-weights {flag} to estimate it so"
+    else:
+        how = f"quant_method {method!r}, which this package does not model"
+    return (f"the checkpoint is pre-quantised (its config.json's quantization_config: {how}); estimated with "
+            f"16-bit weights, so the real figure is lower")
+
+
 def hub_repo_of(path: str | Path) -> str | None:
     """The hub id of a config.json inside a Hugging Face cache (.../models--ORG--NAME/snapshots/REV/config.json),
     else None."""

@@ -151,6 +151,20 @@ def grid_reserve_ratios() -> list[float]:
     return out
 
 
+def unmodelled_caution(r: Result, imported) -> str | None:
+    """For a set-up read from files that fits: one line naming the settings listed as not modelled whose reason says
+    the real figure is higher than the estimate (a colocated vLLM's share, a reference model, trained copies of
+    modules, ...), so that "fits" is read as "fits for what is modelled". None when nothing listed raises it."""
+    if imported is None or not verdict(r).startswith("fits"):
+        return None
+    raising = [n.key for n in imported.not_modelled if "higher" in n.why]
+    if not raising:
+        return None
+    return (f"fits only for what is modelled: {len(raising)} setting{'s' if len(raising) > 1 else ''} listed as not "
+            f"modelled raise{'s' if len(raising) == 1 else ''} the real figure above this estimate "
+            f"({', '.join(dict.fromkeys(raising))})")
+
+
 def reserve_caution(r: Result) -> str | None:
     """For an estimate that fits a GPU capacity with less headroom than the caching allocator took on the recorded
     dry-run grid: one line saying so, with the grid's median and largest reserve above the tensors, and how to see

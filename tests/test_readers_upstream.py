@@ -159,8 +159,8 @@ OPENRLHF = [
     ("train_rm.sh", dict(strategy="zero3", batch=2, seq=8192, not_modelled={"openrlhf.cli.train_rm"})),
     ("train_ppo_ray_hybrid_engine.sh",
      dict(strategy="zero3", gpus=8, batch=1, seq=16384, checkpointing="full",
-          not_modelled={"--train.dynamic_batch_enable", "--reward.model_name_or_path",
-                        "PPO reference model and vLLM engines"})),
+          not_modelled={"--train.dynamic_batch_enable", "--reward.model_name_or_path", "--train.colocate_all",
+                        "--ds.enable_sleep", "PPO reference model and vLLM engines"})),
     ("train_reinforce_baseline_hybrid_engine.sh",
      dict(named="Qwen/Qwen3-4B-Thinking-2507", strategy="zero3", gpus=4, batch=1, seq=74240, checkpointing="full")),
     ("train_sft_mixtral_lora.sh", dict(model="mixtral-8x7b", strategy="zero3", lora_rank=64, batch=4)),
@@ -201,3 +201,71 @@ def test_mirrors_map_to_their_originals_and_skip_prequantised_uploads():
     ids = models.hub_ids()
     assert ids["unsloth/llama-3-8b"] == "llama-3-8b" and ids["unsloth/qwen2.5-7b-instruct"] == "qwen2.5-7b"
     assert not any("bnb" in m or "4bit" in m for m in models.mirrors())
+
+
+# What a new user's own files showed (a fresh-eyes test of this reader set): each now read or listed.
+PPO_ARRAY = """ARGS=(
+  --actor.num_nodes 1 --actor.num_gpus_per_node 4
+  --vllm.num_engines 4 --vllm.tensor_parallel_size 1
+  --train.colocate_all            # everything on the same 4 GPUs
+  --vllm.gpu_memory_utilization 0.6
+  --actor.model_name_or_path meta-llama/Llama-3.1-8B
+  --ds.zero_stage 3 --ds.param_dtype bf16
+  --train.micro_batch_size 2 --train.batch_size 64
+  --data.max_len 4096
+  --actor.gradient_checkpointing_enable
+)
+python3 -m openrlhf.cli.train_ppo_ray "${ARGS[@]}"
+"""
+
+
+def test_openrlhf_colocated_vllm_without_sleep_is_listed_and_the_verdict_says_so(tmp_path):
+    """A comment inside a bash array is bash's (it was read as flags); --train.colocate_all without sleep keeps vLLM's
+    share on the actor's GPUs: listed with that share, and "fits" qualified (it was "ignored" and "fits")."""
+    from helpers import estimate, report
+
+    (tmp_path / "ppo.sh").write_text(PPO_ARRAY)
+    imp = read(tmp_path / "ppo.sh")
+    assert (imp.model, imp.setup.gpus, imp.setup.batch, imp.setup.checkpointing) == ("llama-3.1-8b", 4, 2, "full")
+    (co,) = [n for n in imp.not_modelled if n.key == "--train.colocate_all"]
+    assert "0.6 of each GPU's memory" in co.why and "higher" in co.why
+    assert not {i.key for i in imp.ignored} & {"--train.colocate_all", "--vllm.gpu_memory_utilization"}
+    fits = estimate.run(imp.model, imp.setup.replace(gpu_gib=79.6))
+    assert report.verdict(fits).startswith("fits")
+    assert "--train.colocate_all" in report.unmodelled_caution(fits, imp)
+    (tmp_path / "sleep.sh").write_text(PPO_ARRAY.replace("--train.colocate_all", "--train.colocate_all --vllm."
+                                                                                 "enable_sleep"))
+    (co,) = [n for n in read(tmp_path / "sleep.sh").not_modelled if n.key == "--train.colocate_all"]
+    assert "sleeps while the actor trains" in co.why
+
+
+def test_openrlhf_missing_model_names_the_ppo_flag(tmp_path):
+    (tmp_path / "ppo.sh").write_text(PPO_ARRAY.replace("--actor.model_name_or_path meta-llama/Llama-3.1-8B", ""))
+    with pytest.raises(ConfigError, match="give --actor.model_name_or_path HUB_ID_OR_PATH"):
+        read(tmp_path / "ppo.sh")
+
+
+@pytest.mark.parametrize("extra, key, way", [
+    ("qat:\n  weight_dtype: int4\n  group_size: 32\n", "qat", "higher"),
+    ("tiled_mlp: true\n", "tiled_mlp", "lower"),
+    ("unfrozen_parameters:\n  - ^lm_head.weight$\n", "unfrozen_parameters", "higher"),
+])
+def test_axolotl_more_keys_listed_with_their_direction(tmp_path, extra, key, way):
+    text = (AX / "llama-3" / "qlora-1b.yml").read_text() + extra
+    (tmp_path / "run.yml").write_text(text)
+    imp = read(tmp_path / "run.yml")
+    (n,) = [n for n in imp.not_modelled if n.key == key]
+    assert f"real figure is {way}" in n.why                # unfrozen beside an adapter: trained on top of it
+
+
+def test_a_prequantised_config_says_its_weights_are_4_bit(tmp_path):
+    import json
+
+    cfg = json.loads((ROOT / "data" / "models" / "llama-3-8b.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                  "bnb_4bit_use_double_quant": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    note = models.quantization_note(tmp_path / "config.json", None)
+    assert "pass --base-weights nf4-dq" in note and "real figure is lower" in note
+    assert models.quantization_note(tmp_path / "config.json", "nf4-dq") is None
+    assert models.quantization_note("llama-3-8b", None) is None

@@ -43,7 +43,11 @@ EXTRAS = (
                              "gradient and optimizer states, beside the frozen original): not modelled, the real "
                              "figure is higher"),
     ("unfrozen_parameters", "only the parameters these patterns match are trained (the rest frozen): not modelled, "
-                            "estimated with every parameter trained"),
+                            "estimated with every parameter trained, so the real figure is lower"),
+    ("qat", "quantisation-aware training (torchao fake-quantised weights and activations, their scales and copies) is "
+            "not modelled: the real figure is higher"),
+    ("tiled_mlp", "the MLP computed in tiles along the sequence (ALST) holds less than one whole MLP's activations: "
+                  "not modelled, the real figure is lower"),
     ("reward_model", "reward modelling (TRL's RewardTrainer, trl/trainer/reward_trainer.py compute_loss): " + HEAD_WHY),
     ("process_reward_model", "process reward modelling (token classification): " + HEAD_WHY),
     ("model_type", HEAD_WHY),
@@ -492,7 +496,7 @@ class _Reader:
                            f"concatenated_forward)")
             if d.fields.get("lora_rank") is None:
                 d.unmodelled_at(f, self.line("rl"), "rl", rl, "DPO's frozen reference model (a second copy of the "
-                                                            "weights) is not modelled")
+                                                            "weights) is not modelled: the real figure is higher")
         else:
             d.unmodelled_at(f, self.line("rl"), "rl", rl, f"rl {rl!r} (its extra models and sequences) is not "
                                                         f"modelled: estimated as supervised fine-tuning")
@@ -513,6 +517,9 @@ class _Reader:
                 else:
                     d.unmodelled_at(f, self.line(key), key, value, why)
                 continue
+            if key == "unfrozen_parameters" and d.fields.get("lora_rank") is not None:
+                why = ("parameters these patterns match are trained beside the adapter (their gradients and optimizer "
+                       "states): not modelled, the real figure is higher")
             if key == "reward_model":
                 batch = d.fields.get("batch", 1)
                 d.setting(f, self.line(key), key, value, batch=2 * batch,

@@ -123,7 +123,13 @@ ARRAY_RE = re.compile(r"^[ \t]*([A-Za-z_]\w*)=\((.*?)\)[ \t]*$", re.S | re.M)
 def _arrays(code: str) -> dict[str, str]:
     """Bash arrays of flags (NAME=( --flag value ... ), one or many lines), as their words joined by spaces, for
     expanding ${NAME[@]} where the command uses them (OpenRLHF's newer scripts build their command so)."""
-    return {m.group(1): " ".join(m.group(2).split()) for m in ARRAY_RE.finditer(code)}
+    out = {}
+    for m in ARRAY_RE.finditer(code):
+        try:
+            out[m.group(1)] = shlex.join(shlex.split(m.group(2), comments=True))     # an element's `# ...` comment
+        except ValueError:
+            out[m.group(1)] = " ".join(m.group(2).split())
+    return out
 
 
 def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]:
@@ -293,8 +299,10 @@ class _Reader:
         else:
             k, v = self.get(name)
         if k is None or v is True:
-            raise ConfigError(f, f"the command names no model: give {FLAGS[name][0 if self.style == 'classic' else 1]}"
-                                 f" HUB_ID_OR_PATH")
+            flag = ("--actor.model_name_or_path" if self.module == "train_ppo_ray" and self.style == "dotted" else
+                    FLAGS[name][0 if self.style == "classic" else 1])
+            raise ConfigError(f, f"the command names no model: give {flag} HUB_ID_OR_PATH (or --model beside "
+                                 f"--from)")
         model = model_from(str(v), f, k)
         d.setting(f, self.line(k), k, v, sets=f"model={model!r}" if model else
                   "model=None (not in the catalogue: pass a config.json)")
@@ -387,6 +395,58 @@ class _Reader:
                 f"{max(world // (tp * ring), 1)}))")
         (d.setting(f, self.line(k), k, total, sets=sets, grad_accum=accum) if k else
          d.default(self.tool, FLAGS["train_batch"][style == "dotted"], 128, self.source, sets=sets, grad_accum=accum))
+
+    def colocation(self):
+        """train_ppo_ray's placement flags (@3c3be623 lines 207-251; v0.8.5's spellings): what shares the actor's GPUs.
+        None of it is in the estimate, which is the actor's training step alone; each is listed with what it adds."""
+        d, f = self.d, self.path
+
+        def flag(*names):
+            return next(((n, self.flags[n]) for n in names if n in self.flags), (None, None))
+
+        k_all, on_all = flag("--train.colocate_all", "--colocate_all_models")
+        k_sleep, sleep = flag("--vllm.enable_sleep", "--vllm_enable_sleep")
+        k_util, util = flag("--vllm.gpu_memory_utilization", "--vllm_gpu_memory_utilization")
+        try:
+            share = float(util) if k_util else 0.95
+        except (TypeError, ValueError):
+            raise ConfigError(f, f"{k_util} must be a number between 0 and 1, got {util!r}") from None
+        if not 0 < share <= 1:
+            raise ConfigError(f, f"{k_util} must be a number between 0 and 1, got {util!r}")
+        if k_all:
+            why = ("every model, vLLM's engines included, shares the actor's GPUs: "
+                   + ("vLLM sleeps while the actor trains (its weights and KV cache released), but the reference "
+                      "and reward models' weights stay: the real figure is higher by them" if k_sleep else
+                      f"without --vllm.enable_sleep vLLM keeps its gpu_memory_utilization share ({share:g} of each "
+                      f"GPU's memory) while the actor trains, so the real figure is higher by that share, and by "
+                      f"the reference and reward models' weights; this run cannot fit unless the training step fits "
+                      f"in the other {1 - share:.0%}"))
+            d.unmodelled_at(f, self.line(k_all), k_all, True, why)
+        for k, why in ((k_sleep, "vLLM's sleep mode between rollouts (with colocation: its memory released while "
+                                 "the actor trains)"),
+                       (k_util, f"vLLM's share of each GPU it runs on ({share:g}); on the actor's GPUs only with "
+                                f"colocation")):
+            if k:
+                self.used.add(k)
+                if k_all:
+                    d.setting(f, self.line(k), k, self.flags[k], sets="read with the colocation listed above")
+                else:
+                    d.setting(f, self.line(k), k, self.flags[k], sets="vLLM on its own GPUs: not the actor's")
+        if k_all:
+            self.used.add(k_all)
+        for names, why in ((("--train.colocate_actor_ref", "--colocate_actor_ref"),
+                            "the reference model shares the actor's GPUs: the real figure is higher by its weights "
+                            "(ZeRO-3-sharded with the actor's stage 3, else whole)"),
+                           (("--ds.enable_sleep", "--deepspeed_enable_sleep"),
+                            "DeepSpeed offloads the actor's states while vLLM generates and reloads them to train: "
+                            "the training step's peak is unchanged, the host holds the states between"),
+                           (("--actor.freeze_visual_encoder",),
+                            "a vision-language actor with its vision encoder frozen: the vision tower is not counted, "
+                            "so the real figure is higher by its weights")):
+            k, v = flag(*names)
+            if k:
+                self.used.add(k)
+                d.unmodelled_at(f, self.line(k), k, v, why)
 
     def dynamic_batch(self, tp: int, ring: int):
         """--train.dynamic_batch_enable (train_ppo_ray.py @3c3be623): the actor's micro batches are bins of samples of
@@ -538,7 +598,7 @@ class _Reader:
                            "DPO's frozen reference model (a second copy of the weights"
                            + (", offloaded to the CPU by --ref_offload" if ko else
                               ", ZeRO-3-sharded when zero_stage is 3, else whole on every GPU")
-                           + ") is not modelled: the estimate has no frozen-copy term")
+                           + ") is not modelled: the estimate has no frozen-copy term, so the real figure is higher")
         if self.module == "train_ppo_ray":
             for name in ("critic_pretrain", "reward_pretrain"):
                 k, v = self.get(name)
@@ -546,6 +606,7 @@ class _Reader:
                     d.unmodelled_at(f, self.line(k), k, v, "PPO's other models (critic, reward, reference, vLLM "
                                                           "engines) run on their own GPUs or colocated: not modelled; "
                                                           "the estimate is the actor's training")
+            self.colocation()
             d.unmodelled_at(f, None, "PPO reference model and vLLM engines", "(always loaded)",
                            "PPO's reference model and rollout engines are not modelled: the estimate is the actor's "
                            "training step alone")
