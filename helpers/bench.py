@@ -452,7 +452,8 @@ def bench_published(save: bool = True) -> None:
         unlike = f"{c['tensors_vs_published']['dry_run_allocated']:+.1%}" if c["tensors_vs_published"] else "-"
         print(f"   {row['id']:30s}{row['view']:>10s}{to_gib(row['bytes']):10.2f}{to_gib(o['estimate_allocated']):10.2f}"
               f"{to_gib(o['dry_run_allocated_blocks']):10.2f}{to_gib(o['dry_run_reserved']):10.2f}{like:>24s}{unlike:>15s}")
-        print(f"      {_label(row['model'], published_runs.setup(row))}; published {row['figure']} {row['unit']} "
+        print(f"      {_label(row.get('model_file', row['model']), published_runs.setup(row))}; published "
+              f"{row['figure']} {row['unit']} "
               f"({row['stat'].split(' ')[0]}) on {row['gpu']}")
         print(f"      source: {row['source']} ({row['url']})")
         for why in row["not_modelled"]:

@@ -69,7 +69,10 @@ def peaks() -> list[dict]:
         if row["unit"] not in PEAK_UNITS or row["view"] not in PEAK_VIEWS:
             raise InputError(f"published peak {row['id']!r}: unit must be {' or '.join(PEAK_UNITS)} and view "
                              f"{' or '.join(PEAK_VIEWS)}, got {row['unit']!r} and {row['view']!r}")
-        rows.append(row | {"bytes": round(row["figure"] * PEAK_UNITS[row["unit"]])})
+        row = row | {"bytes": round(row["figure"] * PEAK_UNITS[row["unit"]])}
+        if row["model"].endswith(".json"):         # the model as the run's tool built it (data/published_models/)
+            row |= {"model": str(DATA_DIR.parent / row["model"]), "model_file": row["model"]}
+        rows.append(row)
     return rows
 
 

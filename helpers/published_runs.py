@@ -1,8 +1,9 @@
 """Published training runs beside ours, like with like.
 
 Each run in data/published.json 'peaks' (torchtitan's Llama 3.1 8B FSDP preset; LitGPT's config-hub fine-tunes;
-PEFT's MetaMathQA runs) is written as a TrainSetup, estimated and dry-run, and compared with the figure its tool
-printed in the same view:
+PEFT's MetaMathQA runs; fms-acceleration's plain-Trainer Mistral-7B benchmarks; torchtune's README table) is written as
+a TrainSetup over a catalogue model (or the model as the run's tool built it, data/published_models/), estimated and
+dry-run, and compared with the figure its tool printed in the same view:
 
 - a published *reserved* peak (torch.cuda's reserved peak: what torchtitan logs, what PEFT's results record) with
   the dry run's modelled reserved view (`helpers.measure.reserved`: the step's allocations replayed through the caching allocator's
@@ -53,7 +54,7 @@ def compare(run_id: str, dry=None) -> dict:
         like = {"estimate_allocated": rel(ours["estimate_allocated"]),
                 "dry_run_allocated_blocks": rel(ours["dry_run_allocated_blocks"])}
         unlike = {}
-    return {"id": run_id, "model": row["model"], "setup": e.setup, "view": row["view"],
+    return {"id": run_id, "model": row.get("model_file", row["model"]), "setup": e.setup, "view": row["view"],
             "published": {"figure": row["figure"], "unit": row["unit"], "bytes": target, "stat": row["stat"],
                           "gpu": row["gpu"], "source": row["source"], "url": row["url"]},
             "ours": ours, "like_for_like": like, "tensors_vs_published": unlike,
