@@ -269,3 +269,12 @@ def test_a_prequantised_config_says_its_weights_are_4_bit(tmp_path):
     assert "pass --base-weights nf4-dq" in note and "real figure is lower" in note
     assert models.quantization_note(tmp_path / "config.json", "nf4-dq") is None
     assert models.quantization_note("llama-3-8b", None) is None
+
+
+def test_litgpt_lists_its_untied_head_where_the_catalogue_ties_it():
+    """LitGPT builds lm_head apart from the embedding (the published LitGPT rows use the untied config, and land within
+    5%): a Llama 3.2 file lists the second matrix as raising the figure; Llama 3 8B (untied anyway) does not."""
+    lg = UP / "litgpt" / "config_hub" / "finetune"
+    (head,) = [n for n in read(lg / "llama-3.2-1B" / "lora.yaml").not_modelled if n.key == "(LitGPT's output head)"]
+    assert "263 M-parameter" in head.why and "higher" in head.why
+    assert not [n for n in read(lg / "llama-3-8b" / "lora.yaml").not_modelled if n.key == "(LitGPT's output head)"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from helpers import models
 from helpers.readers import model_ref
 from helpers.readers.base import ConfigError, Imported, leaves, lookup, probability
 from helpers.readers.provenance import Record, boolean, positive_int
@@ -62,6 +63,12 @@ MODEL_DIFFERENCES = (
 HELD_UNMODELLED = ("; and its fit loop keeps each micro batch's logits (and graph) until the next forward returns, "
                    "modelled on one GPU only (outputs_held): higher")
 LORA_HEAD = ", and finetune_lora's forward computes the head in 128-token chunks (lm_head_chunk_size=128)"
+
+
+UNTIED = ("LitGPT never ties the embedding and the output head in fine-tuning (litgpt/model.py builds lm_head as its "
+          "own nn.Linear; finetune/lora.py and full.py refuse train.tie_embeddings; convert_hf_checkpoint.py copies the "
+          "embedding into the head), while the catalogue's {model} ties them: the real figure is higher by a second "
+          "{params:.0f} M-parameter matrix, and by its gradient and optimizer states where it is trained")
 
 
 def claims(path: Path, data) -> bool:
@@ -125,6 +132,9 @@ class _Reader:
                       outputs_held=True)
         d.unmodelled("(LitGPT's model)", "litgpt.model.GPT", MODEL_DIFFERENCES.format(
             head=LORA_HEAD if self.lora else "", held="" if one else HELD_UNMODELLED))
+        if model is not None and models.spec(model).tied:
+            head = models.spec(model).group_params["embed"]
+            d.unmodelled("(LitGPT's output head)", "lm_head", UNTIED.format(model=model, params=head / 1e6))
         for key, why in NOT_MODELLED.items():
             present, v = self.value(key, None)
             if present and v not in (None, False):
