@@ -278,3 +278,17 @@ def test_litgpt_lists_its_untied_head_where_the_catalogue_ties_it():
     (head,) = [n for n in read(lg / "llama-3.2-1B" / "lora.yaml").not_modelled if n.key == "(LitGPT's output head)"]
     assert "263 M-parameter" in head.why and "higher" in head.why
     assert not [n for n in read(lg / "llama-3-8b" / "lora.yaml").not_modelled if n.key == "(LitGPT's output head)"]
+
+
+def test_llamafactory_with_the_accelerate_config_it_is_launched_with():
+    """`accelerate launch --config_file multi_node.yaml src/train.py qwen3_lora_sft.yaml`: the launcher's world size
+    and strategy apply to LLaMA-Factory's YAML as to TRL's (both files once refused as 'not referred to')."""
+    lf = UP / "llamafactory" / "examples" / "train_lora" / "qwen3_lora_sft.yaml"
+    acc = UP / "accelerate" / "examples" / "config_yaml_templates" / "multi_node.yaml"
+    for files in ([lf, acc], [acc, lf]):
+        imp = read(files)
+        s = imp.setup
+        assert (imp.format, s.strategy, s.gpus, s.gpus_per_node, s.lora_rank) == ("llamafactory", "ddp", 8, 4, 8)
+        assert {Path(f).name for f in imp.files} == {lf.name, acc.name}
+    with pytest.raises(ConfigError, match="FSDP1's flat parameters"):       # LoRA under accelerate's FSDP1
+        read([lf, UP / "accelerate" / "examples" / "config_yaml_templates" / "fsdp.yaml"])

@@ -114,6 +114,29 @@ def load_deepspeed(ds_path: Path, referring: Path, key: str):
     return data, lines
 
 
+def launcher(c: Record, path: Path, given: list[Path], trainer: dict, hidden: int | None) -> Path | None:
+    """The accelerate config among the files given that the run is launched with (`accelerate launch --config_file
+    acc.yaml ...`: TRL's scripts, LLaMA-Factory's src/train.py), applied to the record: the world size, the strategy
+    and the DeepSpeed or FSDP settings it carries. One at most; None when none is given."""
+    from helpers.readers import accelerate
+
+    found: Path | None = None
+    for other in given:
+        other = Path(other)
+        if other.resolve() == Path(path).resolve() or other.suffix.lower() not in (".yaml", ".yml"):
+            continue
+        odata, olines = base.load_yaml(other)
+        if accelerate.claims(other, odata):
+            if found is not None and found.resolve() != other.resolve():
+                raise ConfigError(other, f"a second accelerate config (with {found.name}): `accelerate launch "
+                                         f"--config_file` takes one; give the one this run is launched with")
+            found = other
+            applied, files = accelerate.apply(other, odata, olines, given, trainer, hidden)
+            c.merge(applied)
+            c.files += [str(other)] + files
+    return found
+
+
 def companion_deepspeed(c: Record, ref, given: list[Path], trainer: dict, hidden: int | None, key: str = "deepspeed"):
     """Read the DeepSpeed JSON that `key` names (relative to the file, then among the given files) and merge it."""
     from helpers.readers import deepspeed

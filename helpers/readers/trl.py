@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.readers import accelerate, base, collect, hf_names, model_ref
+from helpers.readers import base, collect, hf_names, model_ref
 from helpers.readers.base import ConfigError, Imported
 from helpers.readers.provenance import Record
 
@@ -222,20 +222,7 @@ class _Reader(collect.TrainerYaml):
         """The accelerate config the run is launched with, then the DeepSpeed file or FSDP the config names."""
         c, take, path = self.c, self.take, self.path
         hidden = model_ref.hidden_size(self.model)
-        launcher: Path | None = None
-        for other in self.given:
-            other = Path(other)
-            if other.resolve() == Path(path).resolve() or other.suffix.lower() not in (".yaml", ".yml"):
-                continue
-            odata, olines = base.load_yaml(other)
-            if accelerate.claims(other, odata):
-                if launcher is not None and launcher.resolve() != other.resolve():
-                    raise ConfigError(other, f"a second accelerate config (with {launcher.name}): `accelerate launch "
-                                             f"--config_file` takes one; give the one this run is launched with")
-                launcher = other
-                applied, files = accelerate.apply(other, odata, olines, self.given, self.trainer, hidden)
-                c.merge(applied)
-                c.files += [str(other)] + files
+        collect.launcher(c, path, self.given, self.trainer, hidden)
         ds = take("deepspeed")
         if ds is not None:
             collect.companion_deepspeed(c, ds, self.given, self.trainer, hidden)
