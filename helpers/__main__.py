@@ -199,6 +199,21 @@ def imported_from(a: argparse.Namespace):
                                   "processes (accelerate launch, torchrun)" if imp.more_gpus == "ddp" else
                                   f"the files leave the world size to the launcher: on N GPUs {imp.format} runs "
                                   f"{imp.more_gpus}"})
+    pw = imp.per_world
+    if pw and typed.get("gpus", 1) > 1 and pw["field"] not in typed:
+        n = typed["gpus"]
+        value, rest = divmod(pw["total"], pw["by"] * n)
+        what = "micro batch" if pw["field"] == "batch" else "accumulation"
+        if value < 1 or rest:
+            raise InputError(f"train_batch_size {pw['total']} does not split over --gpus {n} (DeepSpeed requires "
+                             f"train_batch_size = {'accumulation' if pw['field'] == 'batch' else 'micro batch'} "
+                             f"{pw['by']} x world size x a whole {what}): give --gpus dividing {pw['total'] // pw['by']}"
+                             f", or --{'batch' if pw['field'] == 'batch' else 'grad-accum'} yourself")
+        overrides.append({"flag": _flag_of(a, "gpus"), "field": pw["field"], "value": value,
+                          "replaced": getattr(imp.setup, pw["field"]),
+                          "from": f"train_batch_size {pw['total']} split again over {n} GPUs: {pw['total']} / "
+                                  f"({pw['by']} x {n})"})
+        imp.setup = imp.setup.replace(**{pw["field"]: value})
     for field, value in typed.items():
         old = getattr(imp.setup, field)
         if old == value:

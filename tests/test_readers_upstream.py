@@ -292,3 +292,25 @@ def test_llamafactory_with_the_accelerate_config_it_is_launched_with():
         assert {Path(f).name for f in imp.files} == {lf.name, acc.name}
     with pytest.raises(ConfigError, match="FSDP1's flat parameters"):       # LoRA under accelerate's FSDP1
         read([lf, UP / "accelerate" / "examples" / "config_yaml_templates" / "fsdp.yaml"])
+
+
+@pytest.mark.parametrize("ds, gpus, field, value", [
+    ('{"train_batch_size": 64, "zero_optimization": {"stage": 2}}', 8, "batch", 8),
+    ('{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}', 8,
+     "grad_accum", 4),
+])
+def test_deepspeed_train_batch_size_is_split_again_over_gpus(tmp_path, capsys, ds, gpus, field, value):
+    """DeepSpeed derives the micro batch (or the accumulation) from train_batch_size and the world size: read alone
+    over a world of 1, and split again when --gpus N says the world (it once stayed split over 1)."""
+    import json
+
+    from helpers.__main__ import main
+
+    (tmp_path / "ds.json").write_text(ds)
+    run = ["estimate", "--offline", "--from", str(tmp_path / "ds.json"), "--model", "llama-3.2-1b", "--json"]
+    assert main(run + ["--gpus", str(gpus)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["setup"][field] == value and doc["setup"]["gpus"] == gpus
+    assert any(o["field"] == field and "split again" in o["from"] for o in doc["imported"]["overrides"])
+    assert main(run + ["--gpus", "3"]) == 2
+    assert "does not split over --gpus 3" in capsys.readouterr().err

@@ -101,6 +101,10 @@ class Imported:
     more_gpus: str = "ddp"
     """The strategy the tool runs on N > 1 GPUs when the files leave the world size to the launcher (`--gpus N`):
     the Trainer's DDP, torchtune's distributed recipes' FSDP2."""
+    per_world: dict | None = None
+    """A size the files give for the whole world, split here over the default world of 1 (DeepSpeed's
+    train_batch_size): {'field': 'batch' or 'grad_accum', 'total', 'by'}, so that `--gpus N` splits it again:
+    field = total // (by x N)."""
 
     def to_json(self) -> dict:
         """The `imported` object of the CLI's JSON: files, settings, defaults, not_modelled, ignored."""

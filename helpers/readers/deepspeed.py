@@ -381,6 +381,17 @@ class _Reader:
                                                    f"it is {total}/({steps} x N))", batch=micro)
                 if accum is None:
                     out.fields["grad_accum"] = 1
+                out.per_world = {"field": "batch", "total": total, "by": steps}
+            elif accum is None and trainer is None:
+                # the micro batch given, the accumulation derived: train_batch_size / (micro batch x world size)
+                if total % micro:
+                    raise ConfigError(path, f"train_batch_size {total} is not a multiple of "
+                                            f"train_micro_batch_size_per_gpu {micro}, as DeepSpeed requires")
+                steps = total // micro
+                setting("train_batch_size", total, f"grad_accum={steps} (DeepSpeed's accumulation = train_batch_size "
+                                                   f"/ (micro batch {micro} x world size), world size 1: with N GPUs "
+                                                   f"it is {total}/({micro} x N))", grad_accum=steps)
+                out.per_world = {"field": "grad_accum", "total": total, "by": micro}
             else:
                 out.not_modelled.append(NotModelled(
                     f, line("train_batch_size"), "train_batch_size", total,

@@ -61,6 +61,7 @@ class Record:
         self.files: list[str] = [str(self.path)]
         self.world_unknown = False
         self.more_gpus = "ddp"
+        self.per_world: dict | None = None
         self.engine_optimizer: str | None = None
         """The optimizer type a DeepSpeed JSON's `optimizer` block names (DeepSpeed then builds its own and a
         trainer's `optim` is not used); None: no block."""
@@ -148,7 +149,8 @@ class Record:
             raise ConfigError(self.path, f"its settings do not make a set-up this package models: {e}") from None
         return Imported(format=self.format, model=model, setup=setup, files=list(dict.fromkeys(self.files)),
                         settings=self.settings, defaults=self.defaults, not_modelled=self.not_modelled,
-                        ignored=self.ignored, model_named=model_named, more_gpus=self.more_gpus)
+                        ignored=self.ignored, model_named=model_named, more_gpus=self.more_gpus,
+                        per_world=self.per_world)
 
 
 def positive_int(file, key: str, value, allow_minus_one: bool = False) -> int:
