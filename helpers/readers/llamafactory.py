@@ -98,9 +98,11 @@ class _Reader(collect.TrainerYaml):
             c.unmodelled("stage", stage, {"dpo": "DPO runs a chosen and a rejected sequence per example (twice the "
                                                  "activations) and keeps a frozen reference model",
                                           "kto": "KTO keeps a frozen reference model and its KL batch",
-                                          "rm": "a reward model: value head instead of the LM head's logits",
+                                          "rm": "a reward model: value head instead of the LM head's logits (the real figure "
+                                                "is lower there), chosen and rejected in one batch",
                                           "ppo": "PPO keeps policy, value, reference and reward models"}[stage]
-                         + "; estimated as SFT of one model")
+                         + "; estimated as SFT of one model" + ("" if stage == "rm" else
+                                                                ", so the real figure is higher"))
         self.stage = stage
         ft = take("finetuning_type")
         if ft is None:

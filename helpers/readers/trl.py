@@ -83,7 +83,8 @@ class _Reader(collect.TrainerYaml):
         dpo = sorted(DPO_KEYS & set(data))
         if dpo:
             c.unmodelled(dpo[0], data[dpo[0]], "DPO keys: a chosen and a rejected sequence per example (twice the "
-                                               "activations) and a frozen reference model; estimated as SFT of one model")
+                                               "activations) and a frozen reference model; estimated as SFT of one model, so the real "
+                                               "figure is higher")
 
     def sizes(self) -> None:
         """Micro batch, accumulation and sequence length."""
