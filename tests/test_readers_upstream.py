@@ -314,3 +314,35 @@ def test_deepspeed_train_batch_size_is_split_again_over_gpus(tmp_path, capsys, d
     assert any(o["field"] == field and "split again" in o["from"] for o in doc["imported"]["overrides"])
     assert main(run + ["--gpus", "3"]) == 2
     assert "does not split over --gpus 3" in capsys.readouterr().err
+
+
+GRPO = """model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct
+output_dir: out
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 4
+num_generations: 8
+max_completion_length: 1024
+use_vllm: true
+vllm_mode: colocate
+bf16: true
+gradient_checkpointing: true
+beta: 0.04
+"""
+
+
+def test_trl_grpo_sequence_is_prompt_plus_completion_and_its_extras_listed(tmp_path):
+    """GRPOConfig (trl @f2cd577): a sequence is a prompt and a completion (max_completion_length, 512 by default);
+    TRL 1.x no longer truncates prompts, so 512 prompt tokens are assumed and said; beta > 0 loads a reference
+    model and colocated vLLM keeps its share: both listed as raising the figure (once: SFT's 1024 tokens, the GRPO
+    keys 'ignored', beta read as a DPO key)."""
+    (tmp_path / "grpo.yaml").write_text(GRPO)
+    imp = read(tmp_path / "grpo.yaml")
+    assert (imp.model, imp.setup.batch, imp.setup.seq, imp.setup.checkpointing) == ("qwen2.5-1.5b", 4, 1536, "full")
+    listed = {n.key: n.why for n in imp.not_modelled}
+    assert {"beta", "use_vllm", "max_prompt_length"} <= set(listed)
+    assert "DPO" not in listed["beta"] and "0.3 of each GPU's memory" in listed["use_vllm"]
+    assert not {i.key for i in imp.ignored} & {"num_generations", "max_completion_length", "use_vllm"}
+    (tmp_path / "old.yaml").write_text(GRPO.replace("beta: 0.04", "max_prompt_length: 256").replace(
+        "vllm_mode: colocate", "vllm_mode: server"))
+    imp = read(tmp_path / "old.yaml")
+    assert imp.setup.seq == 256 + 1024 and not {n.key for n in imp.not_modelled} & {"beta", "use_vllm"}

@@ -36,6 +36,11 @@ ATTENTION = hf_names.ATTENTION
 PEFT_QV = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2"}
 DPO_KEYS = {"beta", "loss_type", "max_prompt_length", "precompute_ref_log_probs", "ref_model_init_kwargs",
             "rpo_alpha", "reference_free", "sync_ref_model"}
+# GRPOConfig's own keys (trl/trainer/grpo_config.py @f2cd577): any of them makes the file a GRPO run
+GRPO_KEYS = {"num_generations", "max_completion_length", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
+             "num_iterations", "epsilon", "reward_funcs", "scale_rewards", "mask_truncated_completions",
+             "importance_sampling_level", "generation_batch_size", "steps_per_generation"}
+GRPO_SRC = "grpo_config.py GRPOConfig"
 NOT_MODELLED = {
     "use_dora": "DoRA adds a magnitude vector and a weight-norm per adapted layer",
     "lora_modules_to_save": "modules trained in full beside LoRA",
@@ -80,8 +85,9 @@ class _Reader(collect.TrainerYaml):
         else:
             c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
 
+        self.grpo = bool(GRPO_KEYS & set(data))
         dpo = sorted(DPO_KEYS & set(data))
-        if dpo:
+        if dpo and not self.grpo:
             c.unmodelled(dpo[0], data[dpo[0]], "DPO keys: a chosen and a rejected sequence per example (twice the "
                                                "activations) and a frozen reference model; estimated as SFT of one model, so the real "
                                                "figure is higher")
@@ -90,6 +96,9 @@ class _Reader(collect.TrainerYaml):
         """Micro batch, accumulation and sequence length."""
         c, take, data, trl_default, done = self.c, self.take, self.data, self.default, self.done
         self.trainer = collect.trainer_sizes(c, take, self.path.name)
+        if self.grpo:
+            self.grpo_sizes()
+            return
         seq_key = "max_length" if "max_length" in data or "max_seq_length" not in data else "max_seq_length"
         seq = take(seq_key)
         done.add("max_seq_length")
@@ -106,6 +115,68 @@ class _Reader(collect.TrainerYaml):
                 c.set(key, value, "sequences packed / flattened: micro batches are full length (seq as above)")
             elif value is not None:
                 c.ignore(key, value)
+
+    def grpo_sizes(self) -> None:
+        """A GRPO run (GRPOConfig @f2cd577): each training sequence is a prompt and one of its num_generations
+        completions, so the sequence is the prompt's length plus max_completion_length (512 by default); the micro
+        batch counts completions. TRL 1.x no longer truncates prompts (max_prompt_length was removed in #4847), so
+        the prompt's length is the data's: 512 is assumed (the removed option's default) and said. What else GRPO
+        holds (a reference model when beta > 0, vLLM's share when colocated) is listed."""
+        c, take, done = self.c, self.take, self.done
+        comp = take("max_completion_length")
+        if comp is None:
+            self.default("max_completion_length", 512, "completions of up to 512 tokens", GRPO_SRC)
+            comp = 512
+        else:
+            comp = c.integer("max_completion_length", comp)
+        prompt = take("max_prompt_length")
+        if prompt is None:
+            prompt = 512
+            c.unmodelled("max_prompt_length", None, "TRL 1.x does not truncate GRPO's prompts (max_prompt_length "
+                                                    "was removed, #4847): estimated with 512 prompt tokens, the "
+                                                    "removed option's default; pass --seq (prompt + completion) for "
+                                                    "longer prompts, as the real figure is higher with them")
+        else:
+            prompt = c.integer("max_prompt_length", prompt)
+            c.set("max_prompt_length", prompt, "prompts truncated to it (TRL before 1.0)")
+        c.fields["seq"] = prompt + comp
+        c.set("max_completion_length", comp, f"seq={prompt + comp} (a prompt of {prompt} + a completion of {comp} "
+                                             f"tokens per sequence)", seq=prompt + comp)
+        for key in ("max_length", "max_seq_length"):
+            if key in self.data:
+                c.ignore(key, take(key))
+        n = take("num_generations")
+        c.set("num_generations", 8 if n is None else n, "completions per prompt: the micro batch counts completions "
+                                                         "(per_device_train_batch_size), as modelled")
+        beta = take("beta")
+        if beta is None:
+            self.default("beta", 0.0, "no reference model (beta 0.0)", GRPO_SRC)
+        elif float(beta) > 0:
+            c.unmodelled("beta", beta, "a KL term against a reference model: with a full fine-tune TRL loads a "
+                                       "second, frozen copy of the model (with PEFT, the base without the adapters): "
+                                       "not modelled, so the real figure is higher")
+        else:
+            c.set("beta", beta, "no reference model")
+        vllm, mode = take("use_vllm"), take("vllm_mode")
+        util = take("vllm_gpu_memory_utilization")
+        if vllm:
+            mode = mode or "colocate"
+            if mode == "colocate":
+                share = 0.3 if util is None else float(util)
+                c.unmodelled("use_vllm", True, f"vLLM colocated with training (vllm_mode colocate) keeps its "
+                                               f"vllm_gpu_memory_utilization share ({share:g} of each GPU's memory) "
+                                               f"while the model trains: not modelled, so the real figure is higher "
+                                               f"by that share")
+            else:
+                c.set("use_vllm", True, f"vLLM in {mode} mode on its own GPUs: not the training GPUs'")
+        for key, value in (("vllm_mode", mode), ("vllm_gpu_memory_utilization", util)):
+            if key in self.data:
+                c.set(key, self.data[key], "read with use_vllm above")
+        said = {x.key for x in c.settings + c.not_modelled}
+        for key in sorted(GRPO_KEYS | {"loss_type"}):
+            if key in self.data and key not in said:
+                done.add(key)
+                c.ignore(key, self.data[key])              # sampling and loss options: no effect on the step's bytes
 
     def precision_keys(self) -> None:
         """bf16 / fp16 / dtype as the config says them (the precision is decided with the strategy)."""
