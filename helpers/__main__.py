@@ -200,20 +200,31 @@ def imported_from(a: argparse.Namespace):
                                   f"the files leave the world size to the launcher: on N GPUs {imp.format} runs "
                                   f"{imp.more_gpus}"})
     pw = imp.per_world
-    if pw and typed.get("gpus", 1) > 1 and pw["field"] not in typed:
-        n = typed["gpus"]
-        value, rest = divmod(pw["total"], pw["by"] * n)
-        what = "micro batch" if pw["field"] == "batch" else "accumulation"
+    if pw and ({"gpus", "batch"} & set(typed)) and not {"batch", "grad_accum"} <= set(typed):
+        # DeepSpeed's train_batch_size = micro batch x accumulation x world size, the one the files leave out derived
+        n = typed.get("gpus", imp.setup.gpus)
+        derive = pw["field"] if pw["field"] not in typed else "grad_accum"
+        if derive == "grad_accum" and "grad_accum" in typed:
+            derive = "batch"
+        other = typed.get("batch", imp.setup.batch) if derive == "grad_accum" else \
+            typed.get("grad_accum", imp.setup.grad_accum if pw["field"] != "batch" else pw["by"])
+        value, rest = divmod(pw["total"], other * n)
+        other_name = "micro batch" if derive == "grad_accum" else "accumulation"
         if value < 1 or rest:
-            raise InputError(f"train_batch_size {pw['total']} does not split over --gpus {n} (DeepSpeed requires "
-                             f"train_batch_size = {'accumulation' if pw['field'] == 'batch' else 'micro batch'} "
-                             f"{pw['by']} x world size x a whole {what}): give --gpus dividing {pw['total'] // pw['by']}"
-                             f", or --{'batch' if pw['field'] == 'batch' else 'grad-accum'} yourself")
-        overrides.append({"flag": _flag_of(a, "gpus"), "field": pw["field"], "value": value,
-                          "replaced": getattr(imp.setup, pw["field"]),
-                          "from": f"train_batch_size {pw['total']} split again over {n} GPUs: {pw['total']} / "
-                                  f"({pw['by']} x {n})"})
-        imp.setup = imp.setup.replace(**{pw["field"]: value})
+            raise InputError(f"train_batch_size {pw['total']} is not {other_name} {other} x {n} GPU(s) x a whole "
+                             f"{'accumulation' if derive == 'grad_accum' else 'micro batch'}, as DeepSpeed requires: "
+                             f"choose --gpus and --{'batch' if derive == 'grad_accum' else 'grad-accum'} whose product "
+                             f"divides {pw['total']}")
+        overrides.append({"flag": _flag_of(a, "gpus" if "gpus" in typed else "batch"), "field": derive,
+                          "value": value, "replaced": getattr(imp.setup, derive),
+                          "from": f"train_batch_size {pw['total']} split again: {pw['total']} / ({other_name} {other} "
+                                  f"x {n} GPU(s))"})
+        imp.setup = imp.setup.replace(**{derive: value})
+    elif pw and "grad_accum" in typed and "batch" in typed:
+        n = typed.get("gpus", imp.setup.gpus)
+        if typed["batch"] * typed["grad_accum"] * n != pw["total"]:
+            raise InputError(f"--batch {typed['batch']} x --grad-accum {typed['grad_accum']} x {n} GPU(s) is not the "
+                             f"file's train_batch_size {pw['total']}, as DeepSpeed requires: change one, or the file")
     for field, value in typed.items():
         old = getattr(imp.setup, field)
         if old == value:
@@ -432,10 +443,10 @@ def _answer(a: argparse.Namespace) -> int:
     tower = tower_line(a, imported)
     if tower:
         doc["not_modelled_model"] = tower
-    unmodelled = report.unmodelled_caution(base, imported)
+    unmodelled = report.unmodelled_caution(base, imported, any_verdict=True)
     if unmodelled:
         doc["unmodelled_caution"] = unmodelled
-        text = f"as given: {unmodelled}\n" + text
+        text = f"{unmodelled}\n{text}"
     if a.json:
         print(json.dumps(doc, indent=1, default=str), flush=True)
         return 0

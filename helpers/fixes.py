@@ -192,6 +192,14 @@ def _offload_ratio(model, setup, base, gpu, skipped):
     changes = [{"offload_optimizer": True, "offload_ratio": r} for r in RATIOS
                if not setup.offload_optimizer or r != setup.ratio]
     got = _first_fitting(model, setup, changes, gpu)
+    if got is None:                  # every ratio refused by the set-up (e.g. the Trainer's own optimizer under ZeRO)
+        try:
+            setup.replace(offload_optimizer=True, offload_ratio=RATIOS[0])
+        except InputError as e:
+            skipped.append((name, str(e)))
+            return None
+        skipped.append((name, "no offload ratio is valid with this set-up"))
+        return None
     return _way(model, f"offload ratio {got[0]['offload_ratio']}", got[0], setup, base, got[1], got[2], gpu)
 
 

@@ -108,7 +108,8 @@ def quantization_note(model, base_weights: str | None) -> str | None:
     method = q.get("quant_method", "?")
     if method == "bitsandbytes" and q.get("load_in_4bit"):
         flag = "nf4-dq" if q.get("bnb_4bit_use_double_quant") else "nf4"
-        how = f"bitsandbytes 4-bit {q.get('bnb_4bit_quant_type', 'nf4')}: pass --base-weights {flag} to estimate it so"
+        how = (f"bitsandbytes 4-bit {q.get('bnb_4bit_quant_type', 'nf4')}: pass --base-weights {flag} to estimate it "
+               f"so, with --lora-rank R: transformers trains a quantised model only through adapters")
     else:
         how = f"quant_method {method!r}, which this package does not model"
     return (f"the checkpoint is pre-quantised (its config.json's quantization_config: {how}); estimated with "
@@ -216,9 +217,9 @@ def check_config_dict(raw, path="config") -> dict:
     if towers:
         raise InputError(f"model config {str(path)!r} is a vision-language checkpoint ({raw['model_type']}, with "
                          f"{' and '.join(towers)}): the memory arithmetic counts text decoders, and this one's vision "
-                         f"tower would go uncounted; for a text-only run pass its language model's config (the "
-                         f"text_config object as a config.json), knowing the real figure is higher by the tower's "
-                         f"weights")
+                         f"tower would go uncounted; for a text-only run pass --model with the catalogue's language "
+                         f"model of the same family (python -m helpers models) or a complete text-only config.json "
+                         f"(every dimension written out), knowing the real figure is higher by the tower's weights")
     for key, most in REQUIRED_DIMS.items():
         if key in raw:
             _positive_int(path, key, raw[key], most)

@@ -151,16 +151,18 @@ def grid_reserve_ratios() -> list[float]:
     return out
 
 
-def unmodelled_caution(r: Result, imported) -> str | None:
-    """For a set-up read from files that fits: one line naming the settings listed as not modelled whose reason says
-    the real figure is higher than the estimate (a colocated vLLM's share, a reference model, trained copies of
-    modules, ...), so that "fits" is read as "fits for what is modelled". None when nothing listed raises it."""
-    if imported is None or not verdict(r).startswith("fits"):
+def unmodelled_caution(r: Result, imported, any_verdict: bool = False) -> str | None:
+    """For a set-up read from files that fits (or, `any_verdict`, whatever its verdict: `fit` and `fixes` answer
+    with other set-ups that fit): one line naming the settings listed as not modelled whose reason says the real
+    figure is higher than the estimate (a colocated vLLM's share, a reference model, trained copies of modules, ...),
+    so that "fits" is read as "fits for what is modelled". None when nothing listed raises it."""
+    if imported is None or not (any_verdict or verdict(r).startswith("fits")):
         return None
     raising = [n.key for n in imported.not_modelled if "higher" in n.why]
     if not raising:
         return None
-    return (f"fits only for what is modelled: {len(raising)} setting{'s' if len(raising) > 1 else ''} listed as not "
+    head = "every 'fits' below holds only for what is modelled" if any_verdict else "fits only for what is modelled"
+    return (f"{head}: {len(raising)} setting{'s' if len(raising) > 1 else ''} listed as not "
             f"modelled raise{'s' if len(raising) == 1 else ''} the real figure above this estimate "
             f"({', '.join(dict.fromkeys(raising))})")
 

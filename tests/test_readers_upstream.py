@@ -313,7 +313,13 @@ def test_deepspeed_train_batch_size_is_split_again_over_gpus(tmp_path, capsys, d
     assert doc["setup"][field] == value and doc["setup"]["gpus"] == gpus
     assert any(o["field"] == field and "split again" in o["from"] for o in doc["imported"]["overrides"])
     assert main(run + ["--gpus", "3"]) == 2
-    assert "does not split over --gpus 3" in capsys.readouterr().err
+    assert "x 3 GPU(s) x a whole" in capsys.readouterr().err
+    # --batch given too: the accumulation is what DeepSpeed derives (train_batch_size / (micro batch x world))
+    assert main(run + ["--gpus", "4", "--batch", "8"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["setup"]["batch"], doc["setup"]["grad_accum"]) == (8, 2)
+    assert main(run + ["--gpus", "4", "--batch", "4", "--grad-accum", "2"]) == 2          # 4 x 2 x 4 != 64
+    assert "is not the file's train_batch_size 64" in capsys.readouterr().err
 
 
 GRPO = """model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct
@@ -346,3 +352,42 @@ def test_trl_grpo_sequence_is_prompt_plus_completion_and_its_extras_listed(tmp_p
         "vllm_mode: colocate", "vllm_mode: server"))
     imp = read(tmp_path / "old.yaml")
     assert imp.setup.seq == 256 + 1024 and not {n.key for n in imp.not_modelled} & {"beta", "use_vllm"}
+
+
+def test_an_accelerate_deepspeed_config_under_a_yaml_with_its_own_deepspeed_file(tmp_path):
+    """TrainingArguments builds the DeepSpeedPlugin from the YAML's `deepspeed:` file and the Trainer hands it to the
+    Accelerator: the accelerate config's own ZeRO stage and offload are superseded (once merged into the JSON's),
+    its world size kept."""
+    lf = UP / "llamafactory" / "examples" / "train_full" / "qwen3_full_sft.yaml"
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("distributed_type: DEEPSPEED\nnum_machines: 1\nnum_processes: 4\nmixed_precision: bf16\n"
+                   "deepspeed_config:\n  zero_stage: 2\n  offload_optimizer_device: cpu\n")
+    imp = read([lf, acc])
+    s = imp.setup
+    assert (s.strategy, s.gpus, s.offload_optimizer) == ("zero3", 4, False)          # ds_z3_config.json's stage
+    sup = [x for x in imp.settings if x.sets.startswith("superseded")]
+    assert {x.key for x in sup} >= {"deepspeed_config.zero_stage", "deepspeed_config.offload_optimizer_device"}
+
+
+def test_a_trl_yaml_says_it_is_read_as_sft_and_fit_and_fixes_carry_the_caution(tmp_path, capsys):
+    from helpers.__main__ import main
+
+    trl = tmp_path / "sft.yaml"
+    trl.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 2\nuse_peft: true\n"
+                   "lora_r: 8\nlora_modules_to_save: [lm_head]\nbf16: true\n")
+    imp = read(trl)
+    assert any(d.key == "(trainer)" and d.value == "sft" for d in imp.defaults)
+    assert "higher" in next(n.why for n in imp.not_modelled if n.key == "lora_modules_to_save")
+    for command in ("fit", "fixes"):
+        assert main([command, "--offline", "--from", str(trl), "--gpu", "a10g"]) == 0
+        assert "every 'fits' below holds only for what is modelled" in capsys.readouterr().out
+
+
+def test_fixes_on_zero3_with_the_trainers_optimizer_says_why_no_offload_ratio(capsys):
+    """The offload-ratio way out, refused for every ratio by the set-up (the Trainer's own AdamW under ZeRO-3 with
+    offload), is skipped with the set-up's reason (it was a TypeError)."""
+    from helpers.__main__ import main
+
+    assert main(["fixes", "--offline", "--model", "qwen2.5-0.5b", "--strategy", "zero3", "--gpus", "2",
+                 "--adam-impl", "fused", "--gpu", "a10g"]) == 0
+    assert "offload ratio (smallest that fits): adam_impl 'fused' with offload_optimizer" in capsys.readouterr().out

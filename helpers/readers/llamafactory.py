@@ -254,7 +254,8 @@ class _Reader(collect.TrainerYaml):
         """DeepSpeed (after the trainer values it takes "auto" from)."""
         c, take, path = self.c, self.take, self.path
         ds, pure = take("deepspeed"), self.pure
-        collect.launcher(c, path, self.given, self.trainer, model_ref.hidden_size(self.model))
+        collect.launcher(c, path, self.given, self.trainer, model_ref.hidden_size(self.model),
+                         own_deepspeed="deepspeed" in self.data)
         if ds is not None:
             collect.companion_deepspeed(c, ds, self.given, self.trainer, model_ref.hidden_size(self.model))
             if pure and c.fields.get("strategy") == "zero3":

@@ -415,12 +415,12 @@ class _Reader:
             raise ConfigError(f, f"{k_util} must be a number between 0 and 1, got {util!r}")
         if k_all:
             why = ("every model, vLLM's engines included, shares the actor's GPUs: "
-                   + ("vLLM sleeps while the actor trains (its weights and KV cache released), but the reference "
-                      "and reward models' weights stay: the real figure is higher by them" if k_sleep else
+                   + ("vLLM sleeps while the actor trains (its weights and KV cache released), but the reference, "
+                      "reward and critic models' weights stay: the real figure is higher by them" if k_sleep else
                       f"without --vllm.enable_sleep vLLM keeps its gpu_memory_utilization share ({share:g} of each "
                       f"GPU's memory) while the actor trains, so the real figure is higher by that share, and by "
-                      f"the reference and reward models' weights; this run cannot fit unless the training step fits "
-                      f"in the other {1 - share:.0%}"))
+                      f"the reference, reward and critic models' weights; this run cannot fit unless the training "
+                      f"step fits in the other {1 - share:.0%}"))
             d.unmodelled_at(f, self.line(k_all), k_all, True, why)
         for k, why in ((k_sleep, "vLLM's sleep mode between rollouts (with colocation: its memory released while "
                                  "the actor trains)"),
@@ -434,6 +434,11 @@ class _Reader:
                     d.setting(f, self.line(k), k, self.flags[k], sets="vLLM on its own GPUs: not the actor's")
         if k_all:
             self.used.add(k_all)
+            for k in [k for k in self.flags if k.startswith(("--critic.", "--ref.", "--reward.", "--vllm."))
+                      and k not in self.used and not k.endswith(("model_name_or_path", "_path"))]:
+                self.used.add(k)
+                d.setting(f, self.line(k), k, self.flags[k], sets="placement of a model sharing the actor's GPUs "
+                                                                  "(the colocation listed above)")
         for names, why in ((("--train.colocate_actor_ref", "--colocate_actor_ref"),
                             "the reference model shares the actor's GPUs: the real figure is higher by its weights "
                             "(ZeRO-3-sharded with the actor's stage 3, else whole)"),

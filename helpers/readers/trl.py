@@ -42,11 +42,12 @@ GRPO_KEYS = {"num_generations", "max_completion_length", "use_vllm", "vllm_mode"
              "importance_sampling_level", "generation_batch_size", "steps_per_generation"}
 GRPO_SRC = "grpo_config.py GRPOConfig"
 NOT_MODELLED = {
-    "use_dora": "DoRA adds a magnitude vector and a weight-norm per adapted layer",
-    "lora_modules_to_save": "modules trained in full beside LoRA",
+    "use_dora": "DoRA adds a magnitude vector and a weight-norm per adapted layer: the real figure is higher",
+    "lora_modules_to_save": "modules trained in full beside LoRA (a trainable copy of each, with its gradient and "
+                            "optimizer states): the real figure is higher",
     "torch_compile": "torch.compile changes which activations are kept",
     "gradient_checkpointing_kwargs": "checkpointing options (use_reentrant)",
-    "activation_offloading": "activations offloaded to host memory",
+    "activation_offloading": "activations offloaded to host memory: the real figure is lower",
     "tp_size": "tensor parallelism", "context_parallel_size": "context parallelism",
 }
 
@@ -87,6 +88,10 @@ class _Reader(collect.TrainerYaml):
 
         self.grpo = bool(GRPO_KEYS & set(data))
         dpo = sorted(DPO_KEYS & set(data))
+        if not dpo and not self.grpo:
+            self.default("(trainer)", "sft", "read as SFT (trl sft): a TRL YAML does not name its trainer; a DPO, "
+                         "KTO or reward run launched with it keeps more (a reference model, pairs of sequences)",
+                         "cli.py")
         if dpo and not self.grpo:
             c.unmodelled(dpo[0], data[dpo[0]], "DPO keys: a chosen and a rejected sequence per example (twice the "
                                                "activations) and a frozen reference model; estimated as SFT of one model, so the real "
@@ -294,7 +299,7 @@ class _Reader(collect.TrainerYaml):
         """The accelerate config the run is launched with, then the DeepSpeed file or FSDP the config names."""
         c, take, path = self.c, self.take, self.path
         hidden = model_ref.hidden_size(self.model)
-        collect.launcher(c, path, self.given, self.trainer, hidden)
+        collect.launcher(c, path, self.given, self.trainer, hidden, own_deepspeed="deepspeed" in self.data)
         ds = take("deepspeed")
         if ds is not None:
             collect.companion_deepspeed(c, ds, self.given, self.trainer, hidden)
