@@ -18,7 +18,11 @@ def test_every_catalogue_model_has_hub_ids_and_a_source():
     assert sorted(src) == models.catalogue()
     for name, entry in src.items():
         assert entry["hub_ids"] and entry["source"].startswith(f"https://huggingface.co/{entry['hub_ids'][0]}/")
-    assert len(models.hub_ids()) == sum(len(e["hub_ids"]) for e in src.values())     # no id names two models
+    own = {h.lower() for e in src.values() for h in e["hub_ids"]}
+    assert len(own) == sum(len(e["hub_ids"]) for e in src.values())                   # no id names two models
+    mirrors = models.mirrors()                       # unsloth's 16-bit re-uploads, each of one original of ours
+    assert set(mirrors.values()) <= own and not set(mirrors) & own
+    assert len(models.hub_ids()) == len(own) + len(mirrors)
 
 
 @pytest.mark.parametrize("hub,name", [("Qwen/Qwen3-4B", "qwen3-4b"), ("qwen/qwen3-4b", "qwen3-4b"),
