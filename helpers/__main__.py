@@ -199,32 +199,7 @@ def imported_from(a: argparse.Namespace):
                                   "processes (accelerate launch, torchrun)" if imp.more_gpus == "ddp" else
                                   f"the files leave the world size to the launcher: on N GPUs {imp.format} runs "
                                   f"{imp.more_gpus}"})
-    pw = imp.per_world
-    if pw and ({"gpus", "batch"} & set(typed)) and not {"batch", "grad_accum"} <= set(typed):
-        # DeepSpeed's train_batch_size = micro batch x accumulation x world size, the one the files leave out derived
-        n = typed.get("gpus", imp.setup.gpus)
-        derive = pw["field"] if pw["field"] not in typed else "grad_accum"
-        if derive == "grad_accum" and "grad_accum" in typed:
-            derive = "batch"
-        other = typed.get("batch", imp.setup.batch) if derive == "grad_accum" else \
-            typed.get("grad_accum", imp.setup.grad_accum if pw["field"] != "batch" else pw["by"])
-        value, rest = divmod(pw["total"], other * n)
-        other_name = "micro batch" if derive == "grad_accum" else "accumulation"
-        if value < 1 or rest:
-            raise InputError(f"train_batch_size {pw['total']} is not {other_name} {other} x {n} GPU(s) x a whole "
-                             f"{'accumulation' if derive == 'grad_accum' else 'micro batch'}, as DeepSpeed requires: "
-                             f"choose --gpus and --{'batch' if derive == 'grad_accum' else 'grad-accum'} whose product "
-                             f"divides {pw['total']}")
-        overrides.append({"flag": _flag_of(a, "gpus" if "gpus" in typed else "batch"), "field": derive,
-                          "value": value, "replaced": getattr(imp.setup, derive),
-                          "from": f"train_batch_size {pw['total']} split again: {pw['total']} / ({other_name} {other} "
-                                  f"x {n} GPU(s))"})
-        imp.setup = imp.setup.replace(**{derive: value})
-    elif pw and "grad_accum" in typed and "batch" in typed:
-        n = typed.get("gpus", imp.setup.gpus)
-        if typed["batch"] * typed["grad_accum"] * n != pw["total"]:
-            raise InputError(f"--batch {typed['batch']} x --grad-accum {typed['grad_accum']} x {n} GPU(s) is not the "
-                             f"file's train_batch_size {pw['total']}, as DeepSpeed requires: change one, or the file")
+    _split_train_batch(a, imp, typed, overrides)
     for field, value in typed.items():
         old = getattr(imp.setup, field)
         if old == value:
@@ -236,6 +211,38 @@ def imported_from(a: argparse.Namespace):
         overrides.append({"flag": "--model", "field": "model", "value": a.model, "replaced": replaced,
                           "from": _origin(imp, "model") if imp.model_named else "the files name no model"})
     return a.model or imp.model, setup_from_args(a, imp.setup), imp, overrides
+
+
+def _split_train_batch(a, imp, typed: dict, overrides: list) -> None:
+    """DeepSpeed's train_batch_size = micro batch x accumulation x world size: where the files gave the whole
+    (`imp.per_world`, split over a world of 1) and the flags give the world or the micro batch, the one neither gives
+    is derived again, said as an override; both given must multiply to the file's total."""
+    pw = imp.per_world
+    if not pw:
+        return
+    n = typed.get("gpus", imp.setup.gpus)
+    if "batch" in typed and "grad_accum" in typed:
+        if typed["batch"] * typed["grad_accum"] * n != pw["total"]:
+            raise InputError(f"--batch {typed['batch']} x --grad-accum {typed['grad_accum']} x {n} GPU(s) is not the "
+                             f"file's train_batch_size {pw['total']}, as DeepSpeed requires: change one, or the file")
+        return
+    if not {"gpus", "batch"} & set(typed):
+        return
+    derive = "grad_accum" if "batch" in typed else "batch" if "grad_accum" in typed else pw["field"]
+    keep = "batch" if derive == "grad_accum" else "grad_accum"
+    other = typed.get(keep, getattr(imp.setup, keep))
+    value, rest = divmod(pw["total"], other * n)
+    other_name, derived_name = ("micro batch", "accumulation") if keep == "batch" else ("accumulation", "micro batch")
+    if value < 1 or rest:
+        flag = "--batch" if keep == "batch" else "--grad-accum"
+        raise InputError(f"train_batch_size {pw['total']} is not {other_name} {other} x {n} GPU(s) x a whole "
+                         f"{derived_name}, as DeepSpeed requires: choose --gpus and {flag} whose product divides "
+                         f"{pw['total']}")
+    overrides.append({"flag": _flag_of(a, "gpus" if "gpus" in typed else "batch"), "field": derive, "value": value,
+                      "replaced": getattr(imp.setup, derive),
+                      "from": f"train_batch_size {pw['total']} split again: {pw['total']} / ({other_name} {other} x "
+                              f"{n} GPU(s))"})
+    imp.setup = imp.setup.replace(**{derive: value})
 
 
 def _flag_of(a, field: str) -> str:
@@ -308,21 +315,19 @@ def model_source(model) -> dict | None:
     return {"hub_id": repo, "config": where, "same_shapes_as": models.same_shapes_as(model)}
 
 
-def tower_line(a: argparse.Namespace, imported) -> str | None:
+def model_notes(a: argparse.Namespace, imported) -> str | None:
     """What the model's own checkpoint holds that the estimate leaves out: a pre-quantised config's weights, and the
     vision tower of a --model hub id naming a multimodal checkpoint (a --from file's own hub id is listed with its
     not-modelled settings instead)."""
     from helpers import models
 
     named = getattr(a, "model", None)
-    setup = imported.setup if imported is not None else None
-    base = getattr(a, "base_weights", None) or (setup.base_weights if setup is not None else None)
-    notes = [models.quantization_note(named or (imported.model if imported else None), base)
-             if named or (imported is not None and imported.model) else None]
+    model = named or (imported.model if imported is not None else None)
+    base = getattr(a, "base_weights", None) or (imported.setup.base_weights if imported is not None else None)
+    notes = [models.quantization_note(model, base) if model else None]
     if named and not (imported is not None and imported.model_named == named):
         notes.append(models.tower_note(named))
-    notes = [n for n in notes if n]
-    return "\n".join(f"not modelled: {n}" for n in notes) or None
+    return "\n".join(f"not modelled: {n}" for n in notes if n) or None
 
 
 def model_source_line(src: dict) -> str:
@@ -369,7 +374,7 @@ def _command(a: argparse.Namespace) -> int:
     from helpers import evidence, report
 
     src = model_source(result.model)
-    tower = tower_line(a, imported)
+    tower = model_notes(a, imported)
     unmodelled = report.unmodelled_caution(result, imported)
     if a.json:
         doc = result.to_dict() | {"evidence": {"kind": evidence.kind(result), "detail": evidence.detail(result)}}
@@ -440,7 +445,7 @@ def _answer(a: argparse.Namespace) -> int:
     if caution:
         doc["reserve_caution"] = caution
         text = f"as given: {caution}\n" + text
-    tower = tower_line(a, imported)
+    tower = model_notes(a, imported)
     if tower:
         doc["not_modelled_model"] = tower
     unmodelled = report.unmodelled_caution(base, imported, any_verdict=True)

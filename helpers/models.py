@@ -35,16 +35,19 @@ def catalogue() -> list[str]:
 
 
 @functools.lru_cache(maxsize=1)
+def _sources_file() -> dict:
+    return json.loads(SOURCES.read_text())
+
+
 def sources() -> dict[str, dict]:
     """Per catalogue name: its Hugging Face hub ids and the published config it was written from (model_sources.json)."""
-    return json.loads(SOURCES.read_text())["models"]
+    return _sources_file()["models"]
 
 
-@functools.lru_cache(maxsize=1)
 def mirrors() -> dict[str, str]:
     """Original hub id by the hub id of a 16-bit re-upload under another organisation (model_sources.json "mirrors",
     from unsloth's mapper), both in lower case."""
-    return {k.lower(): v.lower() for k, v in json.loads(SOURCES.read_text())["mirrors"]["ids"].items()}
+    return {k.lower(): v.lower() for k, v in _sources_file()["mirrors"]["ids"].items()}
 
 
 def hub_ids() -> dict[str, str]:

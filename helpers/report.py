@@ -158,13 +158,13 @@ def unmodelled_caution(r: Result, imported, any_verdict: bool = False) -> str | 
     so that "fits" is read as "fits for what is modelled". None when nothing listed raises it."""
     if imported is None or not (any_verdict or verdict(r).startswith("fits")):
         return None
-    raising = [n.key for n in imported.not_modelled if "higher" in n.why]
+    raising = list(dict.fromkeys(n.key for n in imported.not_modelled if "higher" in n.why))
     if not raising:
         return None
     head = "every 'fits' below holds only for what is modelled" if any_verdict else "fits only for what is modelled"
     return (f"{head}: {len(raising)} setting{'s' if len(raising) > 1 else ''} listed as not "
             f"modelled raise{'s' if len(raising) == 1 else ''} the real figure above this estimate "
-            f"({', '.join(dict.fromkeys(raising))})")
+            f"({', '.join(raising)})")
 
 
 def reserve_caution(r: Result) -> str | None:

@@ -369,10 +369,12 @@ def fused_ce_where_modelled(fields: dict, settings: list[Setting], defaults: lis
         return []
     fields["fused_ce"] = False
     out = []
-    for x in [x for x in settings if x.fields.get("fused_ce")] + [x for x in defaults or [] if x.fields.get("fused_ce")]:
-        (settings if x in settings else defaults).remove(x)
-        out.append(NotModelled(getattr(x, "file", x.source), getattr(x, "line", None), x.key, x.value,
-                               "a fused linear cross-entropy with tensor or context parallelism is not modelled: "
-                               "estimated with the loss over the logits, which the fused loss never materialises, "
-                               "so the real figure is lower"))
+    why = ("a fused linear cross-entropy with tensor or context parallelism is not modelled: estimated with the loss "
+           "over the logits, which the fused loss never materialises, so the real figure is lower")
+    for s in [s for s in settings if s.fields.get("fused_ce")]:
+        settings.remove(s)
+        out.append(NotModelled(s.file, s.line, s.key, s.value, why))
+    for d in [d for d in defaults or [] if d.fields.get("fused_ce")]:
+        defaults.remove(d)
+        out.append(NotModelled(d.source, None, d.key, d.value, why))
     return out

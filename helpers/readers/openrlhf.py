@@ -94,6 +94,7 @@ MODULE_DEFAULTS = {
     "train_ppo_ray": {"classic": (4, 2048), "dotted": (1, 2048)},
 }
 ATTENTION = hf_names.ATTENTION
+MAX_TOKENS_PER_GPU = 16192                  # train_ppo_ray.py @3c3be623: --train.max_tokens_per_gpu's default
 
 
 def claims(path: Path, data) -> bool:
@@ -404,8 +405,8 @@ class _Reader:
         def flag(*names):
             return next(((n, self.flags[n]) for n in names if n in self.flags), (None, None))
 
-        k_all, on_all = flag("--train.colocate_all", "--colocate_all_models")
-        k_sleep, sleep = flag("--vllm.enable_sleep", "--vllm_enable_sleep")
+        k_all, _ = flag("--train.colocate_all", "--colocate_all_models")
+        k_sleep, _ = flag("--vllm.enable_sleep", "--vllm_enable_sleep")
         k_util, util = flag("--vllm.gpu_memory_utilization", "--vllm_gpu_memory_utilization")
         try:
             share = float(util) if k_util else 0.95
@@ -422,16 +423,11 @@ class _Reader:
                       f"the reference, reward and critic models' weights; this run cannot fit unless the training "
                       f"step fits in the other {1 - share:.0%}"))
             d.unmodelled_at(f, self.line(k_all), k_all, True, why)
-        for k, why in ((k_sleep, "vLLM's sleep mode between rollouts (with colocation: its memory released while "
-                                 "the actor trains)"),
-                       (k_util, f"vLLM's share of each GPU it runs on ({share:g}); on the actor's GPUs only with "
-                                f"colocation")):
+        for k in (k_sleep, k_util):
             if k:
                 self.used.add(k)
-                if k_all:
-                    d.setting(f, self.line(k), k, self.flags[k], sets="read with the colocation listed above")
-                else:
-                    d.setting(f, self.line(k), k, self.flags[k], sets="vLLM on its own GPUs: not the actor's")
+                d.setting(f, self.line(k), k, self.flags[k], sets="read with the colocation listed above" if k_all
+                          else "vLLM on its own GPUs: not the actor's")
         if k_all:
             self.used.add(k_all)
             for k in [k for k in self.flags if k.startswith(("--critic.", "--ref.", "--reward.", "--vllm."))
@@ -463,7 +459,7 @@ class _Reader:
         k = "--train.dynamic_batch_enable"
         self.used.add(k)
         kt = "--train.max_tokens_per_gpu"
-        tokens = positive_int(f, kt, self.flags[kt] if kt in self.flags else 16192)
+        tokens = positive_int(f, kt, self.flags[kt] if kt in self.flags else MAX_TOKENS_PER_GPU)
         if kt in self.flags:
             self.used.add(kt)
         if not self.flags.get("--ds.packing_samples"):
@@ -476,7 +472,7 @@ class _Reader:
                   sets=f"batch=1, seq={seq} (one packed bin of at most {kt} {tokens} x ring {ring} x TP {tp} tokens, "
                        f"or one --data.max_len sample: seqlen_balancing.py)")
         (d.setting(f, self.line(kt), kt, tokens, sets="the bin size above") if kt in self.flags else
-         d.default(self.tool, kt, 16192, self.source, sets="the bin size above"))
+         d.default(self.tool, kt, MAX_TOKENS_PER_GPU, self.source, sets="the bin size above"))
         d.unmodelled_at(f, self.line(k), k, True, "the balanced partition (get_seqlen_balanced_partitions) may put a "
                                                  "few more tokens than the first-fit bin in one micro batch: the real "
                                                  "peak can be slightly higher")

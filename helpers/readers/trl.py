@@ -144,7 +144,6 @@ class _Reader(collect.TrainerYaml):
         else:
             prompt = c.integer("max_prompt_length", prompt)
             c.set("max_prompt_length", prompt, "prompts truncated to it (TRL before 1.0)")
-        c.fields["seq"] = prompt + comp
         c.set("max_completion_length", comp, f"seq={prompt + comp} (a prompt of {prompt} + a completion of {comp} "
                                              f"tokens per sequence)", seq=prompt + comp)
         for key in ("max_length", "max_seq_length"):
@@ -174,7 +173,7 @@ class _Reader(collect.TrainerYaml):
                                                f"by that share")
             else:
                 c.set("use_vllm", True, f"vLLM in {mode} mode on its own GPUs: not the training GPUs'")
-        for key, value in (("vllm_mode", mode), ("vllm_gpu_memory_utilization", util)):
+        for key in ("vllm_mode", "vllm_gpu_memory_utilization"):
             if key in self.data:
                 c.set(key, self.data[key], "read with use_vllm above")
         said = {x.key for x in c.settings + c.not_modelled}
