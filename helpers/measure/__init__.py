@@ -3,7 +3,8 @@ runs, all through one training loop (steps.run_steps)."""
 
 from helpers.measure import fakegpu
 
-fakegpu.register_backend()     # before any backward pass in this process (see fakegpu.register_backend)
+if fakegpu.wanted():            # not in a process that runs CUDA's backward (the GPU mode's own: fakegpu.wanted)
+    fakegpu.register_backend()  # before any backward pass in this process (see fakegpu.register_backend)
 
 import warnings  # noqa: E402
 

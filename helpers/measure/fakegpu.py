@@ -234,6 +234,25 @@ def device() -> torch.device:
     return torch.device(NAME)
 
 
+CUDA_PROCESS_ENV = "OOM_CASEBOOK_CUDA_PROCESS"     # "1": this process runs CUDA's backward (helpers.measure.gpu)
+
+
+def wanted() -> bool:
+    """Whether this process names PrivateUse1 'gpu' when `helpers.measure` is imported: everywhere but a process that
+    runs the GPU mode (CUDA_PROCESS_ENV set). A registered PrivateUse1 backend becomes torch's accelerator
+    (at::getAccelerator), and autograd then finds no stream for a CUDA node: every CUDA backward in the process fails
+    with 'opt_ready_stream && opt_parent_stream INTERNAL ASSERT FAILED' (engine.cpp; pytorch/pytorch#161129; seen with
+    torch 2.11 on an H100 when this project's GPU mode first ran). So a GPU run goes to a process of its own."""
+    import os
+
+    return os.environ.get(CUDA_PROCESS_ENV) != "1"
+
+
+def registered() -> bool:
+    """Whether this process has named PrivateUse1 'gpu' (after which CUDA's backward fails here: see `wanted`)."""
+    return torch._C._get_privateuse1_backend_name() == NAME
+
+
 def register_backend() -> None:
     """Name PyTorch's PrivateUse1 backend 'gpu' (once per process).
 

@@ -25,8 +25,8 @@ import time
 import torch
 
 from helpers import models, provenance
-from helpers.errors import InputError
-from helpers.measure import engines, procgroup, reserved, scaled
+from helpers.errors import InputError, MeasurementError
+from helpers.measure import engines, fakegpu, procgroup, reserved, scaled
 from helpers.measure.scaled import check_steps
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
@@ -63,6 +63,11 @@ def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -
     require_cuda(setup)
     m = models.spec(model)
     m.check_lora_rank(setup.lora_rank, setup.lora_targets)
+    if fakegpu.registered():                 # CUDA's backward fails in this process (fakegpu.wanted): one of its own
+        if not fakegpu.wanted():
+            raise MeasurementError("the fake 'gpu' backend was registered in the GPU run's own process, where CUDA's "
+                                   "backward then fails (helpers.measure.fakegpu.wanted)")
+        return _in_own_process(model if isinstance(model, (str, os.PathLike)) else m.path, setup, snapshot, steps)
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if setup.strat.multi_gpu:
         procgroup.ensure("nccl", setup.gpus)
@@ -74,6 +79,33 @@ def run(model, setup: TrainSetup, snapshot: str | None = None, steps: int = 2) -
         if snapshot:
             torch.cuda.memory._dump_snapshot(snapshot)
             torch.cuda.memory._record_memory_history(enabled=None)
+
+
+OWN_PROCESS_TIMEOUT_S = 6 * 3600      # a GPU run of a large model under offload takes long; a hung one ends here
+
+
+def _in_own_process(model, setup: TrainSetup, snapshot: str | None, steps: int) -> Result:
+    """`run` in a fresh Python process (CUDA_PROCESS_ENV set, so no fake 'gpu' there), its Result read back: what a
+    notebook kernel or a CLI that has imported `helpers.measure` gets. The process starts from an empty device, so
+    the CUDA context it measures is its own; under torchrun each rank's process starts its own."""
+    import json
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import helpers
+    from helpers.measure import children
+
+    root = str(Path(helpers.__file__).resolve().parents[1])
+    env = {**os.environ, fakegpu.CUDA_PROCESS_ENV: "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    with tempfile.TemporaryDirectory() as tmp:
+        args, out = Path(tmp) / "run.json", Path(tmp) / "result.json"
+        args.write_text(json.dumps({"model": str(model), "setup": dataclasses.asdict(setup), "snapshot": snapshot,
+                                    "steps": steps, "out": str(out)}))
+        children.run([sys.executable, "-m", "helpers.measure.gpu", str(args)], env, OWN_PROCESS_TIMEOUT_S,
+                     "the GPU run (a process of its own)")
+        return Result.from_dict(json.loads(out.read_text()))
 
 
 def measure(m: models.ModelSpec, setup: TrainSetup, device: torch.device, steps: int = 2,
@@ -193,3 +225,15 @@ def segments_summary(snapshot: list[dict]) -> dict:
         free = [b["size"] for b in seg["blocks"] if b["state"] == "inactive"]
         out["largest_free_block"] = max([out["largest_free_block"], *free])
     return out
+
+
+if __name__ == "__main__":          # the process `_in_own_process` starts: one run, its Result written as JSON
+    import json
+    import sys
+    from pathlib import Path
+
+    from helpers.files import write_text_atomically
+
+    job = json.loads(Path(sys.argv[1]).read_text())
+    done = run(job["model"], TrainSetup(**job["setup"]), job["snapshot"], job["steps"])
+    write_text_atomically(Path(job["out"]), json.dumps(done.to_dict()))
