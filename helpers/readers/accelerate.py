@@ -248,3 +248,54 @@ def _fsdp(c: Record, fsdp: dict) -> None:
         if key not in ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy", "fsdp_offload_params",
                        "fsdp_activation_checkpointing"):
             c.ignore(p + key, value)
+
+
+def launcher(c: Record, path: Path, given: list[Path], trainer: dict, hidden: int | None,
+             own_deepspeed: bool = False) -> Path | None:
+    """The accelerate config among the files given that the run is launched with (`accelerate launch --config_file
+    acc.yaml ...`: TRL's scripts, LLaMA-Factory's src/train.py), applied to the record: the world size, the strategy
+    and the DeepSpeed or FSDP settings it carries. One at most; None when none is given.
+
+    own_deepspeed: the training YAML names its own DeepSpeed file (`deepspeed:`). TrainingArguments then builds the
+    DeepSpeedPlugin from that file and the Trainer hands it to the Accelerator (transformers training_args.py
+    `DeepSpeedPlugin(hf_ds_config=...)`, trainer.py `"deepspeed_plugin": self.args.deepspeed_plugin`), so an
+    accelerate DEEPSPEED config's own DeepSpeed settings are replaced: only its world size is kept, the rest said
+    superseded."""
+    found: Path | None = None
+    for other in given:
+        other = Path(other)
+        if other.resolve() == Path(path).resolve() or other.suffix.lower() not in (".yaml", ".yml"):
+            continue
+        odata, olines = base.load_yaml(other)
+        if claims(other, odata):
+            if found is not None and found.resolve() != other.resolve():
+                raise ConfigError(other, f"a second accelerate config (with {found.name}): `accelerate launch "
+                                         f"--config_file` takes one; give the one this run is launched with")
+            found = other
+            applied, files = apply(other, odata, olines, given, trainer, hidden)
+            if own_deepspeed and odata.get("distributed_type") == "DEEPSPEED":
+                _supersede(applied, path)
+                files = []
+            c.merge(applied)
+            c.files += [str(other)] + files
+    return found
+
+
+KEPT_FROM_LAUNCHER = ("gpus", "gpus_per_node")
+
+
+def _supersede(applied: Record, path: Path) -> None:
+    """An accelerate DEEPSPEED config under a training YAML with its own `deepspeed:` file: its world size stays,
+    every other field it would set is dropped and its entries say why."""
+    why = f"superseded: {Path(path).name}'s deepspeed: file is the run's DeepSpeed config (the Trainer's DeepSpeedPlugin)"
+    applied.fields = {k: v for k, v in applied.fields.items() if k in KEPT_FROM_LAUNCHER}
+    kept = []
+    for x in applied.settings:
+        if set(x.fields) & set(KEPT_FROM_LAUNCHER):
+            kept.append(x)
+        else:
+            kept.append(type(x)(x.file, x.line, x.key, x.value, why, {}))
+    applied.settings = kept
+    applied.defaults = [d for d in applied.defaults if set(d.fields) & set(KEPT_FROM_LAUNCHER)]
+    applied.not_modelled = []
+    applied.engine_optimizer = None

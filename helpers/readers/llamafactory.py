@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.readers import base, collect, model_ref
+from helpers.readers import accelerate, base, collect, model_ref
 from helpers.readers.base import ConfigError, Imported
 
 NAME = "llamafactory"
@@ -254,7 +254,7 @@ class _Reader(collect.TrainerYaml):
         """DeepSpeed (after the trainer values it takes "auto" from)."""
         c, take, path = self.c, self.take, self.path
         ds, pure = take("deepspeed"), self.pure
-        collect.launcher(c, path, self.given, self.trainer, model_ref.hidden_size(self.model),
+        accelerate.launcher(c, path, self.given, self.trainer, model_ref.hidden_size(self.model),
                          own_deepspeed="deepspeed" in self.data)
         if ds is not None:
             collect.companion_deepspeed(c, ds, self.given, self.trainer, model_ref.hidden_size(self.model))

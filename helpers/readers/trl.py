@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.readers import base, collect, hf_names, model_ref
+from helpers.readers import accelerate, base, collect, hf_names, model_ref
 from helpers.readers.base import ConfigError, Imported
 from helpers.readers.provenance import Record
 
@@ -298,7 +298,7 @@ class _Reader(collect.TrainerYaml):
         """The accelerate config the run is launched with, then the DeepSpeed file or FSDP the config names."""
         c, take, path = self.c, self.take, self.path
         hidden = model_ref.hidden_size(self.model)
-        collect.launcher(c, path, self.given, self.trainer, hidden, own_deepspeed="deepspeed" in self.data)
+        accelerate.launcher(c, path, self.given, self.trainer, hidden, own_deepspeed="deepspeed" in self.data)
         ds = take("deepspeed")
         if ds is not None:
             collect.companion_deepspeed(c, ds, self.given, self.trainer, hidden)
