@@ -57,6 +57,23 @@ def events_from(tracker, device: str = "gpu") -> list[tuple]:
     return out
 
 
+def from_trace(trace: list) -> tuple[list[tuple], int, int]:
+    """A real CUDA allocator trace ([action, address, bytes], as torch.cuda.memory._snapshot()'s device_traces give
+    it: data/results/gpu_traces) as (replay's events, the GPU's peak reserved bytes, the segments it cudaMalloc'd)."""
+    events, held, peak, segments = [], 0, 0, 0
+    for action, addr, size in trace:
+        if action == "segment_alloc":
+            held, segments = held + size, segments + 1
+            peak = max(peak, held)
+        elif action == "segment_free":
+            held -= size
+        elif action == "alloc":
+            events.append(("resize", addr, size))
+        elif action == "free_completed":
+            events.append(("resize", addr, 0))
+    return events, peak, segments
+
+
 def replay(events: list[tuple], config: allocator.Config = allocator.Config(), limit_bytes: int | None = None) -> Replay:
     """Run allocator events (`events_from`'s, plus ('empty_cache',) for torch.cuda.empty_cache()) through a
     CachingAllocator; the per-phase figures (bytes), and where it ran out."""
