@@ -14,8 +14,9 @@ import dataclasses
 import datetime
 import statistics
 import time
+from pathlib import Path
 
-from helpers import estimate, models
+from helpers import estimate, gpus, models
 from helpers.results import Result
 from helpers.training import TrainSetup as T
 from helpers.units import to_gib
@@ -480,20 +481,199 @@ def bench_published(save: bool = True) -> None:
         print(f"   saved {out.relative_to(models.DATA_DIR.parent)}")
 
 
-def main() -> None:
+GPU_GRID = [          # one process each, in this order (the cheap and the telling first); (model, set-up, alloc conf)
+    ("qwen2.5-0.5b", T(precision="bf16", batch=2, seq=512, attention="flash", outputs_held=True), None),
+    ("llama-3.2-3b", T(precision="bf16", adam_impl="fused", batch=4, seq=4096, checkpointing="full", attention="flash"),
+     None),
+    ("llama-3-8b", T(lora_rank=16, lora_targets="q,v", seq=2048), None),
+    ("llama-3-8b", T(precision="bf16", adam_impl="fused", seq=128), None),
+    ("llama-3.2-1b", T(precision="bf16-mixed", batch=8, seq=2048), None),
+    ("llama-3.2-1b", T(precision="bf16-mixed", batch=8, seq=2048), "expandable_segments:True"),
+    ("llama-3-8b", T(precision="bf16", adam_impl="foreach", seq=128), None),
+    ("llama-3-8b", T(precision="bf16-mixed", adam_impl="fused", seq=512), None),
+    ("llama-3.2-3b", T(precision="fp32", adam_impl="foreach", seq=1024), None),
+    ("gemma-2-2b", T(precision="bf16-mixed", adam_impl="fused", seq=1024), None),
+    ("llama-3-8b", T(lora_rank=16, lora_dropout=0.05, base_weights="fp32", seq=1024, attention="flash"), None),
+    ("qwen3-8b", T(precision="bf16", adam_impl="fused", batch=2, seq=4096, checkpointing="full", attention="flash"),
+     None),
+    ("llama-3.2-3b", T(precision="bf16-mixed", adam_impl="for-loop", batch=2, seq=2048, checkpointing="full"), None),
+]
+
+
+def bench_gpu(out: str | None = None, row_timeout: int = 120) -> int:
+    """Each GPU_GRID set-up for real on this CUDA GPU (`helpers.measure.gpu`: torch.cuda's peaks per phase, the
+    device's used bytes, the tracker's census, an OOM caught), one process per set-up so each starts from an empty
+    device; the rows are written after each run to `out` (default data/results/gpu_runs.json). 2 without CUDA."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    import torch
+
+    from helpers.files import write_text_atomically
+    from helpers.measure.fakegpu import CUDA_PROCESS_ENV
+
+    if not torch.cuda.is_available():
+        print(f"bench gpu: needs a CUDA GPU and this machine has none (torch {torch.__version__}); the recorded runs "
+              f"are compared here with `python -m helpers.bench gpu-compare`")
+        return 2
+    path = models.DATA_DIR / "results" / gpus.GPU_RUNS if out is None else Path(out)
+    doc = {"about": "python -m helpers.bench gpu: full-size training steps for real on one GPU (helpers.measure.gpu), "
+                    "one process per set-up; bytes (GiB = 2^30 bytes)",
+           "date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
+           "versions": _versions(), "rows": []}
+    for i, (name, setup, conf) in enumerate(GPU_GRID):
+        env = dict(os.environ, **{CUDA_PROCESS_ENV: "1"}, **({"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}))
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            got = Path(tmp) / "result.json"
+            try:
+                proc = subprocess.run([sys.executable, "-m", "helpers.bench", "gpu-row", "--row", str(i), "--out",
+                                       str(got)], env=env, capture_output=True, text=True, timeout=row_timeout)
+                err = None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+            except subprocess.TimeoutExpired:
+                err = f"timed out after {row_timeout} s"
+            result = json.loads(got.read_text()) if got.exists() else None
+        row = {"model": name, "setup": dataclasses.asdict(setup), "alloc_conf": conf, "result": result, "error": err,
+               "process_s": round(time.perf_counter() - started, 1)}
+        doc["rows"].append(row)
+        write_text_atomically(path, json.dumps(doc, indent=1))
+        if result is None:
+            print(f"{_label(name, setup):72s} failed: {err}", flush=True)
+            continue
+        r = Result.from_dict(result)
+        oom = r.meta.get("oom_observed")
+        stats = r.meta["cuda_stats"]
+        alloc = max(v.get("max_allocated", 0) for v in stats.values())
+        rsvd = max(v.get("max_reserved", 0) for v in stats.values())
+        print(f"{_label(name, setup) + (' ' + conf if conf else ''):72s} allocated {to_gib(alloc):6.2f} reserved "
+              f"{to_gib(rsvd):6.2f} census {to_gib(r.gpu.peak_bytes):6.2f} GiB"
+              f"{' OOM in ' + oom['phase'] if oom else ''} ({row['process_s']} s)", flush=True)
+    print(f"saved {path}")
+    return 0
+
+
+def _versions() -> dict:
+    """The libraries a GPU run went through (a missing one left out), CUDA's version and the driver's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    from helpers import provenance
+
+    out = provenance.versions()
+    for name in ("peft", "accelerate", "bitsandbytes"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    try:
+        import subprocess
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        driver = None
+    return out | {"cuda": torch.version.cuda, "driver": driver}
+
+
+def gpu_row(i: int, out: str) -> None:
+    """One GPU_GRID row measured on this GPU, its Result written to `out` (JSON)."""
+    import json
+
+    from helpers.files import write_text_atomically
+    from helpers.measure import gpu
+
+    name, setup, _ = GPU_GRID[i]
+    write_text_atomically(Path(out), json.dumps(gpu.run(name, setup).to_dict()))
+
+
+def gpu_measured(result: dict) -> dict:
+    """What a recorded GPU run measured (bytes): torch.cuda's peak allocated and reserved over its phases, the bytes
+    outside the allocator (CUDA context and the rest), the tracker's census peak, the allocator model replayed on the
+    run's own allocations, and the phase an OOM happened in (None: it ran)."""
+    stats = result["meta"]["cuda_stats"]
+    oom = result["meta"].get("oom_observed")
+    model = result["meta"]["allocator_model"]["phases"]
+    return {"allocated": max(v.get("max_allocated", 0) for v in stats.values()),
+            "reserved": max(v.get("max_reserved", 0) for v in stats.values()),
+            "outside_allocator": max(v.get("outside_allocator", 0) for v in stats.values()),
+            "census": max(max(sum(c.values()) for c in result["gpu"]["breakdown"].values()), 0),
+            "reserved_model_on_run": max((v["reserved"] for v in model.values()), default=0),
+            "oom_phase": oom["phase"] if oom else None, "capacity": result["gpu"]["capacity_bytes"]}
+
+
+def bench_gpu_compare() -> None:
+    """The recorded GPU runs (data/results/gpu_runs.json) beside the estimate and the dry run of the same set-ups on
+    the same GPU preset: allocated, reserved, the device total (what nvidia-smi shows) and the verdicts, GiB."""
+    import json
+
+    from helpers.measure import dryrun
+    from helpers.units import GiB
+
+    doc = json.loads((models.DATA_DIR / "results" / gpus.GPU_RUNS).read_text())
+    preset = {v: k for k, v in gpus.PRESETS.items()}.get(doc["device"])
+    cap_gib = gpus.preset(preset)["gib"]
+    print(f"GPU runs on {doc['device']} ({doc['date']}, torch {doc['versions']['torch']}; preset {preset}, "
+          f"{cap_gib:.2f} GiB) beside the estimate and the dry run of the same set-up; GiB = 2^30 bytes. Measured: "
+          f"torch.cuda's peaks, and the device total = reserved + the bytes outside the allocator (mem_get_info)")
+    print(f"   {'set-up':64s}{'alloc':>7s}{'est':>7s}{'diff':>7s}{'rsvd':>7s}{'dry':>7s}{'diff':>7s}{'total':>7s}"
+          f"{'dry':>7s}{'diff':>7s}  verdicts (ran / dry run's device total)")
+    diffs = {"allocated": [], "reserved": [], "total": []}
+    for row in doc["rows"]:
+        setup = T(**row["setup"])
+        label = _label(row["model"], setup) + (" " + row["alloc_conf"].split(":")[0] if row["alloc_conf"] else "")
+        if row["result"] is None:
+            print(f"   {label:64s} no result: {row['error']}")
+            continue
+        m = gpu_measured(row["result"])
+        e = estimate.run(row["model"], setup)
+        x = dryrun.recheck(row["model"], setup.replace(gpu_gib=cap_gib), gpu=preset, alloc_conf=row["alloc_conf"])
+        total = m["reserved"] + m["outside_allocator"]
+        ran = "OOM in " + m["oom_phase"] if m["oom_phase"] else "ran"
+        dry = "fits" if x["fits_device"] else f"OOM ({x['part']})"
+        cells = [(m["allocated"], e.gpu.peak_bytes, "allocated"), (m["reserved"], x["reserved"], "reserved"),
+                 (total, x["device_total"], "total")]
+        line = ""
+        for got, ours, key in cells:
+            if m["oom_phase"]:
+                line += f"{to_gib(got):7.2f}{to_gib(ours):7.2f}{'-':>7s}"
+                continue
+            diffs[key].append(ours / got - 1)
+            line += f"{to_gib(got):7.2f}{to_gib(ours):7.2f}{ours / got - 1:+7.1%}"
+        print(f"   {label:64s}{line}  {ran} / {dry}")
+    for key, v in diffs.items():
+        if v:
+            print(f"   {key}: ours against the GPU's, {len(v)} runs: median {statistics.median(v):+.2%}, lowest "
+                  f"{min(v):+.2%}, highest {max(v):+.2%}")
+    print(f"   context measured outside the allocator: {gpus.cuda_context(preset)['mib']:.0f} MiB; cuBLAS workspaces "
+          f"{gpus.cublas_workspaces(preset)['bytes'] / GiB * 1024:.0f} MiB ({gpus.cublas_workspaces(preset)['detail']})")
+
+
+def main() -> int:
     p = argparse.ArgumentParser(prog="python -m helpers.bench")
-    p.add_argument("which", choices=["estimate", "explorer", "dryrun", "scaled", "allocator", "published", "fit"],
+    p.add_argument("which", choices=["estimate", "explorer", "dryrun", "scaled", "allocator", "published", "fit", "gpu",
+                                     "gpu-compare", "gpu-row"],
                    nargs="?",
                    default="estimate")
     p.add_argument("--no-save", action="store_true", help="dryrun, published: do not write data/results/")
     p.add_argument("--only", default=None, metavar="WORD",
                    help="dryrun, scaled: only the grid rows with a word of their label starting so (e.g. tp, fsdp1); "
                         "dryrun's rows replace their own in data/results/ (--no-save: not at all)")
+    p.add_argument("--out", default=None, metavar="PATH",
+                   help="gpu: where the runs are written (default data/results/gpu_runs.json); gpu-row: its result")
+    p.add_argument("--row", type=int, default=None, help=argparse.SUPPRESS)      # gpu-row: which GPU_GRID row
     a = p.parse_args()
+    if a.which == "gpu-row":
+        gpu_row(a.row, a.out)
+        return 0
+    if a.which == "gpu":
+        return bench_gpu(a.out)
     {"estimate": bench_estimate, "scaled": lambda: bench_scaled(a.only), "explorer": bench_explorer,
      "allocator": bench_allocator, "published": lambda: bench_published(save=not a.no_save), "fit": bench_fit,
-     }.get(a.which, lambda: bench_dryrun(save=not a.no_save, only=a.only))()
-
+     "gpu-compare": bench_gpu_compare}.get(a.which, lambda: bench_dryrun(save=not a.no_save, only=a.only))()
+    return 0
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

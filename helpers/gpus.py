@@ -1,11 +1,15 @@
-"""What `nvidia-smi` would show: GPU presets (capacity as the hardware reports it), the CUDA context and NCCL's buffers.
+"""What `nvidia-smi` would show: GPU presets (capacity as the hardware reports it), the CUDA context, cuBLAS's
+workspaces and NCCL's buffers.
 
-The device total of one GPU is the allocator's reserved bytes (`helpers.measure.allocator`) + the CUDA context +
-NCCL's buffers where the strategy communicates. Every figure comes from `data/published.json` with its source; what
-no source gave is said to be assumed, here and in the output.
-"""
+The device total of one GPU is the allocator's reserved bytes (`helpers.measure.allocator`) + cuBLAS's workspaces
+(in the allocator, but no tensor) + the CUDA context + NCCL's buffers where the strategy communicates. Capacities and
+NCCL's default come from `data/published.json` with their sources, the context from this project's own GPU runs
+(`data/results/gpu_runs.json`) where they exist, the workspaces from PyTorch's source; what no source gave is said
+to be assumed, here and in the output."""
 
 from __future__ import annotations
+
+import functools
 
 from helpers import published, strategies
 from helpers.errors import InputError
@@ -75,15 +79,74 @@ def preset(name: str) -> dict:
     return row | {"name": name, "gib": row["mib"] / 1024}
 
 
+GPU_RUNS = "gpu_runs.json"       # data/results/: `python -m helpers.bench gpu`, full-size steps on a real GPU
+
+
+@functools.lru_cache(maxsize=1)
+def measured_contexts() -> dict[str, dict]:
+    """The bytes outside PyTorch's allocator that a training process held, per GPU this project ran on (nvidia-smi's
+    name -> {'mib', 'source', 'url', 'note', 'applies_to', 'gpu'}): torch.cuda.mem_get_info's used bytes less
+    memory_reserved at each phase's end, the largest over every recorded run and phase (data/results/gpu_runs.json)."""
+    import json
+
+    path = published.DATA_DIR / "results" / GPU_RUNS
+    if not path.exists():
+        return {}
+    doc = json.loads(path.read_text())
+    seen = [v["outside_allocator"] for r in doc["rows"] if r["result"]
+            for v in r["result"]["meta"]["cuda_stats"].values() if "outside_allocator" in v]
+    if not seen:
+        return {}
+    v = doc["versions"]
+    return {doc["device"]: {
+        "gpu": doc["device"], "mib": max(seen) / MiB,
+        "applies_to": f"{doc['device']}, torch {v['torch']} (CUDA {v['cuda']}, driver {v['driver']}), after a "
+                      f"training step (forward, backward, AdamW)",
+        "source": f"measured by this project: python -m helpers.bench gpu on {doc['date'][:10]}, {len(doc['rows'])} "
+                  f"set-ups, torch.cuda.mem_get_info used bytes less memory_reserved, the largest at any phase's end",
+        "url": f"data/results/{GPU_RUNS}",
+        "note": "the driver's state and every kernel a training step loads (cuBLAS, attention, optimizer): more than a "
+                "bare context"}}
+
+
 def cuda_context(gpu: str | None = None) -> dict:
-    """The CUDA context of one process on `gpu` (a preset name or nvidia-smi's name; None: any): {'bytes', 'source',
-    'url', 'note', 'applies_to'}: a measurement for that GPU where one was found, else the generic CUDA >= 11.7 one."""
+    """The CUDA context of one training process on `gpu` (a preset name or nvidia-smi's name; None: any): {'bytes',
+    'source', 'url', 'note', 'applies_to'}. A measurement after a training step on that GPU where this project made
+    one; else the largest of the generic published figure and the after-step measurements on other GPUs, said so (a
+    bare context, before any kernel ran, is smaller than a training process's: it is listed, never used)."""
     rows = published.cuda_context_rows()
     if gpu is not None and gpu not in PRESETS and gpu not in PRESETS.values():
         gpu = canonical(gpu)
     name = PRESETS.get(gpu, gpu)
-    row = next((r for r in rows if name and r.get("gpu") == name), rows[0])
-    return row | {"bytes": row["mib"] * MiB}
+    measured = measured_contexts()
+    if name in measured:
+        row = measured[name]
+    else:
+        row = max([rows[0], *measured.values()], key=lambda r: r["mib"])
+        if row is not rows[0]:
+            row = row | {"note": f"measured on {row['gpu']}; assumed for "
+                                 f"{name or 'a GPU not named'} (not measured there)"}
+    return row | {"bytes": round(row["mib"] * MiB)}
+
+
+HOPPER = ("h100-80gb", "h100-nvl", "h200", "h20")     # compute capability 9.0
+CUBLAS_SOURCE = ("pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp: parseChosenWorkspaceSize (CUBLAS_WORKSPACE_"
+                 "CONFIG's default, :4096:8 on sm90, else :4096:2:16:8) and getCurrentCUDABlasHandle (a workspace per "
+                 "handle and stream, handles per thread, allocated through the caching allocator)")
+CUBLAS_THREADS = 2       # the forward's matmuls on the Python thread, backward's on autograd's device thread
+
+
+def cublas_workspaces(gpu: str | None = None) -> dict:
+    """The cuBLAS workspaces a training process holds on one GPU: one per thread that runs matmuls (2), each 32 MiB
+    on Hopper (sm90) and 8 MiB + 128 KiB elsewhere; a GPU not named is taken as Hopper (the larger). They are
+    allocated through PyTorch's caching allocator, but as no tensor: the tracker never sees them.
+    {'bytes', 'detail', 'source'}. Measured on an H100 (torch 2.11): 32 MiB after the forward, 64 MiB after backward."""
+    name = canonical(gpu) if gpu is not None and gpu not in PRESETS else gpu
+    each = 4096 * 8 * 1024 if name is None or name in HOPPER else 4096 * 1024 * 2 + 16 * 1024 * 8
+    return {"bytes": CUBLAS_THREADS * each, "source": CUBLAS_SOURCE,
+            "detail": f"{CUBLAS_THREADS} threads (forward, autograd's backward) x {each / MiB:g} MiB"
+                      + (" (Hopper)" if name in HOPPER else " (Hopper's, the larger: no GPU named)" if name is None
+                         else "")}
 
 
 def nccl_buffers(strategy: str, gpus: int) -> dict:
@@ -99,8 +162,9 @@ def nccl_buffers(strategy: str, gpus: int) -> dict:
 
 
 def overhead(strategy: str, gpus: int, gpu: str | None = None) -> dict[str, int]:
-    """The bytes a GPU holds beyond the allocator's reserve: {'cuda_context': ..., 'nccl_buffers': ...}."""
-    return {"cuda_context": cuda_context(gpu)["bytes"], "nccl_buffers": nccl_buffers(strategy, gpus)["bytes"]}
+    """The bytes a GPU holds beyond the tensors' reserve: {'cuda_context', 'cublas_workspaces', 'nccl_buffers'}."""
+    return {"cuda_context": cuda_context(gpu)["bytes"], "cublas_workspaces": cublas_workspaces(gpu)["bytes"],
+            "nccl_buffers": nccl_buffers(strategy, gpus)["bytes"]}
 
 
 def pushed_over(allocated: int, reserved: int, parts: dict[str, int], capacity: int) -> str | None:
@@ -109,7 +173,7 @@ def pushed_over(allocated: int, reserved: int, parts: dict[str, int], capacity: 
     total = allocated
     if total > capacity:
         return "allocated"
-    for name in ("cuda_context", "nccl_buffers"):
+    for name in ("cuda_context", "cublas_workspaces", "nccl_buffers"):
         total += parts.get(name, 0)
         if total > capacity:
             return name
@@ -117,4 +181,5 @@ def pushed_over(allocated: int, reserved: int, parts: dict[str, int], capacity: 
 
 
 PART_LABELS = {"allocated": "the tensors alone (allocated)", "cuda_context": "the CUDA context",
+               "cublas_workspaces": "cuBLAS's workspaces",
                "nccl_buffers": "NCCL's buffers", "fragmentation": "the allocator's cached and split blocks (fragmentation)"}

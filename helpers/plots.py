@@ -212,7 +212,7 @@ def reserved_outline(ax, d, phases: list[str], modelled: bool = True) -> tuple[l
     res = ax.bar(x, reserved, 0.74, fill=False, edgecolor="black", linewidth=1.1,
                  label=f"reserved (caching allocator{', modelled' if modelled else ''})")
     tot = ax.bar(x, total, 0.86, fill=False, edgecolor="#555555", linewidth=0.9, linestyle="--",
-                 label="+ CUDA context and NCCL (nvidia-smi)")
+                 label="+ CUDA context, cuBLAS and NCCL (nvidia-smi)")
     return [res, tot], max(reserved + total)
 
 

@@ -58,7 +58,7 @@ def device_total_oom(r: Result) -> str | None:
         return None
     part = gpus.pushed_over(r.gpu.peak_bytes, r.gpu.peak_bytes, parts, cap)
     return (f"OOM on GPU with the device total: {to_gib(r.gpu.peak_bytes + extra):.1f} GiB (tensors "
-            f"{to_gib(r.gpu.peak_bytes):.1f} + CUDA context and NCCL {to_gib(extra):.1f}) of {to_gib(cap):.1f} GiB: "
+            f"{to_gib(r.gpu.peak_bytes):.1f} + CUDA context, cuBLAS workspaces and NCCL {to_gib(extra):.1f}) of {to_gib(cap):.1f} GiB: "
             f"{gpus.PART_LABELS[part or 'cuda_context']} took it over")
 
 
@@ -182,13 +182,13 @@ def reserve_caution(r: Result) -> str | None:
         return None
     if device_total_oom(r):
         return None
-    extra = sum(preset_parts(r).values())                                # a preset's CUDA context and NCCL
+    extra = sum(preset_parts(r).values())                                # a preset's CUDA context, cuBLAS and NCCL
     room = (d.capacity_bytes - extra) / d.peak_bytes - 1
     most, median = max(ratios) - 1, statistics.median(ratios) - 1
     if room >= most:
         return None
     risk = "likely" if room < median else "possible"
-    counts = "tensors and the preset's CUDA context" if extra else "tensors"
+    counts = "tensors and the preset's CUDA context and cuBLAS workspaces" if extra else "tensors"
     return (f"headroom {room:.0%}: OOM from the allocator's cache is {risk}. This estimate counts {counts}; on the "
             f"{len(ratios)} dry-run set-ups of data/results/{GRID_FILE} the caching allocator reserved a median "
             f"{median:.0%} (up to {most:.0%}) above them. `measure --mode dry-run` replays it on this set-up")
@@ -221,7 +221,7 @@ def device_verdict(r: Result) -> str | None:
         how = (f" only if the allocator frees its cache and retries: with its cache it would need {fmt(peak)}, more "
                f"than the {cap} there is (PyTorch frees cached blocks when an allocation fails and tries again; "
                f"fragmented blocks can still fail it)" if v["released_cache"] else f": {fmt(peak)} at most")
-        return f"device total (reserved + context + NCCL) fits in {cap}{how}"
+        return f"device total (reserved + context + cuBLAS workspaces + NCCL) fits in {cap}{how}"
     return (f"device total: OOM at the {PHASE_LABELS.get(v['phase'], v['phase'])} (a {fmt(v['requested_bytes'])} "
             f"request; {fmt(v['allocated_bytes'])} allocated, {fmt(v['reserved_bytes'])} reserved, of {cap}): "
             f"{gpus.PART_LABELS[v['part']]} took it over")

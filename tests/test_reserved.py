@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from helpers import gpus, published
+from helpers import gpus, models, published
 from helpers.__main__ import main
 from helpers.measure import dryrun
 from helpers.training import TrainSetup
@@ -43,9 +43,10 @@ def test_expandable_segments_reserve_less(peft):
 
 
 def test_verdict_names_what_took_it_over(capsys):
-    # 33.5 GiB: the tensors (32.9 GiB) and the context fit, the allocator's reserve (34.6 GiB) does not
+    # 34 GiB: the tensors (32.9 GiB), the context and cuBLAS's workspaces (0.8 GiB) fit, the allocator's reserve
+    # (34.6 GiB) does not
     code = main(["measure", "--mode", "dry-run", "--model", "llama-3.2-3b", "--batch", "4", "--seq", "768",
-                 "--precision", "bf16", "--gpu-gib", "33.5", "--no-progress", "--json"])
+                 "--precision", "bf16", "--gpu-gib", "34", "--no-progress", "--json"])
     d = json.loads(capsys.readouterr().out)
     v = d["meta"]["allocator"]["verdict"]
     assert code == 0 and d["oom"] == {"device": None, "phase": None}  # allocated alone fits
@@ -66,8 +67,38 @@ def test_nccl_buffers_only_where_a_strategy_communicates():
     assert gpus.nccl_buffers("single", 1)["bytes"] == 0
     n = gpus.nccl_buffers("zero2", 8)
     assert n["bytes"] == 4 * MiB * gpus.NCCL_CHANNELS_ASSUMED * gpus.NCCL_PEERS_RING and "assumed" in n["detail"]
-    assert gpus.cuda_context("h100-80gb")["url"].startswith("https://github.com/pytorch/pytorch/issues/")
-    assert gpus.cuda_context("rtx-3090")["mib"] == 256            # the one GPU with its own measured context
+
+
+
+def test_the_cuda_context_is_what_a_training_process_held_on_a_real_gpu():
+    runs = json.loads((models.DATA_DIR / "results" / gpus.GPU_RUNS).read_text())
+    outside = max(v["outside_allocator"] for r in runs["rows"] if r["result"]
+                  for v in r["result"]["meta"]["cuda_stats"].values())
+    h100 = gpus.cuda_context("h100-80gb")
+    assert runs["device"] == gpus.PRESETS["h100-80gb"] and h100["bytes"] == outside
+    assert h100["url"] == "data/results/gpu_runs.json" and "after a training step" in h100["applies_to"]
+    # more than the published bare-context figures: those are never used, and a GPU without its own measurement
+    # takes the H100's, said to be assumed
+    assert all(row["mib"] * MiB < outside for row in published.cuda_context_rows() if row["mib"] < 1000)
+    for other in ("rtx-3090", "a100-80gb", None):
+        c = gpus.cuda_context(other)
+        assert c["bytes"] == outside and "assumed" in c["note"]
+
+
+def test_cublas_workspaces_are_two_per_process_and_measured_on_hopper():
+    runs = json.loads((models.DATA_DIR / "results" / gpus.GPU_RUNS).read_text())
+    assert gpus.cublas_workspaces("h100-80gb")["bytes"] == 2 * 32 * MiB
+    assert gpus.cublas_workspaces("a100-80gb")["bytes"] == 2 * (8 * MiB + 128 * 1024)
+    assert gpus.cublas_workspaces(None)["bytes"] == 2 * 32 * MiB           # no GPU named: the larger
+    # on the H100, torch.cuda's allocated bytes beyond the tracker's tensors: at least one 32 MiB workspace once the
+    # forward has run a matmul, two once backward has (autograd's own thread) and a few MiB of scratch inside ops at
+    # most; the Llama rows (Gemma's and Qwen2.5-0.5B's hold more that the tracker does not see: see bench gpu-compare)
+    for r in runs["rows"]:
+        if r["result"] is None or not r["model"].startswith("llama") or r["result"]["meta"]["oom_observed"]:
+            continue
+        stats, census = r["result"]["meta"]["cuda_stats"], r["result"]["gpu"]["breakdown"]
+        extra = {p: stats[p]["max_allocated"] - sum(census[p].values()) for p in ("forward", "backward", "step")}
+        assert extra["forward"] >= 32 * MiB and 64 * MiB <= extra["step"] < 71 * MiB, (r["model"], extra)
 
 
 @pytest.mark.parametrize("args,needle", [
