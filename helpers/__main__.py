@@ -122,8 +122,8 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
         if name == "gpu_gib":                         # a capacity, or a preset that gives one (and its CUDA context)
             cap = p.add_mutually_exclusive_group()
             _flag_argument(cap, name, f, None)
-            cap.add_argument("--gpu", default=None, metavar="NAME", help="a GPU preset: its capacity as nvidia-smi "
-                             "prints it and its CUDA context (see helpers.gpus)")
+            cap.add_argument("--gpu", default=None, metavar="NAME", help="a GPU preset: the memory CUDA gives a process "
+                             "on it (a little under nvidia-smi's total) and its CUDA context (see helpers.gpus)")
             continue
         _flag_argument(p, name, f, getattr(defaults, name))
     p.add_argument("--offline", action="store_true",
@@ -161,7 +161,7 @@ def setup_from_args(a: argparse.Namespace, base: TrainSetup | None = None) -> Tr
 
 
 def _gpu_gib(a: argparse.Namespace) -> float | None:
-    """--gpu-gib, or the capacity of the --gpu preset (MiB as nvidia-smi prints it, in GiB)."""
+    """--gpu-gib, or the capacity of the --gpu preset (what CUDA gives a process, in GiB: helpers.gpus.preset)."""
     if getattr(a, "gpu", None) is None:
         return getattr(a, "gpu_gib", None)
     from helpers import gpus

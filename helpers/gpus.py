@@ -13,7 +13,7 @@ import functools
 
 from helpers import published, strategies
 from helpers.errors import InputError
-from helpers.units import MiB
+from helpers.units import GiB, MiB
 
 PRESETS = {                     # --gpu NAME -> the name nvidia-smi prints (its capacity row in data/published.json)
     "a100-80gb": "NVIDIA A100 80GB",
@@ -68,15 +68,23 @@ def canonical(name: str) -> str:
     near = difflib.get_close_matches(key, list(PRESETS), n=3, cutoff=0.5)
     what = (f"{name!r} could be {' or '.join(fits)}" if fits else
             f"got {name!r}" + (f" (did you mean {' or '.join(near)}?)" if near else ""))
-    raise InputError(f"gpu must be one of {', '.join(sorted(PRESETS))} (capacities as nvidia-smi prints them, each "
+    raise InputError(f"gpu must be one of {', '.join(sorted(PRESETS))} (capacities as CUDA gives them, each "
                      f"with a source in data/published.json): {what}; --gpu-gib X takes any capacity")
 
 
 def preset(name: str) -> dict:
-    """A GPU preset: {'name', 'gpu', 'mib', 'bytes', 'gib', 'source', 'url', 'note'}; InputError for an unknown one."""
+    """A GPU preset: {'name', 'gpu', 'mib' (nvidia-smi's total), 'bytes' and 'gib' (the capacity a verdict uses),
+    'cuda_total' (its sources), 'source', 'url', 'note'}; InputError for an unknown one.
+
+    The capacity is what CUDA gives a process: torch.cuda.get_device_properties().total_memory, the 'total capacity'
+    PyTorch's out-of-memory message prints, 0.3 to 0.9 GiB below nvidia-smi's total (the driver keeps the rest). The
+    smallest figure quoted from public out-of-memory reports for that GPU (data/published.json), less half its last
+    printed digit; nvidia-smi's total where no report was found."""
     name = canonical(name)
     row = published.gpu_capacity(PRESETS[name])
-    return row | {"name": name, "gib": row["mib"] / 1024}
+    seen = row.get("cuda_total_gib") or []
+    cap = round((min(x["gib"] for x in seen) - 0.005) * GiB) if seen else row["bytes"]
+    return row | {"name": name, "bytes": cap, "gib": cap / GiB, "cuda_total": seen}
 
 
 GPU_RUNS = "gpu_runs.json"       # data/results/: `python -m helpers.bench gpu`, full-size steps on a real GPU
