@@ -41,25 +41,27 @@ def verdict(r: Result) -> str:
 
 
 def preset_parts(r: Result) -> dict[str, int]:
-    """What an estimate made for a GPU preset (meta 'gpu_preset', set by the command line's --gpu) holds on each GPU
-    beyond the tensors: {'cuda_context', 'nccl_buffers'} (helpers.gpus.overhead); {} otherwise."""
-    preset = r.meta.get("gpu_preset")
-    if r.mode != "estimate" or not preset:
+    """What an estimate with a GPU capacity holds on each GPU beyond the tensors: {'cuda_context',
+    'cublas_workspaces', 'nccl_buffers'} (helpers.gpus.overhead) of its preset (meta 'gpu_preset', set by --gpu), or
+    with --gpu-gib alone of no GPU named (the context measured after a training step, cuBLAS's larger workspaces), as
+    the dry run's device total counts them; {} without a GPU capacity."""
+    if r.mode != "estimate" or not r.gpu.capacity_bytes:
         return {}
-    return gpus.overhead(r.setup["strategy"], r.setup["gpus"], preset)
+    return gpus.overhead(r.setup["strategy"], r.setup["gpus"], r.meta.get("gpu_preset"))
 
 
 def device_total_oom(r: Result) -> str | None:
-    """For an estimate made for a GPU preset whose tensors fit the capacity but whose device total (tensors + CUDA
-    context + NCCL buffers) does not: the verdict line saying so (as `fit` judges it); None otherwise."""
+    """For an estimate whose tensors fit the GPU's capacity but whose device total (tensors + CUDA context + cuBLAS
+    workspaces + NCCL buffers) does not: the verdict line saying so (as `fit` judges it); None otherwise."""
     parts, cap = preset_parts(r), r.gpu.capacity_bytes
     extra = sum(parts.values())
     if not extra or not cap or r.gpu.peak_bytes + extra <= cap:
         return None
     part = gpus.pushed_over(r.gpu.peak_bytes, r.gpu.peak_bytes, parts, cap)
+    named = "" if r.meta.get("gpu_preset") else f"; the context {gpus.cuda_context(None)['note']}"
     return (f"OOM on GPU with the device total: {to_gib(r.gpu.peak_bytes + extra):.1f} GiB (tensors "
-            f"{to_gib(r.gpu.peak_bytes):.1f} + CUDA context, cuBLAS workspaces and NCCL {to_gib(extra):.1f}) of {to_gib(cap):.1f} GiB: "
-            f"{gpus.PART_LABELS[part or 'cuda_context']} took it over")
+            f"{to_gib(r.gpu.peak_bytes):.1f} + CUDA context, cuBLAS workspaces and NCCL {to_gib(extra):.1f}{named}) of "
+            f"{to_gib(cap):.1f} GiB: {gpus.PART_LABELS[part or 'cuda_context']} took it over")
 
 
 def versioned_lines(r: Result) -> list[str]:
@@ -188,7 +190,7 @@ def reserve_caution(r: Result) -> str | None:
     if room >= most:
         return None
     risk = "likely" if room < median else "possible"
-    counts = "tensors and the preset's CUDA context and cuBLAS workspaces" if extra else "tensors"
+    counts = "tensors, the CUDA context and cuBLAS's workspaces" if extra else "tensors"
     return (f"headroom {room:.0%}: OOM from the allocator's cache is {risk}. This estimate counts {counts}; on the "
             f"{len(ratios)} dry-run set-ups of data/results/{GRID_FILE} the caching allocator reserved a median "
             f"{median:.0%} (up to {most:.0%}) above them. `measure --mode dry-run` replays it on this set-up")
