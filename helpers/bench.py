@@ -623,7 +623,7 @@ def bench_gpu_compare() -> None:
     diffs = {"allocated": [], "reserved": [], "total": []}
     for row in doc["rows"]:
         setup = T(**row["setup"])
-        label = _label(row["model"], setup) + (" " + row["alloc_conf"].split(":")[0] if row["alloc_conf"] else "")
+        label = _label(row["model"], setup) + (" expandable" if row["alloc_conf"] else "")
         if row["result"] is None:
             print(f"   {label:64s} no result: {row['error']}")
             continue
@@ -643,12 +643,17 @@ def bench_gpu_compare() -> None:
             diffs[key].append(ours / got - 1)
             line += f"{to_gib(got):7.2f}{to_gib(ours):7.2f}{ours / got - 1:+7.1%}"
         print(f"   {label:64s}{line}  {ran} / {dry}")
+    print("   columns: alloc/rsvd/total = the GPU's allocated peak, reserved peak and device total; est = the estimate; "
+          "dry = the dry run (allocator model; its total adds the context and cuBLAS's workspaces); diff = ours / "
+          "the GPU's - 1")
     for key, v in diffs.items():
         if v:
-            print(f"   {key}: ours against the GPU's, {len(v)} runs: median {statistics.median(v):+.2%}, lowest "
-                  f"{min(v):+.2%}, highest {max(v):+.2%}")
-    print(f"   context measured outside the allocator: {gpus.cuda_context(preset)['mib']:.0f} MiB; cuBLAS workspaces "
-          f"{gpus.cublas_workspaces(preset)['bytes'] / GiB * 1024:.0f} MiB ({gpus.cublas_workspaces(preset)['detail']})")
+            print(f"   {key}: ours against the GPU's, the {len(v)} runs that ran (the one that died left out): median "
+                  f"{statistics.median(v):+.2%}, lowest {min(v):+.2%}, highest {max(v):+.2%}")
+    print(f"   context outside the allocator: {gpus.cuda_context(preset)['mib']:.0f} MiB, the largest these same runs "
+          f"measured (so the totals' agreement is partly built in: the reserved column is the independent check); "
+          f"cuBLAS workspaces {gpus.cublas_workspaces(preset)['bytes'] / GiB * 1024:.0f} MiB "
+          f"({gpus.cublas_workspaces(preset)['detail']})")
 
 
 def main() -> int:

@@ -83,8 +83,8 @@ def preset(name: str) -> dict:
     name = canonical(name)
     row = published.gpu_capacity(PRESETS[name])
     seen = row.get("cuda_total_gib") or []
-    cap = round((min(x["gib"] for x in seen) - 0.005) * GiB) if seen else row["bytes"]
-    return row | {"name": name, "bytes": cap, "gib": cap / GiB, "cuda_total": seen}
+    gib = round(min(x["gib"] for x in seen) - 0.005, 3) if seen else row["mib"] / 1024
+    return row | {"name": name, "bytes": round(gib * GiB), "gib": gib, "cuda_total": seen}
 
 
 GPU_RUNS = "gpu_runs.json"       # data/results/: `python -m helpers.bench gpu`, full-size steps on a real GPU

@@ -36,8 +36,21 @@ def verdict(r: Result) -> str:
         if name == "host" and not d.peak_bytes and not d.capacity_bytes or not d.breakdown:
             continue                          # nothing on the host and no capacity to compare with
         cap = f" of {fmt(d.capacity_bytes)}" if d.capacity_bytes else ""
-        parts.append(f"{fmt(d.peak_bytes)}{cap} {label} (peak at {PHASE_LABELS[d.peak_phase]})")
+        extra = sum(preset_parts(r).values()) if name == "gpu" else 0
+        total = f", {fmt(d.peak_bytes + extra)} with {_overhead_words(r)}" if extra else ""
+        parts.append(f"{fmt(d.peak_bytes)}{cap} {label} (peak at {PHASE_LABELS[d.peak_phase]}{total})")
     return ("fits: " if any(r.device(n).capacity_bytes for n in ("gpu", "host")) else "needs: ") + "; ".join(parts)
+
+
+def _overhead_words(r: Result) -> str:
+    """What an estimate's device total adds to its tensors, in words: the CUDA context (said to be assumed where it
+    was not measured on this GPU), cuBLAS's workspaces, and NCCL's buffers where there are any."""
+    parts = preset_parts(r)
+    ctx = gpus.cuda_context(r.meta.get("gpu_preset"))
+    assumed = f" ({ctx['note']})" if "assumed" in ctx.get("note", "") else ""
+    if parts.get("nccl_buffers"):
+        return f"the CUDA context{assumed}, cuBLAS's workspaces and NCCL's buffers"
+    return f"the CUDA context{assumed} and cuBLAS's workspaces"
 
 
 def preset_parts(r: Result) -> dict[str, int]:
@@ -58,9 +71,8 @@ def device_total_oom(r: Result) -> str | None:
     if not extra or not cap or r.gpu.peak_bytes + extra <= cap:
         return None
     part = gpus.pushed_over(r.gpu.peak_bytes, r.gpu.peak_bytes, parts, cap)
-    named = "" if r.meta.get("gpu_preset") else f"; the context {gpus.cuda_context(None)['note']}"
     return (f"OOM on GPU with the device total: {to_gib(r.gpu.peak_bytes + extra):.1f} GiB (tensors "
-            f"{to_gib(r.gpu.peak_bytes):.1f} + CUDA context, cuBLAS workspaces and NCCL {to_gib(extra):.1f}{named}) of "
+            f"{to_gib(r.gpu.peak_bytes):.1f} + {to_gib(extra):.1f} for {_overhead_words(r)}) of "
             f"{to_gib(cap):.1f} GiB: {gpus.PART_LABELS[part or 'cuda_context']} took it over")
 
 
