@@ -543,14 +543,10 @@ def bench_gpu(out: str | None = None, row_timeout: int = 120) -> int:
         if result is None:
             print(f"{_label(name, setup):72s} failed: {err}", flush=True)
             continue
-        r = Result.from_dict(result)
-        oom = r.meta.get("oom_observed")
-        stats = r.meta["cuda_stats"]
-        alloc = max(v.get("max_allocated", 0) for v in stats.values())
-        rsvd = max(v.get("max_reserved", 0) for v in stats.values())
-        print(f"{_label(name, setup) + (' ' + conf if conf else ''):72s} allocated {to_gib(alloc):6.2f} reserved "
-              f"{to_gib(rsvd):6.2f} census {to_gib(r.gpu.peak_bytes):6.2f} GiB"
-              f"{' OOM in ' + oom['phase'] if oom else ''} ({row['process_s']} s)", flush=True)
+        m = gpu_measured(result)
+        print(f"{_label(name, setup) + (' ' + conf if conf else ''):72s} allocated {to_gib(m['allocated']):6.2f} "
+              f"reserved {to_gib(m['reserved']):6.2f} census {to_gib(Result.from_dict(result).gpu.peak_bytes):6.2f} GiB"
+              f"{' OOM in ' + m['oom_phase'] if m['oom_phase'] else ''} ({row['process_s']} s)", flush=True)
     print(f"saved {path}")
     return 0
 
@@ -591,16 +587,13 @@ def gpu_row(i: int, out: str) -> None:
 
 def gpu_measured(result: dict) -> dict:
     """What a recorded GPU run measured (bytes): torch.cuda's peak allocated and reserved over its phases, the bytes
-    outside the allocator (CUDA context and the rest), the tracker's census peak, the allocator model replayed on the
-    run's own allocations, and the phase an OOM happened in (None: it ran)."""
+    outside the allocator (CUDA context and the rest), the device's capacity, and the phase an OOM happened in (None:
+    it ran)."""
     stats = result["meta"]["cuda_stats"]
     oom = result["meta"].get("oom_observed")
-    model = result["meta"]["allocator_model"]["phases"]
     return {"allocated": max(v.get("max_allocated", 0) for v in stats.values()),
             "reserved": max(v.get("max_reserved", 0) for v in stats.values()),
             "outside_allocator": max(v.get("outside_allocator", 0) for v in stats.values()),
-            "census": max(max(sum(c.values()) for c in result["gpu"]["breakdown"].values()), 0),
-            "reserved_model_on_run": max((v["reserved"] for v in model.values()), default=0),
             "oom_phase": oom["phase"] if oom else None, "capacity": result["gpu"]["capacity_bytes"]}
 
 
