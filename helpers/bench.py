@@ -61,6 +61,14 @@ GRID = [
     ("qwen1.5-moe-a2.7b", T(precision="bf16-mixed", adam_impl="fused", seq=2048)),
     ("qwen3-30b-a3b", T(precision="bf16", adam_impl="fused", batch=2, seq=2048, checkpointing="full")),
     ("qwen3-30b-a3b", T(strategy="fsdp2", gpus=8, seq=2048, checkpointing="full")),
+    # FSDP2 with more ranks than experts: each rank keeps (and gathers) a whole expert, padded (fsdp2_shard)
+    ("mixtral-8x7b", T(strategy="fsdp2", gpus=16, seq=256)),
+    ("qwen1.5-moe-a2.7b", T(strategy="fsdp2", gpus=64, seq=256)),
+    # LoRA on all-linear of an MoE: peft 0.20+ also adapts the 3-D experts, merging each weight with its delta
+    ("mixtral-8x7b", T(precision="bf16", lora_rank=16, seq=256)),
+    ("mixtral-8x7b", T(strategy="fsdp2", gpus=16, lora_rank=16, seq=256)),
+    ("qwen3-30b-a3b", T(strategy="fsdp2", gpus=8, lora_rank=16, seq=512, checkpointing="full")),
+    ("deepseek-v2-lite", T(lora_rank=16, seq=512)),
     ("gemma-2-9b", T(precision="bf16", adam_impl="fused", seq=2048)),
     ("gemma-2-2b", T(precision="bf16-mixed", adam_impl="fused", seq=1024)),
     ("gemma-3-4b", T(precision="fp32", adam_impl="fused", seq=512)),

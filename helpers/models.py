@@ -358,16 +358,30 @@ class ModelSpec:
         list: it runs in the weights' own dtype)."""
         return sum(t.numel for t in self.tensors if t.ndim == 2 and (t.group != "embed" or self.tied))
 
-    def lora_targets(self, targets: str = "all-linear") -> tuple[Tensor, ...]:
+    def lora_targets(self, targets: str = "all-linear", experts: bool = False) -> tuple[Tensor, ...]:
         """The weights LoRA adapts: with peft's target_modules="all-linear" every nn.Linear but the output head; or
-        the linear layers whose module name is one of `targets` (comma-separated, e.g. "q_proj,v_proj" or "q,v")."""
+        the linear layers whose module name is one of `targets` (comma-separated, e.g. "q_proj,v_proj" or "q,v").
+        `experts` (see `peft_expert_names`): "all-linear" as peft 0.20+ converts it for this MoE architecture on
+        transformers 5: the routed experts' 3-D weights and the router's weight instead of the linears whose names
+        transformers 4 gave them."""
         names = lora_modules(targets)
-        return tuple(t for t in self.tensors if t.linear and t.group.startswith("layer.")
-                     and (names is None or t.name.rsplit(".", 2)[-2] in names))
+        v4_names = self.peft_expert_names() if experts and names is None else ()
+        linear = tuple(t for t in self.tensors if t.linear and t.group.startswith("layer.")
+                       and (names is None or t.name.rsplit(".", 2)[-2] in names)
+                       and t.name.rsplit(".", 2)[-2] not in v4_names)
+        if not v4_names:
+            return linear
+        return linear + tuple(t for t in self.tensors if t.group.startswith("layer.") and (
+            t.ndim == 3 or t.name.endswith(".mlp.gate.weight")))
 
-    def lora_params(self, rank: int, targets: str = "all-linear") -> int:
+    def peft_expert_names(self) -> tuple[str, ...]:
+        """The transformers 4 module names peft's `_MOE_TARGET_MODULE_MAPPING` maps to this architecture's experts and
+        router (empty where peft converts nothing): see PEFT_MOE_PATTERN."""
+        return PEFT_MOE_NAMES.get(PEFT_MOE_PATTERN.get(self.model_type), ()) if self.moe_layers else ()
+
+    def lora_params(self, rank: int, targets: str = "all-linear", experts: bool = False) -> int:
         """Trainable parameters of LoRA adapters of `rank` on every target: A (rank x in) + B (out x rank)."""
-        return sum(rank * (t.shape[0] + t.shape[1]) for t in self.lora_targets(targets))
+        return sum(r * (i + o) for r, i, o in (lora_shape(t, rank) for t in self.lora_targets(targets, experts)))
 
     def max_lora_rank_for(self, targets: str) -> int:
         """max_lora_rank for the linear layers `targets` names."""
@@ -394,6 +408,33 @@ class ModelSpec:
     def lm_head_params(self) -> int:
         """Parameters of the output projection (0 when tied to the embedding)."""
         return sum(t.numel for t in self.tensors if t.name.startswith("lm_head"))
+
+
+def lora_shape(t: Tensor, rank: int) -> tuple[int, int, int]:
+    """(adapter rank, in features, out features) of the LoRA adapter of weight `t`: a linear's (out, in) weight gets
+    rank `rank`; an MoE's 3-D experts (experts, out, in) get one adapter of rank `rank` per expert, stacked (peft
+    ParamWrapper: lora_A = Linear(in, rank * experts)), twice that on a fused gate_up weight (peft's rank_pattern for
+    it: r * 2, the gate's and the up projection's ranks side by side)."""
+    if t.ndim == 3:
+        experts, out_f, in_f = t.shape
+        return rank * experts * (2 if t.name.endswith("gate_up_proj") else 1), in_f, out_f
+    out_f, in_f = t.shape
+    return rank, in_f, out_f
+
+
+# peft >= 0.20 on transformers 5 (peft src/peft/utils/transformers_weight_conversion.py, _convert_peft_config_moe and
+# _resolve_string_target_modules, PR #3232, first released in 0.20.0): target_modules="all-linear" on an MoE
+# architecture whose weights transformers 5 fused also targets, by their transformers 4 names, the routed experts
+# (now 3-D parameters) and the router, as target_parameters; linear modules that still carry one of those names (a
+# DeepSeek dense MLP, its shared experts) are dropped from target_modules. Which architectures: transformers 5.23.0
+# conversion_mapping._MODEL_TO_CONVERSION_PATTERN's entries for the "mixtral" and "qwen2_moe" patterns (peft adds
+# "mixtral" itself; "qwen2_moe" has no entry of its own, so Qwen1.5-MoE's experts stay frozen).
+PEFT_MOE_NAMES = {"mixtral": ("gate", "w1", "w2", "w3"), "qwen2_moe": ("gate", "gate_proj", "up_proj", "down_proj")}
+PEFT_MOE_PATTERN = {"mixtral": "mixtral", "minimax": "mixtral", "minimax_m2": "mixtral"} | dict.fromkeys((
+    "Dots3NoteTextModel", "afmoe", "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "glm4_moe",
+    "glm4_moe_lite", "glm_moe_dsa", "glm4v_moe", "longcat_flash", "solar_open", "mellum", "qwen3_moe", "beam",
+    "qwen3_omni_moe", "qwen3_omni_moe_thinker", "qwen3_omni_moe_text", "qwen3_next", "hunyuan_v1_moe", "flex_olmo",
+    "olmoe", "exaone_moe", "cohere2_moe", "UnlimitedOcrTextModel"), "qwen2_moe")
 
 
 # LitGPT-style short names for the usual projections (`--lora-targets q,v` is LitGPT's default: query and value).

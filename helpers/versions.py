@@ -31,6 +31,8 @@ class Rule:
     source: str
     bears: object
     """A test on a TrainSetup: whether the rule can change its figures (the 4-bit rule only with a 4-bit base)."""
+    bears_model: object = None
+    """A test on the model (a ModelSpec) where the rule bears only on some architectures; None: on every one."""
 
 
 RULES = (
@@ -62,6 +64,16 @@ RULES = (
          "transformers 4.45.0 models/llama/modeling_llama.py LlamaForCausalLM.forward; 4.46.0 moves the upcast into "
          "loss/loss_utils.py ForCausalLMLoss",
          lambda s: not s.fused_ce and s.precision != "fp32"),
+    Rule("peft_moe_experts_adapted", "peft", "0.20.0",
+         "target_modules='all-linear' adapts nn.Linear modules only: on transformers 5 the routed experts (3-D "
+         "parameters) and the router stay frozen (peft 0.19.x converted the config too, but split the string into "
+         "characters and found no module)",
+         "target_modules='all-linear' also adapts the routed experts' 3-D weights and the router (ParamWrapper, by "
+         "their transformers 4 names): each expert weight is merged with its adapters' product for every forward",
+         "peft 0.20.0 utils/transformers_weight_conversion.py _resolve_string_target_modules (PR #3232, "
+         "2026-07-06); tuners/lora/layer.py ParamWrapper",
+         lambda s: bool(s.lora_rank) and s.lora_targets == "all-linear",
+         lambda m: bool(m.peft_expert_names())),
 )
 LIBRARIES = tuple(sorted({r.library for r in RULES}))
 ALIASES = {"bnb": "bitsandbytes"}
@@ -122,12 +134,12 @@ def older(setup, key: str) -> bool:
     return _before(rule, of(setup, rule.library)[0])
 
 
-def applied(setup) -> list[dict]:
-    """The versioned rules that bear on the set-up: library, release and where it came from, and what that release
-    does, with the source."""
+def applied(setup, model=None) -> list[dict]:
+    """The versioned rules that bear on the set-up (of `model`, a ModelSpec, where given): library, release and where it
+    came from, and what that release does, with the source."""
     out = []
     for r in RULES:
-        if not r.bears(setup):
+        if not r.bears(setup) or (model is not None and r.bears_model is not None and not r.bears_model(model)):
             continue
         v, where = of(setup, r.library)
         old = _before(r, v)

@@ -11,7 +11,7 @@ import dataclasses
 import datetime
 
 from helpers import models, versions
-from helpers.estimate import accumulation, activations, host, parallel, states
+from helpers.estimate import accumulation, activations, adapters, host, parallel, states
 from helpers.estimate.items import PHASE_MOMENTS, Item
 from helpers.results import DeviceMemory, Result, empty_breakdown
 from helpers.training import TrainSetup, checked
@@ -24,6 +24,7 @@ def items(model, setup: TrainSetup) -> list[Item]:
     m = models.spec(model)
     checked(setup)
     m.check_lora_rank(setup.lora_rank, setup.lora_targets)
+    adapters.check(m, setup)
     parallel.check(m, setup)
     m = parallel.rank_model(m, setup.tensor_parallel)       # what one tensor-parallel rank holds
     b = states.Builder(setup)
@@ -70,5 +71,5 @@ def run(model, setup: TrainSetup | None = None, **options) -> Result:
         items=[{"name": i.name, "category": i.category, "device": i.device, "bytes": i.nbytes,
                 "phases": [p for p in phases if set(PHASE_MOMENTS[p]) & i.moments], "why": i.why,
                 "pinned": i.pinned} for i in its],
-        meta={"date": datetime.date.today().isoformat(), "versioned": versions.applied(setup)},
+        meta={"date": datetime.date.today().isoformat(), "versioned": versions.applied(setup, m)},
     )

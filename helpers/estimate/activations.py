@@ -16,8 +16,8 @@ import math
 
 from helpers import versions
 from helpers.errors import InputError
-from helpers.estimate import parallel, quantized
-from helpers.estimate.items import BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARDS, LOSS, STEP, STEP_PREPARE
+from helpers.estimate import adapters, parallel, quantized
+from helpers.estimate.items import BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARDS, LOSS, START, STEP, STEP_PREPARE
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
 from helpers.units import next_power_of_2
@@ -64,7 +64,7 @@ def qk_norm_bytes(m: ModelSpec, setup) -> int:
 
 def adapted_names(m: ModelSpec, setup) -> set[str]:
     """The module names ('q_proj', 'down_proj', ...) the set-up's LoRA adapts in a decoder layer."""
-    return {t.name.rsplit(".", 2)[-2] for t in m.lora_targets(setup.lora_targets) if t.group == "layer.0"}
+    return {t.name.rsplit(".", 2)[-2] for t in adapters.targets(m, setup) if t.group == "layer.0" and t.linear}
 
 
 def adapter_input_copy(setup) -> int:
@@ -119,8 +119,8 @@ def unmasked_first_readers(m: ModelSpec, setup) -> int:
     if not (setup.lora_rank and setup.lora_dropout) or setup.checkpointing != "none":
         return 0
     first = {"q_proj", "k_proj", "v_proj", "qkv_proj"}
-    return sum(t.shape[1] for t in m.lora_targets(setup.lora_targets)
-               if t.group == "layer.0" and t.name.rsplit(".", 2)[-2] in first)
+    return sum(t.shape[1] for t in adapters.targets(m, setup)
+               if t.group == "layer.0" and t.linear and t.name.rsplit(".", 2)[-2] in first)
 
 
 QKV_NAMES, MLP_IN_NAMES = {"q_proj", "k_proj", "v_proj", "qkv_proj"}, {"gate_proj", "up_proj", "gate_up_proj"}
@@ -396,11 +396,47 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
     if s.base_fp32:
         add_base_weight_copies(b, m)
     if s.lora_rank:
-        adapted = len(m.lora_targets(s.lora_targets))
+        adapted = sum(t.linear for t in adapters.targets(m, s))     # (ParamWrapper's merge keeps no x @ A)
         targets = adapted if s.checkpointing == "none" else adapted // m.layers
         r_bytes = 4 if adapter_input_copy(s) == 4 else a           # fp32 adapters without autocast compute in fp32
         b.gpu("LoRA intermediates (x @ A, saved by B)", "activations", targets * T * s.lora_rank * r_bytes,
               FORWARDS | BWD_START | BWD_HEAD, f"{s.lora_rank} features per token per adapted linear layer")
+        if adapters.experts_adapted(m, s):
+            add_merged_experts(b, m, s, T, a)
+
+
+def add_merged_experts(b: Builder, m: ModelSpec, s, T: int, a: int) -> None:
+    """LoRA on an MoE's 3-D experts (peft's ParamWrapper, `helpers.estimate.adapters`): each MoE layer's forward
+    merges every expert weight with its adapters' product, and grouped_mm keeps the merged weights and its inputs
+    (the weights now need a gradient) for backward; a layer's backward makes each merged weight's gradient in full."""
+    wb = 4 if s.precision == "fp32" else 2
+    merged, extra = adapters.merged_expert_bytes(m, s, wb)
+    inputs = a * T * m.experts_active * (m.hidden + m.expert_width)
+    moe = moe_layer_indices(m)
+    if s.checkpointing == "none":
+        kept = len(moe)
+    else:
+        kept = sum(1 for i in moe if (i + 1) % s.checkpoint_every)          # the layers not checkpointed
+    src = ("peft ParamWrapper (tuners/lora/layer.py): the weight plus B @ A per expert, as large as the weight; "
+           f"{merged / 2**30:.2f} GiB per MoE layer")
+    if kept:
+        last = 1 if s.strat.engine == "fsdp2" else 0     # FSDP2's peak gather is a block's, before it merges its own
+        if kept > last:
+            b.gpu(f"merged expert weights (W + B @ A) and the experts' inputs, kept by {kept - last} MoE layers",
+                  "activations", (kept - last) * (merged + inputs), FORWARDS | BWD_START | BWD_HEAD, src)
+        if last:
+            b.gpu("the last MoE layer's merged expert weights and inputs, made after its block's all-gather",
+                  "activations", merged + inputs, LOSS | BWD_START | BWD_HEAD, src)
+    if kept < len(moe):
+        b.gpu("one checkpointed MoE layer's merged expert weights, made in its forward", "activations", merged,
+              START, src + "; a checkpointed layer frees them when its forward ends (under FSDP2 beside two gathered "
+              "blocks, less than the all-gather's own peak of three)")
+    b.gpu("an MoE layer's merged expert weights in its backward (kept, or recomputed) and its inputs", "activations",
+          merged + inputs, BWD_END, src)
+    b.gpu("the gradient of a merged expert weight, and the routed gradients in flight", "temporaries", extra + inputs,
+          BWD_HEAD | BWD_END, "grouped_mm's weight gradient, in full, before the adapters' own: the down projection's "
+          "first (both merged weights kept), gate_up's after down's merged weight is freed; beside it the gradients "
+          "of the routed tokens' output and input")
 
 
 def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:

@@ -20,7 +20,7 @@ import math
 
 from helpers.deepspeed_rules import first_host_group, zero3_sub_groups
 from helpers.degrees import ceil_div
-from helpers.estimate import quantized
+from helpers.estimate import adapters, quantized
 from helpers.estimate.items import (
     ALWAYS,
     BWD_DONE,
@@ -40,7 +40,7 @@ from helpers.estimate.items import (
     STEP_PREPARE,
     Item,
 )
-from helpers.models import ModelSpec, Tensor
+from helpers.models import ModelSpec, Tensor, lora_shape
 from helpers.training import TrainSetup
 
 
@@ -96,7 +96,7 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
         b.gpu(f"frozen base: embedding, norms and output head ({'fp32' if compute == 4 else s.half})", "parameters",
               rest * compute, ALWAYS,
               "not quantised by transformers' bitsandbytes integration; kept in the compute dtype")
-        m = lora_adapters(m, s.lora_rank, s.lora_targets)
+        m = lora_adapters(m, s.lora_rank, s.lora_targets, adapters.experts_adapted(m, s))
     elif s.lora_rank and "parameters" in s.strat.shards:
         compute, _ = dtype_bytes(s)
         dt = "fp32" if compute == 4 else "bf16"
@@ -113,7 +113,7 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
         place(f"frozen base partitions ({dt})", "parameters", sum(part) * compute, ALWAYS, why,
               pinned=s.offload_params and s.pin_memory, blocks=[n * compute for n in part])
         b.base = m
-        m = lora_adapters(m, s.lora_rank, s.lora_targets)
+        m = lora_adapters(m, s.lora_rank, s.lora_targets, adapters.experts_adapted(m, s))
     elif s.lora_rank:
         compute, _ = dtype_bytes(s)
         stored = 4 if s.base_fp32 else compute
@@ -121,7 +121,7 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
               "LoRA: the base model is frozen (no gradients, no optimizer states), "
               + ("loaded in float32 and computed under autocast (base_weights 'fp32')" if s.base_fp32
                  else "loaded in the compute dtype"))
-        m = lora_adapters(m, s.lora_rank, s.lora_targets)
+        m = lora_adapters(m, s.lora_rank, s.lora_targets, adapters.experts_adapted(m, s))
     MODEL_STATES[s.strat.family](b, m)
     if s.tensor_parallel > 1 and not s.lora_rank and not s.strat.sharded:      # (FSDP2's is in _fsdp2)
         _embedding_backward_tp(b, m)
@@ -148,13 +148,14 @@ def fsdp2_shard(t: Tensor, world: int) -> int:
     return ceil_div(t.shape[0], world) * (t.numel // t.shape[0])
 
 
-def lora_adapters(m: ModelSpec, rank: int, targets: str = "all-linear") -> ModelSpec:
-    """The LoRA adapters of `m` as a model of their own: A (rank x in) and B (out x rank) for every target."""
+def lora_adapters(m: ModelSpec, rank: int, targets: str = "all-linear", experts: bool = False) -> ModelSpec:
+    """The LoRA adapters of `m` as a model of their own: A (rank x in) and B (out x rank) for every target (an MoE's
+    3-D experts, where `experts`: one stacked pair per weight, `models.lora_shape`)."""
     tensors = []
-    for t in m.lora_targets(targets):
-        out_f, in_f = t.shape
-        tensors.append(Tensor(f"{t.name}.lora_A", rank * in_f, t.group, 2, (rank, in_f), True))
-        tensors.append(Tensor(f"{t.name}.lora_B", out_f * rank, t.group, 2, (out_f, rank), True))
+    for t in m.lora_targets(targets, experts):
+        r, in_f, out_f = lora_shape(t, rank)
+        tensors.append(Tensor(f"{t.name}.lora_A", r * in_f, t.group, 2, (r, in_f), True))
+        tensors.append(Tensor(f"{t.name}.lora_B", out_f * r, t.group, 2, (out_f, r), True))
     return dataclasses.replace(m, name=f"{m.name} LoRA r{rank}", tensors=tuple(tensors), tied=False)
 
 
@@ -298,14 +299,17 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     embedding's group). Each moment below was located in dry runs."""
     if b.base is not None:
         return _fsdp2_lora(b, m)
-    s, P, G = b.setup, m.params, b.setup.degrees.shard     # (with TP, `m` is one TP rank's share)
+    s, G = b.setup, b.setup.degrees.shard     # (with TP, `m` is one TP rank's share)
     compute, storage = dtype_bytes(s)
     off = s.offload_params
     r = 4 if s.precision != "bf16" else 2                    # reduce dtype: fp32 under MixedPrecisionPolicy
-    shard = ceil_div(P, G)
+    shards = [fsdp2_shard(t, G) for t in m.tensors]         # padded dim-0 chunks: an 8-expert tensor on 16 ranks
+    shard = sum(shards)                                      # keeps one whole expert per rank, not half of one
     place = b.host if off else b.gpu
-    blocks = [ceil_div(t.numel, G) * storage for t in m.tensors]
-    gp = m.group_params
+    blocks = [n * storage for n in shards]
+    gp = {}                                                  # what each group all-gathers: its padded shards x N
+    for t, n in zip(m.tensors, shards):
+        gp[t.group] = gp.get(t.group, 0) + n * G
     layers = [v for k, v in gp.items() if k.startswith("layer.")]
     first = gp["embed"] + (gp["head"] if m.tied else 0)
     head = first if m.tied else gp["head"]
@@ -333,13 +337,8 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
                   "the head's group while the loss is computed")
     # (with TP the loss is computed after the model's forward, as torchtitan's train step does
     # (`torchtitan/train.py` forward_backward_step at 238fa9953e4a): the head's group is resharded by then)
-    b.gpu("unsharded gradient of the head, and the next group prefetched", "temporaries", (head + layers[-1]) * compute,
-          BWD_HEAD, "the head's backward, with the last block's all-gather prefetched")
-    b.gpu("reduce-scatter of the head: input and output", "comm_buffers", head * r + ceil_div(head, G) * r,
-          BWD_HEAD, f"gradients reduced in {'fp32' if r == 4 else 'bf16'} (reduce_dtype)")
-    b.gpu("unsharded first block, and the embedding prefetched", "temporaries", (layer + first) * compute, BWD_END,
-          "the first block's backward")
-    b.gpu("reduce-scatter input of a block", "comm_buffers", layer * r, BWD_END, "")
+    grads = [v for k, v in m.group_params.items() if k.startswith("layer.")]    # unpadded: what autograd makes
+    not_yet = _fsdp2_backward_ends(b, head, layers, grads, first, tied, G, compute, 0 if off else storage, r)
     tp = s.tensor_parallel
     if tied:
         b.gpu("tied embedding and head's group at the end of backward: the unsharded weight, the head's gradient held "
@@ -361,7 +360,10 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     in_first = [t.group == "embed" or (m.tied and t.group == "head") for t in m.tensors]
     rest_blocks = [b_ for b_, f in zip(blocks, in_first) if not f]
     first_blocks = [b_ for b_, f in zip(blocks, in_first) if f]
-    place("sharded gradients" + dt + ", all but the embedding's", "gradients", sum(rest_blocks), GRADS,
+    if not_yet:
+        b.gpu("sharded gradients of the first blocks, made after that post-backward", "gradients", not_yet,
+              GRADS - BWD_END, "the blocks before the one whose post-backward is the end's peak")
+    place("sharded gradients" + dt + ", all but the embedding's", "gradients", sum(rest_blocks) - not_yet, GRADS,
           "reduce-scattered into 1/N shards" + ("; copied to the host" if off else ""),
           pinned=off and s.pin_memory, blocks=rest_blocks)
     at_end = BWD_DONE if tp == 1 and (off or not tied) else set()
@@ -371,6 +373,57 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     place("AdamW exp_avg + exp_avg_sq (sharded)", "optimizer_states", 2 * shard * storage, STATES,
           "torch AdamW on the shards" + ("; the step runs on the CPU" if off else ""))
     _adam_temporary(b, m, shard, storage, "host" if off else "gpu")
+
+
+def _fsdp2_backward_ends(b: Builder, head: int, layers: list[int], grads: list[int], first: int, tied: bool, G: int,
+                         compute: int, storage: int, r: int) -> int:
+    """The two ends of backward (group sizes in elements: `layers` padded as FSDP2 gathers them, `grads` the blocks'
+    own sizes, as autograd makes their gradients). Between them activations are freed as gradients are made, so a
+    moment in the middle holds less than one of its ends.
+
+    At its start (every activation saved): the output head's backward, with the last block prefetched, or the last
+    block's post-backward, whichever holds more. At its end (every sharded gradient made): the first block's
+    backward with the embedding prefetched, or the second block's post-backward, whichever holds more.
+    A block's post-backward (torch 2.13 `_fsdp_param_group.py` post_backward: reshard, then `foreach_reduce`) holds
+    its unsharded gradients, the block before it prefetched (all-gather output and unsharded copy) and the
+    reduce-scatter input (reduce dtype, padded). A dense model's head and embedding outweigh a block; an MoE block,
+    whose experts are padded to a whole expert per rank once there are more ranks than experts (`fsdp2_shard`), does
+    not: dry runs of Mixtral-8x7B on 16 ranks and Qwen1.5-MoE-A2.7B on 64 peaked in a block's post-backward.
+    `storage`: bytes per element of a sharded gradient on the GPU (0 when they go to the host). Returns the bytes of
+    the sharded gradients not yet made at the end's moment (the blocks before the one chosen)."""
+    groups = [first] + layers                               # what each block's pre-backward prefetches: the group before
+
+    def post_backward(k: int) -> tuple[int, int]:          # block k: (temporaries, reduce-scatter input) in elements
+        return layers[k] + groups[k] + grads[k], layers[k]
+
+    def held(tc: tuple[int, int]) -> int:
+        return tc[0] * compute + tc[1] * r
+
+    head_grad = 0 if tied else ceil_div(head, G)           # a tied head's group is reduced last
+    t, c = post_backward(len(layers) - 1)
+    if (head + layers[-1]) * compute + (head + ceil_div(head, G)) * r >= held((t, c)) + head_grad * storage:
+        b.gpu("unsharded gradient of the head, and the next group prefetched", "temporaries",
+              (head + layers[-1]) * compute, BWD_HEAD, "the head's backward, with the last block's all-gather prefetched")
+        b.gpu("reduce-scatter of the head: input and output", "comm_buffers", head * r + ceil_div(head, G) * r,
+              BWD_HEAD, f"gradients reduced in {'fp32' if r == 4 else 'bf16'} (reduce_dtype)")
+    else:
+        b.gpu("the last block's post-backward: its unsharded parameters and gradients, and the block before it "
+              "prefetched", "temporaries", t * compute, BWD_HEAD,
+              "every activation still saved; it holds more than the head's backward here")
+        b.gpu("reduce-scatter input of the last block", "comm_buffers", c * r, BWD_HEAD,
+              f"its gradients copied in, in {'fp32' if r == 4 else 'bf16'} (reduce_dtype)")
+        if head_grad:
+            b.gpu("the head's sharded gradient", "gradients", head_grad * storage, BWD_HEAD, "its reduce-scatter output")
+    def at_end(k: int) -> int:                               # blocks before k have not run backward yet
+        return held(post_backward(k)) - sum(layers[:k]) // G * storage
+
+    k = max(range(len(layers)), key=at_end)
+    t, c = post_backward(k)
+    b.gpu("a block's post-backward: its unsharded parameters and gradients, and the group before it prefetched",
+          "temporaries", t * compute, BWD_END, "the first block's (the embedding prefetched), or another's where "
+          "blocks differ")
+    b.gpu("reduce-scatter input of that block", "comm_buffers", c * r, BWD_END, "")
+    return sum(layers[:k]) // G * storage
 
 
 def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
@@ -398,7 +451,6 @@ def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
     first = group("embed") + (group("head") if base.tied else 0)
     head = first if base.tied else group("head")
     order = [first] + layers + [head]                         # the order groups are gathered in forward
-    layer = max(layers)
     adapters_rs = max(padded(m, k) for k in layer_names) * r  # a block's reduce-scatter input: its adapters only
     adt = "fp32" if storage == 4 else "bf16"
     place(f"sharded LoRA adapters ({adt})", "parameters", shard * storage, ALWAYS,
@@ -417,16 +469,24 @@ def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
           + ")", "temporaries", (layers[-1] if base.tied else head) * compute, LOSS,
           "the head's group is resharded by its post-forward hook before the loss is computed, but the last "
           "all-gather's output is held until the next all-gather is issued (comm_ctx.all_gather_state)")
-    b.gpu("output head gathered again for its backward (buffer + unsharded copy)", "temporaries", 2 * head * compute,
-          BWD_HEAD, "reshard_after_forward freed it; the input gradient (grad_logits @ W) needs the whole weight, "
-          "and a frozen head makes no weight gradient and no reduce-scatter")
-    if not s.fused_ce:
-        E = s.batch * s.seq * base.vocab
-        b.gpu("gradient of the logits, read by the head's backward", "logits", E * compute, BWD_HEAD,
-              "the loss's backward hands the head a batch x seq x vocab gradient in the compute dtype; it is alive "
-              "while the head's group is gathered again, this strategy's backward peak")
-    b.gpu("unsharded first block (frozen base and adapters)", "temporaries", layer * compute, BWD_END,
-          "the first block's backward")
+    logits_grad = 0 if s.fused_ce else s.batch * s.seq * base.vocab
+    if 2 * layers[-1] >= 2 * head + logits_grad:
+        b.gpu("the last block gathered again for its backward (buffer + unsharded copy)", "temporaries",
+              2 * layers[-1] * compute, BWD_HEAD, "reshard_after_forward freed it; every activation but the head's is "
+              "still saved, and the block outweighs the head and the logits' gradient (an MoE block: dry runs of "
+              "Mixtral-8x7B with LoRA on 16 ranks peaked there)")
+    else:
+        b.gpu("output head gathered again for its backward (buffer + unsharded copy)", "temporaries",
+              2 * head * compute, BWD_HEAD, "reshard_after_forward freed it; the input gradient (grad_logits @ W) "
+              "needs the whole weight, and a frozen head makes no weight gradient and no reduce-scatter")
+        if logits_grad:
+            b.gpu("gradient of the logits, read by the head's backward", "logits", logits_grad * compute, BWD_HEAD,
+                  "the loss's backward hands the head a batch x seq x vocab gradient in the compute dtype; it is "
+                  "alive while the head's group is gathered again, this strategy's backward peak")
+    b.gpu("unsharded block in its backward (frozen base and adapters), and the block before it prefetched",
+          "temporaries", max(a + p for a, p in zip(layers, [0] + layers[:-1])) * compute, BWD_END,
+          "a block's backward gathers the block before it (_backward_prefetch); the first block's prefetches the "
+          "embedding, counted at the end of backward")
     b.gpu("reduce-scatter input of a block's adapters", "comm_buffers", adapters_rs, BWD_END | BWD_DONE,
           f"only the adapters have gradients to reduce, in {'fp32' if r == 4 else 'bf16'} (reduce_dtype); the last "
           f"one is kept until the root's post-backward callback (reduce_scatter_states)")

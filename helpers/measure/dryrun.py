@@ -440,7 +440,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         model=m.name, params=m.params, mode="dry-run", setup=dataclasses.asdict(setup),
         gpu=DeviceMemory(tracker.breakdown("gpu"), gpu_cap), host=DeviceMemory(tracker.breakdown("host", scale), host_cap),
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": provenance.versions(),
-              "versioned": library_versions.applied(setup),
+              "versioned": library_versions.applied(setup, m),
               "device": "fake tensors (no memory allocated); GPU = fake PrivateUse1 device 'gpu'",
               "engine": st.dry_run + (f"; tensor parallel {tp} (torchtitan's plan, DTensor on a 2-D fake mesh)"
                                       if tp > 1 else ""), "wall_s": round(time.perf_counter() - started, 2),

@@ -377,7 +377,7 @@ def result_from_census(twin, s, tracker, losses, rss, wall, engine, ranks, times
         model=m.name, params=m.params, mode="scaled", setup=dataclasses.asdict(s),
         gpu=DeviceMemory(tracker.breakdown("gpu")), host=DeviceMemory(tracker.breakdown("host", ranks)),
         meta={"date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": provenance.versions(),
-              "versioned": library_versions.applied(s),
+              "versioned": library_versions.applied(s, m),
               "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores): placement by role, GPU and host are one RAM",
               "engine": engine, "losses": losses, "rss_bytes": rss, "wall_s": round(wall, 2),
               "step_s": [round(x, 5) for x in (times or {}).get("step", [])],
