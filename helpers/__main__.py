@@ -178,7 +178,7 @@ def imported_from(a: argparse.Namespace):
         return a.model, setup_from_args(a), None, []
     from helpers import readers
 
-    imp = readers.read(a.from_files)
+    imp = readers.read(a.from_files, model=a.model)
     if a.model is None and imp.model is None:
         named = (f" (they name {imp.model_named!r}, which is neither in the catalogue nor in the Hugging Face cache, "
                  f"nor downloadable here)" if imp.model_named else "")
@@ -344,8 +344,21 @@ def _run(a: argparse.Namespace) -> int:
         return _command(a)
 
 
+def _rank() -> int:
+    """This process's rank under a launcher (RANK), 0 without one; InputError for a RANK that is not a whole number."""
+    text = os.environ.get("RANK", "0").strip() or "0"
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"RANK={text[:40]!r} in the environment must be a whole number (a launcher's process rank; "
+                         f"unset it to run alone)") from None
+
+
 def _command(a: argparse.Namespace) -> int:
     try:
+        rank = _rank()
+        if rank != 0 and a.command in ("estimate", "fit", "fixes"):
+            return 0                                   # under a launcher, rank 0 answers (arithmetic: the same)
         if getattr(a, "gpu", None) is not None:
             from helpers import gpus
 
@@ -369,7 +382,7 @@ def _command(a: argparse.Namespace) -> int:
     except MeasurementError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if int(os.environ.get("RANK", "0")) != 0:          # under a launcher, rank 0 reports
+    if rank != 0:                                      # under a launcher, rank 0 reports
         return 0
     from helpers import evidence, report
 
@@ -404,7 +417,9 @@ def _command(a: argparse.Namespace) -> int:
         print("\n" + report.items_table(result))
     if save is not None:
         try:
-            result.save(save)
+            from helpers import evidence
+
+            result.save(save, {"evidence": {"kind": evidence.kind(result), "detail": evidence.detail(result)}})
         except (InputError, OSError) as exc:           # the result is printed above: only the file is missing
             print(f"error: the result was not saved to {str(save)!r}: {exc}", file=sys.stderr)
             return 1

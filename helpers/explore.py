@@ -51,6 +51,9 @@ class Explorer:
 
     def __init__(self, model: str = "llama-3-8b", setup: TrainSetup | None = None, reported: list[dict] | None = None,
                  source: str | None = None, fixed: TrainSetup | None = None):
+        if setup is not None and not isinstance(setup, TrainSetup):
+            raise InputError(f"setup must be a TrainSetup (helpers.training.TrainSetup(batch=2, seq=1024, ...)), got "
+                             f"{type(setup).__name__}" + (": pass TrainSetup(**it)" if isinstance(setup, dict) else ""))
         self.model = model
         self.setup = (setup or TrainSetup(gpu_gib=80)).validate()
         self.reported = reported
@@ -91,6 +94,16 @@ class Explorer:
         unknown = sorted(set(values) - set(self.controls))
         if unknown:
             raise InputError(f"no control {unknown[0]!r}: the explorer's controls are {', '.join(self.controls)}")
+        for k, v in values.items():                 # a number below its slider is said, never clamped to the slider
+            low = getattr(self.controls[k], "min", None)
+            if low is not None and isinstance(v, (int, float)) and not isinstance(v, bool) and v < low:
+                try:
+                    dataclasses.replace(self.setup, **{k: v}).validate()
+                    message = f"{k} must be at least {low}, got {v!r}"
+                except InputError as exc:
+                    message = str(exc)
+                self._invalid(message)
+                return
         for k, v in values.items():
             control = FACES[k].control if k in FACES else None
             shown = control.none if control is not None and v is None else v
@@ -120,9 +133,7 @@ class Explorer:
             model = self.controls["model"].value or self.model
             result = estimate.run(model, setup)
         except InputError as exc:
-            self.verdict.value = f"<b style='color:#B00020'>not a valid set-up:</b> {exc}"
-            self.error = str(exc)
-            self.verdict_text = f"not a valid set-up: {exc}"
+            self._invalid(str(exc))
             return
         self.error = None
         self.setup, self.model, self.result = setup, model, result
@@ -135,6 +146,12 @@ class Explorer:
         self._render_static()
         self._show_verdict()
         self.last_update_s = time.perf_counter() - started
+
+    def _invalid(self, message: str) -> None:
+        """Show that the controls make no valid set-up (the figure keeps the last valid one)."""
+        self.verdict.value = f"<b style='color:#B00020'>not a valid set-up:</b> {message}"
+        self.error = message
+        self.verdict_text = f"not a valid set-up: {message}"
 
     def reported_here(self) -> list[dict]:
         """The reported figures that belong to the set-up shown now (a case's figures vanish once it is left)."""

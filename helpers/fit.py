@@ -19,6 +19,7 @@ of a 4096-token sequence is 1.6%. Batch moves in whole sequences.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -136,7 +137,8 @@ def largest(model, setup: TrainSetup, vary: str = "batch", gpu: str | None = Non
     if gpu is not None:
         gpus.preset(gpu)
     started = time.perf_counter()
-    step = 1 if vary == "batch" else SEQ_STEP
+    # a sequence in steps of 64 tokens, and of 2 x cp under context parallelism (each rank's load-balanced halves)
+    step = 1 if vary == "batch" else math.lcm(SEQ_STEP, 2 * setup.context_parallel)
     other = setup.seq if vary == "batch" else setup.batch
     most = (MAX_TOKENS // other) // step               # the limit, in steps (batch x seq <= MAX_TOKENS)
     limits = {"max_tokens": MAX_TOKENS, "most": most * step}

@@ -220,6 +220,7 @@ def memory_curve(result: Result, overlay: Result | None = None, reported: list[d
                  title: str | None = None, source: str | None = None) -> MemoryCurve:
     """A MemoryCurve of `result`, with a measurement overlaid and the case's reported figures marked
     (stars at a phase, dotted lines otherwise), their `source` written under the figure."""
+    _check_results([result] + ([overlay] if overlay is not None else []), "memory_curve needs a Result")
     return MemoryCurve(result, title, source=source, overlay=overlay, reported=reported)
 
 

@@ -96,7 +96,9 @@ class Result:
 
     def device(self, name: str) -> DeviceMemory:
         if name not in DEVICES:
-            raise KeyError(f"unknown device {name!r}: {DEVICES}")
+            from helpers.errors import InputError
+
+            raise InputError(f"device must be one of {', '.join(DEVICES)}, got {name!r}")
         return getattr(self, name)
 
     def per_param(self, device: str = "gpu", phase: str | None = None) -> dict[str, float]:
@@ -133,9 +135,10 @@ class Result:
         return cls(d["model"], d["params"], d["mode"], d["setup"], dev["gpu"], dev["host"],
                    d.get("items", []), d.get("meta", {}))
 
-    def save(self, path: str | Path) -> Path:
-        """Write the JSON atomically (temporary file, then rename)."""
-        return write_text_atomically(check_save_path(path), json.dumps(self.to_dict(), indent=1))
+    def save(self, path: str | Path, extra: dict | None = None) -> Path:
+        """Write the JSON atomically (temporary file, then rename); `extra`: more keys beside the result's own (the
+        CLI adds `evidence`, as its --json prints it)."""
+        return write_text_atomically(check_save_path(path), json.dumps(self.to_dict() | (extra or {}), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "Result":
@@ -155,6 +158,10 @@ def check_save_path(path) -> Path:
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
         raise InputError(f"save path must be a file path such as data/results/NAME.json, got {path!r}")
     path = Path(path).expanduser()
+    too_long = next((p for p in path.parts if len(os.fsencode(p)) > 255), None)
+    if too_long is not None or "\x00" in str(path):
+        raise InputError(f"save path must be a usable file name, got {str(path)[:80]!r}... ("
+                         + ("a name of more than 255 bytes, which the system refuses)" if too_long else "a NUL byte)"))
     if path.is_dir() or str(path).endswith(os.sep):
         raise InputError(f"save path must be a file, not a folder, got {str(path)!r}")
     parent = path.absolute().parent

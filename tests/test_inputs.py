@@ -117,7 +117,7 @@ def test_3_bad_save_path_is_refused_before_the_run(capsys, tmp_path, monkeypatch
 
 
 def test_3_a_save_that_fails_after_the_run_still_prints_the_result(capsys, tmp_path, monkeypatch):
-    def fail(self, path):
+    def fail(self, path, extra=None):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(Result, "save", fail)

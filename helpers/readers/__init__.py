@@ -55,15 +55,28 @@ def detect(path: Path, data) -> str:
                             f"an OpenRLHF command line or .sh script, a TRL or accelerate YAML)")
 
 
-def read(paths) -> Imported:
-    """Read one run's config files. The first file that is not a companion of another (a DeepSpeed JSON given with an
+def read(paths, model: str | None = None) -> Imported:
+    """Read one run's config files (`model`: the model named beside them, which replaces theirs: sizes the files
+    derive from the model, DeepSpeed's "auto" buckets, follow it). The first file that is not a companion of another (a DeepSpeed JSON given with an
     axolotl YAML is its companion; an accelerate YAML given with a TRL YAML is the TRL run's launcher config) is read;
     every other file must be one it refers to or takes, else ConfigError."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    if not isinstance(paths, (list, tuple)) or not all(isinstance(p, (str, Path)) for p in paths):
+        raise InputError(f"read needs config file paths (a str or Path, or a list of them), got {paths!r:.80}")
     paths = [Path(p) for p in paths]
     if not paths:
         raise InputError("read needs at least one config file")
+    from helpers.readers import model_ref
+
+    token = model_ref.MODEL_GIVEN.set(model)
+    try:
+        return _read(paths)
+    finally:
+        model_ref.MODEL_GIVEN.reset(token)
+
+
+def _read(paths: list[Path]) -> Imported:
     loaded = {p: _guarded(p, load, p) for p in paths}
     kinds = {p: _guarded(p, detect, p, loaded[p][0]) for p in paths}
     # The run's own config first: a DeepSpeed JSON or an accelerate YAML is the companion of the training config

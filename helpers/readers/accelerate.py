@@ -39,6 +39,21 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     return c.finish(None, None)
 
 
+def _refuse_unknown(path: Path, data: dict) -> None:
+    """ConfigError for a top-level key accelerate's ClusterConfig has no field for: `accelerate launch` refuses the
+    file then ('had unknown keys', commands/config/config_args.py BaseConfig.from_yaml_file), so the run never starts."""
+    import difflib
+
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    known = sorted(ClusterConfig.__dataclass_fields__)
+    for key in data:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            raise ConfigError(path, f"unknown key {key!r}" + (f": did you mean {near[0]!r}?" if near else "")
+                                    + " (accelerate launch refuses a config file with keys its ClusterConfig lacks)")
+
+
 def apply(path: Path, data, lines: dict[str, int], given: list[Path], trainer: dict[str, tuple[Any, str]] | None,
           hidden: int | None) -> tuple[Record, list[str]]:
     """What an accelerate config does to a set-up, and the files it read (its DeepSpeed config file).
@@ -46,6 +61,7 @@ def apply(path: Path, data, lines: dict[str, int], given: list[Path], trainer: d
     trainer: the TrainingArguments values of the script's own config (see deepspeed.apply); when given, its
     precision wins over mixed_precision (as transformers' Trainer does)."""
     data = collect.read_yaml_mapping(path, data)
+    _refuse_unknown(path, data)
     c = Record(NAME, path, lines)
     done = {"distributed_type", "num_processes", "num_machines", "mixed_precision", "deepspeed_config", "fsdp_config",
             "parallelism_config"}

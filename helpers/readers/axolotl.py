@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers import models, strategies
-from helpers.readers import collect, hf_names
+from helpers import strategies
+from helpers.readers import collect, hf_names, model_ref
 from helpers.readers.base import ConfigError, Imported, companion, load_json, probability
 from helpers.readers.provenance import Record, boolean, model_from, positive_int
 
@@ -363,7 +363,8 @@ class _Reader:
     def lora(self, strategy: str):
         d, f = self.d, self.path
         adapter = self.take("adapter")
-        four, eight = bool(self.take("load_in_4bit")), bool(self.take("load_in_8bit"))
+        four, eight = (bool(boolean(self.path, k, self.take(k))) if self.data.get(k) is not None else False
+                       for k in ("load_in_4bit", "load_in_8bit"))
         if adapter in (None, ""):
             for key in ("lora_r", "lora_target_modules", "lora_target_linear", "lora_alpha", "lora_dropout"):
                 if key in self.data:
@@ -389,7 +390,7 @@ class _Reader:
                       lora_dropout=probability(f, "lora_dropout", dropout))
         targets = self.take("lora_target_modules")
         linear = self.take("lora_target_linear")
-        if linear:
+        if linear is not None and boolean(f, "lora_target_linear", linear):
             d.setting(f, self.line("lora_target_linear"), "lora_target_linear", True, lora_targets="all-linear")
             if targets:
                 d.ignored_at(f, self.line("lora_target_modules"), "lora_target_modules", targets)
@@ -535,7 +536,7 @@ class _Reader:
                    "gradient_accumulation_steps": (d.fields.get("grad_accum", 1),
                                                    self.at("gradient_accumulation_steps")),
                    "bf16": self.trainer_bf16, "fp16": self.trainer_fp16}
-        hidden = models.spec(model).hidden if model else None
+        hidden = model_ref.hidden_size(model)
         ds_path, applied = _deepspeed(f, ref, self.given, trainer, hidden, self.lines)
         d.files.append(str(ds_path))
         d.setting(f, self.line("deepspeed"), "deepspeed", ref if isinstance(ref, str) else "(inline)",

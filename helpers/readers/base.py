@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,9 +132,47 @@ def load_yaml(path: Path) -> tuple[Any, dict[str, int]]:
         raise ConfigError(path, f"not valid YAML{where}: {problem}") from None
     except RecursionError:
         raise ConfigError(path, "nested too deeply to be a training config") from None
+    except InputError:
+        raise
+    except ValueError as e:                      # Python's limit on the digits of an int it converts from text
+        raise ConfigError(path, f"a number too long to be a setting (more than the {sys.get_int_max_str_digits()} "
+                                f"digits Python converts: {type(e).__name__})") from None
+    if isinstance(node, yaml.MappingNode):
+        for key, _ in node.value:
+            if not (isinstance(key, yaml.ScalarNode) and key.tag in ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")):
+                raise ConfigError(path, f"key {getattr(key, 'value', key)!r} at line {key.start_mark.line + 1} is not "
+                                        f"a name (a number, a boolean, a list or a null): option names are text")
+    values = _expanded_size(node, {})
+    if values > MAX_VALUES:
+        raise ConfigError(path, f"its aliases expand to {values:,} values, more than any training config has (at most "
+                                f"{MAX_VALUES:,} are read): a YAML alias bomb?")
     lines: dict[str, int] = {}
     _node_lines(path, node, "", lines)
     return data, lines
+
+
+MAX_VALUES = 100_000
+
+
+def _expanded_size(node, seen: dict) -> int:
+    """Values the composed YAML holds once every alias is expanded (an alias is the very node it names, so a node
+    met again is counted again, from `seen`, without walking it twice)."""
+    import yaml
+
+    if node is None:
+        return 0
+    key = id(node)
+    if key in seen:
+        return seen[key]
+    seen[key] = 1                                        # (a node that contains itself counts once)
+    if isinstance(node, yaml.MappingNode):
+        total = 1 + sum(_expanded_size(k, seen) + _expanded_size(v, seen) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        total = 1 + sum(_expanded_size(v, seen) for v in node.value)
+    else:
+        total = 1
+    seen[key] = min(total, 1 << 62)
+    return seen[key]
 
 
 def _node_lines(path: Path, node, prefix: str, lines: dict[str, int]) -> None:
@@ -168,6 +207,11 @@ def load_json(path: Path) -> tuple[Any, dict[str, int]]:
         raise ConfigError(path, f"not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except RecursionError:
         raise ConfigError(path, "nested too deeply to be a training config") from None
+    except InputError:
+        raise
+    except ValueError as e:                      # Python's limit on the digits of an int it converts from text
+        raise ConfigError(path, f"a number too long to be a setting (more than the {sys.get_int_max_str_digits()} "
+                                f"digits Python converts: {type(e).__name__})") from None
     try:                                     # JSON is YAML for all our purposes: its composer gives the lines
         _, lines = load_yaml(path)
     except ConfigError:
@@ -212,11 +256,33 @@ MAX_BYTES = 1 << 20
 rather than parsed for minutes (PyYAML's pure-Python parser)."""
 
 
+def file_problem(path: Path) -> str | None:
+    """Why `path` is not a regular file that can be read (one phrase), or None: stat's own reasons named (a loop of
+    symbolic links, a name too long), never a traceback."""
+    import errno
+    import stat
+
+    try:
+        st = Path(path).stat()
+    except OSError as e:
+        return {errno.ENOENT: "no such file", errno.ENOTDIR: "no such file (a part of its path is not a folder)",
+                errno.ELOOP: "a loop of symbolic links, not a file",
+                errno.ENAMETOOLONG: "file name too long (the system allows 255 bytes per name)"}.get(
+            e.errno, f"cannot be read: {e.strerror or e}")
+    except ValueError as e:                                   # e.g. a NUL character in the name
+        return f"not a usable file name ({e})"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory, not a config file"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    return None
+
+
 def _text(path: Path) -> str:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(path, "no such file" if not path.exists() else
-                          "is a directory, not a config file" if path.is_dir() else "not a regular file")
+    problem = file_problem(path)
+    if problem:
+        raise ConfigError(path, problem)
     size = path.stat().st_size
     if size > MAX_BYTES:
         raise ConfigError(path, f"{size / 2**20:,.1f} MiB is too large for a training config (at most "
@@ -238,8 +304,10 @@ def companion(ref: str, referring: Path, given: list[Path], what: str = "file") 
     if not ref.strip():
         raise ConfigError(referring, f"its {what} is an empty path")
     candidate = (Path(referring).parent / ref)
-    if candidate.is_dir() or (Path(ref).is_absolute() and Path(ref).is_dir()):
-        raise ConfigError(referring, f"its {what} {ref!r} is a directory, not a file")
+    for place in {candidate, Path(ref)} if Path(ref).is_absolute() else {candidate}:
+        problem = file_problem(place)
+        if problem and not problem.startswith("no such file"):
+            raise ConfigError(referring, f"its {what} {ref!r}: {problem.removeprefix('is ')}")
     if candidate.is_file() and candidate.resolve() == Path(referring).resolve():
         raise ConfigError(referring, f"its {what} {ref!r} is this file itself")
     if candidate.is_file():

@@ -94,6 +94,40 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     return apply(path, data, lines).finish(None, None)
 
 
+# The keys DeepSpeed 0.19.8's pydantic config models accept (field names and aliases; DeepSpeedConfigModel has
+# extra="forbid", runtime/config_utils.py, so any other key is a validation error when the engine starts):
+# runtime/zero/config.py DeepSpeedZeroConfig, runtime/zero/offload_config.py DeepSpeedZeroOffload{Optimizer,Param}Config.
+ZERO_KEYS = frozenset((
+    "allgather_bucket_size", "allgather_partitions", "allgather_sequential", "compute_grad_norm", "contiguous_gradients",
+    "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "elastic_checkpoint", "enable_sanity_checks",
+    "gather_16bit_weights_on_model_save", "ignore_unused_parameters", "leaf_module", "legacy_stage1",
+    "load_from_fp32_weights", "log_trace_cache_warnings", "max_live_parameters", "max_reuse_distance",
+    "memory_efficient_linear", "model_persistence_threshold", "module_granularity_threshold", "offload_optimizer",
+    "offload_param", "overlap_comm", "override_module_apply", "param_persistence_threshold", "parameter_alignment",
+    "pipeline_loading_checkpoint", "prefetch_bucket_size", "reduce_bucket_size", "reduce_scatter",
+    "round_robin_gradients", "save_muon_momentum_buffer_in_memory", "stage", "stage3_gather_fp16_weights_on_model_save",
+    "sub_group_size", "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce", "zenflow",
+    "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
+    "zero_quantized_weights", "stage3_allgather_sequential", "stage3_gather_16bit_weights_on_model_save",
+    "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_model_persistence_threshold",
+    "stage3_module_granularity_threshold", "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size",
+    "stage3_use_all_reduce_for_fetch_params"))
+OFFLOAD_OPTIMIZER_KEYS = frozenset(("buffer_count", "cpuadam_cores_perc", "device", "fast_init", "nvme_path",
+                                    "pin_memory", "pipeline_read", "pipeline_write", "ratio", "super_offload"))
+OFFLOAD_PARAM_KEYS = frozenset(("buffer_count", "buffer_size", "device", "max_in_cpu", "nvme_path", "pin_memory"))
+
+
+def _refuse_unknown(path, where: str, section: dict, known: frozenset) -> None:
+    """ConfigError for a key of `section` DeepSpeed's config model does not have, with the nearest one it does."""
+    import difflib
+
+    for key in section:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+            raise ConfigError(path, f"{where}.{key} is not a DeepSpeed setting" + (f": did you mean {where}.{near[0]}?"
+                                    if near else "") + " (DeepSpeed's config model refuses unknown keys)")
+
+
 def _number(path, key: str, value, integer: bool = True, positive: bool = True):
     """An int (DeepSpeed accepts 1e9 written as a float) or ConfigError naming the key."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -173,6 +207,10 @@ class _Reader:
         zero = data.get("zero_optimization") or {}
         if not isinstance(zero, dict):
             raise ConfigError(path, f"zero_optimization must be an object, got {zero!r}")
+        _refuse_unknown(path, "zero_optimization", zero, ZERO_KEYS)
+        for section, keys in (("offload_optimizer", OFFLOAD_OPTIMIZER_KEYS), ("offload_param", OFFLOAD_PARAM_KEYS)):
+            if isinstance(zero.get(section), dict):
+                _refuse_unknown(path, f"zero_optimization.{section}", zero[section], keys)
         stage = zero.get("stage", 0)
         if stage == "auto":
             # DeepSpeedConfigModel drops every "auto" value before validation (runtime/config_utils.py), so the default
@@ -323,6 +361,9 @@ class _Reader:
             matches("fp16", "fp16.enabled", fp16)
         elif trainer is not None and "fp16" in trainer:
             fp16 = trainer["fp16"][0]
+        if fp16 and bf16:
+            raise ConfigError(path, f"{bf16_key} and fp16.enabled are both on: DeepSpeed refuses that ('bfloat16 and "
+                                    f"fp16 modes cannot be simultaneously enabled', runtime/config.py); keep one")
         if fp16:
             out.not_modelled.append(NotModelled(f, line("fp16.enabled"), "fp16.enabled", True,
                                                 "fp16 mixed precision (loss scaling) is not modelled: estimated as "

@@ -8,6 +8,7 @@ found nowhere is kept only as `model_named` (model None), and the command line a
 
 from __future__ import annotations
 
+import contextvars
 from pathlib import Path
 
 from helpers import models
@@ -50,9 +51,14 @@ def resolve(named, referring: Path, key: str = "model_name_or_path") -> tuple[st
     return None, text
 
 
+MODEL_GIVEN: contextvars.ContextVar = contextvars.ContextVar("model_given", default=None)
+"""The model the user names beside the files (--model), which replaces the files' own: `readers.read` sets it."""
+
+
 def hidden_size(model: str | None) -> int | None:
-    """The model's hidden size (what transformers' DeepSpeed integration sizes its "auto" buckets by); None without
-    a model."""
+    """The hidden size of the model the run trains (what transformers' DeepSpeed integration sizes its "auto" buckets
+    by): the model named beside the files when there is one, else the files' own; None without a model."""
+    model = MODEL_GIVEN.get() or model
     if model is None:
         return None
     return models.spec(model).hidden

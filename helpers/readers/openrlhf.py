@@ -142,7 +142,7 @@ def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]
     code = re.sub(r'"?\$\{([A-Za-z_]\w*)\[[@*]\]\}"?',
                   lambda m: arrays.get(m.group(1), m.group(0)), ARRAY_RE.sub("", code))
     joined = re.sub(r"\\\r?\n", " ", code)
-    for line in joined.splitlines():
+    for index, line in enumerate(joined.splitlines()):
         m = MODULE_RE.search(line)
         if not m:
             continue
@@ -159,7 +159,8 @@ def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]
             if w in (";", "&&", "||", "|", ">", "2>&1", "&") or w.startswith((">", "2>")):
                 break
             after.append(w)
-        return m.group(1), words[:at], after, _variables(code)
+        # bash expands the command with the values assigned before it, not with later reassignments
+        return m.group(1), words[:at], after, _variables("\n".join(joined.splitlines()[:index]))
     raise ConfigError(path, "no openrlhf.cli.train_* command found (expected e.g. `deepspeed --module "
                             "openrlhf.cli.train_sft --pretrain ...`)")
 
@@ -196,6 +197,17 @@ def _parse_flags(path, words: list[str], variables: dict[str, str]) -> dict[str,
 
 
 def _expand(value: str, variables: dict[str, str]) -> str:
+    """$NAME, ${NAME} and bash's defaults ${NAME:-word} / ${NAME-word} (and := / =, which assign it too) expanded
+    with the script's own assignments; a variable it never assigns stays as written (the reader then names it)."""
+    def default(m):
+        name, op, word = m.group(1), m.group(2), m.group(3)
+        have = variables.get(name)
+        if have is None or (op.startswith(":") and have == ""):
+            if op.endswith("="):
+                variables[name] = word
+            return word
+        return have
+    value = re.sub(r"\$\{([A-Za-z_]\w*)(:?[-=])([^}]*)\}", default, value)
     return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: variables.get(m.group(1), m.group(0)), value)
 
 
@@ -228,8 +240,14 @@ def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, 
     per_node = value("--num_gpus", "--num-gpus", "--nproc_per_node", "--nproc-per-node")
     include = value("--include", "-i")
     nodes = value("--num_nodes", "--num-nodes", "--nnodes")
-    if per_node is None and include:                                     # localhost:0,1,2,3
-        per_node = str(len(include.split(":", 1)[-1].split(",")))
+    if per_node is None and include:              # localhost:0,1,2,3, or host1:0,1@host2:0,1,2 (DeepSpeed's hostfile
+        hosts = include.split("@")                  # filter: every GPU it names, on each host it names)
+        if all(":" in h for h in hosts):
+            counts = [len([g for g in h.split(":", 1)[1].split(",") if g.strip()]) for h in hosts]
+            if len(hosts) > 1:
+                return sum(counts), (f"launcher: --include names {sum(counts)} GPUs on {len(hosts)} hosts "
+                                     f"({', '.join(map(str, counts))})")
+            per_node = str(counts[0])
     if per_node is None:
         return None, ""
     n = positive_int(path, "the launcher's GPUs per node", per_node)
@@ -351,7 +369,13 @@ class _Reader:
     def strategy(self):
         d, f = self.d, self.path
         k, stage = self.get("zero_stage")
-        stage = positive_int(f, k, stage) if k and str(stage) != "0" else (0 if k else 2)
+        if k:
+            try:
+                stage = int(str(stage))                 # argparse's type=int: '00' is 0, '-1' is -1
+            except ValueError:
+                raise ConfigError(f, f"{k} must be an integer (OpenRLHF's argparse type=int), got {stage!r}") from None
+        else:
+            stage = 2
         if stage not in (0, 1, 2, 3):
             raise ConfigError(f, f"{k} must be 0, 1, 2 or 3 (a DeepSpeed ZeRO stage), got {stage!r}")
         strategy = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]

@@ -163,10 +163,15 @@ def positive_int(file, key: str, value, allow_minus_one: bool = False) -> int:
     return value
 
 
+TRUE_WORDS, FALSE_WORDS = ("true", "t", "yes", "y", "1"), ("false", "f", "no", "n", "0")
+
+
 def boolean(file, key: str, value) -> bool:
-    """`value` as a bool (YAML/TOML true/false, or the strings 'true'/'false'); ConfigError otherwise."""
+    """`value` as a bool, as the tools' own parsers read a quoted one (pydantic's lax bool, transformers'
+    `string_to_bool`: 'false', 'no', 'f', 'n', '0' are false, 'true', 'yes', 't', 'y', '1' true, in any case);
+    ConfigError otherwise."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
+    if isinstance(value, str) and value.strip().lower() in TRUE_WORDS + FALSE_WORDS:
+        return value.strip().lower() in TRUE_WORDS
     raise ConfigError(file, f"{key} must be true or false, got {value!r}")

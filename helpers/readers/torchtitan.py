@@ -92,6 +92,12 @@ class _Reader:
 
     def read(self) -> Imported:
         d, f = self.d, self.path
+        for section in sorted(SECTIONS & set(self.data)):
+            value = self.data[section]
+            if not isinstance(value, dict):
+                shape = "an array of tables ([[" + section + "]])" if isinstance(value, list) else repr(value)[:40]
+                raise ConfigError(f, f"{section} must be a table ([{section}] with its settings below), as torchtitan's "
+                                     f"JobConfig reads its sections, got {shape}")
         model, named = self.model()
         self.sizes()
         dp_rep, dp_shard, tp, cp, pp, ep, world = self.degrees()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from helpers.readers import accelerate, base, collect, hf_names, model_ref
 from helpers.readers.base import ConfigError, Imported
-from helpers.readers.provenance import Record
+from helpers.readers.provenance import Record, boolean
 
 NAME = "trl"
 TOOL = "TRL 1.10.0.dev0 (commit f2cd577)"
@@ -237,7 +237,7 @@ class _Reader(collect.TrainerYaml):
         c, take, path = self.c, self.take, self.path
         peft = take("use_peft")
         rank, targets, dropout = take("lora_r"), take("lora_target_modules"), take("lora_dropout")
-        if peft:
+        if peft is not None and boolean(path, "use_peft", peft):
             c.set("use_peft", peft, "LoRA (lora_r, lora_target_modules below)")
             self.value_or_default("lora_dropout", dropout, "lora_dropout", 0.05, "model_config.py ModelConfig",
                                   lambda k, v: base.probability(path, k, v))
@@ -271,7 +271,8 @@ class _Reader(collect.TrainerYaml):
     def quantisation(self) -> None:
         """A bitsandbytes base (QLoRA)."""
         c, take = self.c, self.take
-        q4, q8 = take("load_in_4bit"), take("load_in_8bit")
+        q4, q8 = (None if v is None else boolean(self.path, k, v)
+                  for k, v in (("load_in_4bit", take("load_in_4bit")), ("load_in_8bit", take("load_in_8bit"))))
         if q4:
             given_type = "bnb_4bit_quant_type" in self.data
             qtype = take("bnb_4bit_quant_type", "nf4")

@@ -1,0 +1,257 @@
+"""Hostile and mistaken input, second pass (one test per defect class found by a hostile user on the surfaces added
+since the first): each bad input ends in one line naming the value and what is allowed, a value the tool itself reads
+differently is read as the tool reads it, and the Python API raises InputError like the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.__main__ import main
+from helpers.errors import InputError
+from helpers.readers import ConfigError, read
+
+AX = "base_model: meta-llama/Llama-3.1-8B\nadapter: qlora\nlora_r: 8\nlora_target_linear: true\nload_in_4bit: true\n"
+OPENRLHF = ("deepspeed {launcher}--module openrlhf.cli.train_sft --pretrain meta-llama/Llama-3.1-8B "
+            "--zero_stage {stage} --micro_train_batch_size {mb} --max_len 512 --bf16\n")
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def refused(files, *words: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        read(files)
+    msg = str(e.value)
+    assert "\n" not in msg, msg
+    for w in words:
+        assert w in msg, msg
+    return msg
+
+
+def fields(imported, *names):
+    return tuple(getattr(imported.setup, n) for n in names)
+
+
+# -- 1. alias bombs -------------------------------------------------------------------------------------------------
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [{','.join(['*' + prev] * 9)}]")
+    p = write(tmp_path, "bomb.yaml", "\n".join(lines) + "\nbase_model: *i\n")
+    started = time.perf_counter()
+    refused([p], "alias", "100,000")
+    assert time.perf_counter() - started < 5
+
+
+# -- 2. quoted booleans, read as the tools read them ------------------------------------------------------------------
+
+@pytest.mark.parametrize("word,four", [("'false'", False), ("'no'", False), ("'true'", True), ("'Yes'", True)])
+def test_axolotl_quoted_load_in_4bit(tmp_path, word, four):
+    imp = read([write(tmp_path, "q.yaml", AX.replace("load_in_4bit: true", f"load_in_4bit: {word}"))])
+    assert (imp.setup.base_weights is not None) == four
+
+
+def test_axolotl_quoted_lora_target_linear_false_takes_the_named_modules(tmp_path):
+    text = AX.replace("lora_target_linear: true", "lora_target_linear: 'false'\nlora_target_modules: [q_proj, v_proj]")
+    assert read([write(tmp_path, "q.yaml", text)]).setup.lora_targets == "q_proj,v_proj"
+
+
+def test_trl_quoted_use_peft_false_is_full_fine_tuning(tmp_path):
+    imp = read([write(tmp_path, "trl.yaml", "model_name_or_path: meta-llama/Llama-3.1-8B\nuse_peft: 'false'\n"
+                                            "lora_r: 8\nper_device_train_batch_size: 1\n")])
+    assert imp.setup.lora_rank is None
+
+
+def test_an_unreadable_boolean_is_one_line(tmp_path):
+    refused([write(tmp_path, "q.yaml", AX.replace("load_in_4bit: true", "load_in_4bit: 'maybe'"))],
+            "load_in_4bit must be true or false", "'maybe'")
+
+
+# -- 3. keys and shapes the tool itself refuses -------------------------------------------------------------------------
+
+def test_a_misspelt_deepspeed_zero_key_is_refused_with_the_right_one(tmp_path):
+    ds = write(tmp_path, "ds.json", json.dumps({"zero_optimization": {"stage": 3, "offload_optimzer": {"device": "cpu"}},
+                                                "train_micro_batch_size_per_gpu": 1}))
+    refused([ds], "zero_optimization.offload_optimzer", "did you mean zero_optimization.offload_optimizer")
+
+
+def test_a_misspelt_deepspeed_offload_key_is_refused(tmp_path):
+    ds = write(tmp_path, "ds.json", json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"devise": "cpu"}}}))
+    refused([ds], "zero_optimization.offload_param.devise", "device")
+
+
+def test_the_known_zero_keys_are_deepspeeds_own():
+    import deepspeed.runtime.zero.config as zc
+    import deepspeed.runtime.zero.offload_config as oc
+
+    from helpers.readers import deepspeed as reader
+
+    f = zc.DeepSpeedZeroConfig.model_fields
+    assert reader.ZERO_KEYS == set(f) | {v.alias for v in f.values() if v.alias}
+    assert reader.OFFLOAD_OPTIMIZER_KEYS == set(oc.DeepSpeedZeroOffloadOptimizerConfig.model_fields)
+    assert reader.OFFLOAD_PARAM_KEYS == set(oc.DeepSpeedZeroOffloadParamConfig.model_fields)
+
+
+def test_bf16_and_fp16_both_on_is_refused_as_deepspeed_does(tmp_path):
+    ds = write(tmp_path, "ds.json", json.dumps({"bf16": {"enabled": True}, "fp16": {"enabled": True},
+                                                "zero_optimization": {"stage": 2}}))
+    refused([ds], "cannot be simultaneously enabled")
+
+
+def test_an_accelerate_key_accelerate_refuses(tmp_path):
+    acc = write(tmp_path, "acc.yaml", "distributed_type: FSDP\nmixed_precison: bf16\nnum_processes: 2\n")
+    refused([acc], "mixed_precison", "did you mean 'mixed_precision'")
+
+
+@pytest.mark.parametrize("training", ['[[training]]\nlocal_batch_size = 1\n', 'training = "big"\n'])
+def test_a_torchtitan_section_that_is_not_a_table(tmp_path, training):
+    toml = write(tmp_path, "t.toml", training + '[model]\nname = "llama3"\nflavor = "8B"\n')
+    refused([toml], "training must be a table")
+
+
+# -- 4. shell scripts read as bash runs them --------------------------------------------------------------------------
+
+def test_a_variable_reassigned_after_the_command_does_not_change_it(tmp_path):
+    sh = write(tmp_path, "a.sh", "ZERO=2\n" + OPENRLHF.format(launcher="", stage="$ZERO", mb=1) + "ZERO=3\n")
+    assert read([sh]).setup.strategy == "zero2"
+
+
+def test_bash_defaults_are_expanded(tmp_path):
+    sh = write(tmp_path, "a.sh", "MB=\n" + OPENRLHF.format(launcher="", stage="${ZERO:-3}", mb="${MB:-2}"))
+    assert fields(read([sh]), "strategy", "batch") == ("zero3", 2)
+
+
+def test_deepspeed_include_over_several_hosts_counts_every_gpu(tmp_path):
+    sh = write(tmp_path, "a.sh", OPENRLHF.format(launcher="--include host1:0,1@host2:0,1,2 ", stage=2, mb=1))
+    assert read([sh]).setup.gpus == 5
+
+
+@pytest.mark.parametrize("stage,strategy", [("0", "ddp"), ("00", "ddp"), ("3", "zero3")])
+def test_zero_stage_read_as_argparse_int(tmp_path, stage, strategy):
+    assert read([write(tmp_path, "a.sh", OPENRLHF.format(launcher="", stage=stage, mb=1))]).setup.strategy == strategy
+
+
+def test_a_negative_zero_stage_names_the_stages(tmp_path):
+    refused([write(tmp_path, "a.sh", OPENRLHF.format(launcher="", stage="-1", mb=1))], "must be 0, 1, 2 or 3", "-1")
+
+
+# -- 5. paths and the environment: one line, never a traceback ----------------------------------------------------------
+
+def test_a_file_name_over_255_bytes(tmp_path):
+    refused([tmp_path / ("a" * 300 + ".yaml")], "file name too long")
+
+
+def test_a_loop_of_symbolic_links(tmp_path):
+    os.symlink(tmp_path / "b.yaml", tmp_path / "a.yaml")
+    os.symlink(tmp_path / "a.yaml", tmp_path / "b.yaml")
+    refused([tmp_path / "a.yaml"], "a loop of symbolic links")
+
+
+def test_a_companion_that_is_not_a_regular_file(tmp_path):
+    refused([write(tmp_path, "ax.yaml", AX + "deepspeed: /dev/zero\n")], "'/dev/zero'", "not a regular file")
+
+
+def test_a_save_path_over_255_bytes(tmp_path, capsys):
+    code = main(["measure", "--model", "qwen2.5-0.5b", "--seq", "64", "--steps", "1",
+                 "--save", str(tmp_path / ("b" * 300 + ".json"))])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "255 bytes" in err
+
+
+def test_rank_not_a_number(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "abc")
+    assert main(["estimate", "--model", "llama-3-8b"]) == 2
+    assert "RANK='abc'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["estimate", "fit", "fixes"])
+def test_only_rank_0_answers(monkeypatch, capsys, command):
+    monkeypatch.setenv("RANK", "1")
+    assert main([command, "--model", "llama-3-8b", "--gpu", "a100-80gb"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+# -- 5. the Python API ----------------------------------------------------------------------------------------------------
+
+def test_read_without_paths():
+    with pytest.raises(InputError, match="config file paths"):
+        read(None)
+
+
+def test_explorer_with_a_dict():
+    from helpers import explore
+
+    with pytest.raises(InputError, match="TrainSetup"):
+        explore.explorer("llama-3-8b", {"batch": 2})
+
+
+def test_explorer_set_batch_0_is_refused_not_clamped():
+    from helpers import explore
+    from helpers.training import TrainSetup
+
+    x = explore.explorer("llama-3-8b", TrainSetup(gpu_gib=80, batch=2))
+    x.set(batch=0)                                   # said as the explorer says any invalid set-up: not clamped to 1
+    assert "batch must be a positive integer, got 0" in x.error and "not a valid set-up" in x.verdict.value
+    assert x.setup.batch == 2 and x.controls["batch"].value == 2
+
+
+def test_plots_with_an_unknown_device_or_a_non_result():
+    from helpers import estimate, plots
+
+    r = estimate.run("llama-3-8b")
+    with pytest.raises(InputError, match="device must be one of gpu, host"):
+        plots.compare_bars({"a": r}, device="tpu")
+    with pytest.raises(InputError, match="Result"):
+        plots.memory_curve("x")
+
+
+# -- 6. messages that name the problem ------------------------------------------------------------------------------------
+
+def test_a_number_of_5000_digits(tmp_path):
+    big = "9" * 5000
+    refused([write(tmp_path, "b.yaml", f"base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: {big}\n")],
+            "a number too long")
+    refused([write(tmp_path, "b.json", f'{{"train_micro_batch_size_per_gpu": {big}}}')], "a number too long")
+
+
+def test_a_key_that_is_a_number(tmp_path):
+    refused([write(tmp_path, "k.yaml", "base_model: meta-llama/Llama-3.1-8B\n1: 2\n")], "key '1' at line 2")
+
+
+# -- 7. figures -----------------------------------------------------------------------------------------------------------
+
+def test_auto_buckets_follow_the_model_given_beside_the_files(tmp_path):
+    write(tmp_path, "ds.json", json.dumps({"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+                                                                       "stage3_prefetch_bucket_size": "auto"},
+                                                "train_micro_batch_size_per_gpu": "auto"}))
+    ax = write(tmp_path, "ax.yaml", "base_model: meta-llama/Llama-3.2-1B\ndeepspeed: ds.json\nmicro_batch_size: 1\n")
+    assert read([ax]).setup.reduce_bucket_size == 2048 ** 2
+    assert read([ax], model="llama-3.1-70b").setup.reduce_bucket_size == 8192 ** 2
+
+
+def test_fit_with_context_parallel_searches_its_multiples():
+    from helpers import fit
+    from helpers.training import TrainSetup
+
+    f = fit.largest("llama-3.1-8b", TrainSetup(strategy="fsdp2", gpus=6, context_parallel=3, seq=768, gpu_gib=79),
+                    "seq")
+    assert f.step == 192 and f.value % 192 == 0 and f.value > 0
+
+
+# -- 8. the saved result carries its evidence ---------------------------------------------------------------------------
+
+def test_a_saved_result_has_the_evidence_json_prints(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    assert main(["measure", "--mode", "dry-run", "--model", "qwen2.5-0.5b", "--seq", "64", "--no-progress",
+                 "--save", str(path)]) == 0
+    saved = json.loads(path.read_text())
+    assert saved["evidence"]["kind"] and saved["evidence"]["detail"]
