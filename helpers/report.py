@@ -138,6 +138,12 @@ def table(r: Result) -> str:
     device = device_verdict(r)
     caution = reserve_caution(r)
     lines += ["", verdict(r)] + ([device] if device else []) + ([caution] if caution else [])
+    pad = r.meta.get("fsdp2_padding")
+    if pad:
+        lines.append(f"FSDP2 pads: {pad['tensors']} tensors have fewer rows than the {pad['ranks']} ranks sharding them "
+                     f"({pad['example']}: {pad['rows']} rows), so each rank keeps a whole row of each, "
+                     f"{pad['times']:.1f}x its 1/{pad['ranks']} share, and every all-gather moves {pad['ranks']} rows "
+                     f"of them: past {pad['rows']} ranks more GPUs do not shrink them (expert parallelism would)")
     if r.mode == "scaled":
         lines.append("(the tiny twin's own figures, to check the rules on a real step: the full-size model's come from "
                      "`estimate` or `measure --mode dry-run`)")

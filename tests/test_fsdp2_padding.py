@@ -56,3 +56,14 @@ def test_estimate_against_a_dry_run_of_fsdp2_with_more_ranks_than_experts(model,
         assert abs(want - got) <= max(0.03 * got, 16 * MiB), (phase, want, got)
     for phase in ("backward", "steady"):
         assert e.gpu.phases[phase] >= d.gpu.phases[phase] - 16 * MiB, phase
+
+
+def test_the_report_says_where_fsdp2_pads():
+    from helpers import report
+
+    padded = estimate.run("mixtral-8x7b", TrainSetup(strategy="fsdp2", gpus=64, seq=256))
+    pad = padded.meta["fsdp2_padding"]
+    assert pad["rows"] == 8 and pad["ranks"] == 64 and pad["times"] == pytest.approx(8.0, rel=0.01)
+    assert "FSDP2 pads" in report.table(padded) and "expert parallelism" in report.table(padded)
+    dense = estimate.run("llama-3-8b", TrainSetup(strategy="fsdp2", gpus=8))
+    assert dense.meta["fsdp2_padding"] is None and "FSDP2 pads" not in report.table(dense)

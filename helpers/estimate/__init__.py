@@ -71,5 +71,6 @@ def run(model, setup: TrainSetup | None = None, **options) -> Result:
         items=[{"name": i.name, "category": i.category, "device": i.device, "bytes": i.nbytes,
                 "phases": [p for p in phases if set(PHASE_MOMENTS[p]) & i.moments], "why": i.why,
                 "pinned": i.pinned} for i in its],
-        meta={"date": datetime.date.today().isoformat(), "versioned": versions.applied(setup, m)},
+        meta={"date": datetime.date.today().isoformat(), "versioned": versions.applied(setup, m),
+              "fsdp2_padding": states.fsdp2_padding(parallel.rank_model(m, setup.tensor_parallel), setup)},
     )

@@ -148,6 +148,22 @@ def fsdp2_shard(t: Tensor, world: int) -> int:
     return ceil_div(t.shape[0], world) * (t.numel // t.shape[0])
 
 
+def fsdp2_padding(m: ModelSpec, setup: TrainSetup) -> dict | None:
+    """Under FSDP2, the tensors with fewer rows than the ranks sharding them (an MoE's experts on more ranks than
+    experts): {'tensors', 'example', 'rows', 'ranks', 'times'}, where each rank keeps a whole padded row of each
+    (`fsdp2_shard`) and `times` is what that holds against numel / N; None where nothing is padded so."""
+    if setup.strategy != "fsdp2" or setup.degrees.shard < 2:
+        return None
+    G = setup.degrees.shard
+    short = [t for t in m.tensors if t.shape and t.shape[0] < G]
+    if not short:
+        return None
+    big = max(short, key=lambda t: t.numel)
+    held = sum(fsdp2_shard(t, G) for t in short)
+    return {"tensors": len(short), "example": big.name, "rows": big.shape[0], "ranks": G,
+            "times": held / sum(ceil_div(t.numel, G) for t in short)}
+
+
 def lora_adapters(m: ModelSpec, rank: int, targets: str = "all-linear", experts: bool = False) -> ModelSpec:
     """The LoRA adapters of `m` as a model of their own: A (rank x in) and B (out x rank) for every target (an MoE's
     3-D experts, where `experts`: one stacked pair per weight, `models.lora_shape`)."""
