@@ -255,3 +255,10 @@ def test_a_saved_result_has_the_evidence_json_prints(tmp_path, capsys):
                  "--save", str(path)]) == 0
     saved = json.loads(path.read_text())
     assert saved["evidence"]["kind"] and saved["evidence"]["detail"]
+
+
+def test_a_value_quoted_in_an_error_is_cut_to_a_line(tmp_path):
+    deep = "{a: " * 300 + "1" + "}" * 300
+    msg = refused([write(tmp_path, "d.yaml", f"base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: {deep}\n")],
+                  "micro_batch_size", "characters in all")
+    assert len(msg) < 500 + len(str(tmp_path)) + 20

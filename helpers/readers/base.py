@@ -26,8 +26,13 @@ class ConfigError(InputError):
     """A config file that cannot be read: the message is one line, `FILE: problem`."""
 
     def __init__(self, file: str | Path, problem: str):
+        if len(problem) > MAX_PROBLEM:           # a value quoted whole (a deep nesting, a long list) is cut, said so
+            problem = f"{problem[:MAX_PROBLEM - 60]}... ({len(problem):,} characters in all)"
         super().__init__(f"{file}: {problem}")
         self.file, self.problem = str(file), problem
+
+
+MAX_PROBLEM = 500
 
 
 @dataclass(frozen=True)
