@@ -7,6 +7,7 @@ Controls change a TrainSetup; an invalid combination shows its error as the verd
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 
@@ -94,22 +95,27 @@ class Explorer:
         unknown = sorted(set(values) - set(self.controls))
         if unknown:
             raise InputError(f"no control {unknown[0]!r}: the explorer's controls are {', '.join(self.controls)}")
-        for k, v in values.items():                 # a number below its slider is said, never clamped to the slider
-            low = getattr(self.controls[k], "min", None)
-            if low is not None and isinstance(v, (int, float)) and not isinstance(v, bool) and v < low:
-                try:
-                    dataclasses.replace(self.setup, **{k: v}).validate()
-                    message = f"{k} must be at least {low}, got {v!r}"
-                except InputError as exc:
-                    message = str(exc)
-                self._invalid(message)
-                return
+        for k, v in values.items():                 # a value no control can show is said, never clamped to a slider
+            if k in FACES:
+                problem = self._unshowable(k, v)
+                if problem:
+                    try:                            # the field's own message where the set-up refuses the value too
+                        dataclasses.replace(self.setup, **{k: v}).validate()
+                    except InputError as exc:
+                        problem = str(exc)
+                    self._invalid(problem)
+                    return
+        if "model" in values and values["model"] not in self.controls["model"].options:
+            raise InputError(f"model must be one of the catalogue's ({', '.join(self.controls['model'].options)}), "
+                             f"got {values['model']!r}")
         for k, v in values.items():
             control = FACES[k].control if k in FACES else None
             shown = control.none if control is not None and v is None else v
             widget = self.controls[k]
             if isinstance(widget, w.SelectionSlider) and shown not in widget.options:
                 widget.options = _steps(widget.options, shown)
+            if isinstance(widget, w.IntSlider) and shown > widget.max:
+                widget.max = shown                  # (a slider clamps to its max: the value itself is reachable)
             widget.value = shown
 
     def reset(self) -> None:
@@ -146,6 +152,25 @@ class Explorer:
         self._render_static()
         self._show_verdict()
         self.last_update_s = time.perf_counter() - started
+
+    def _unshowable(self, k: str, v) -> str | None:
+        """Why control `k` cannot show value `v` (off a menu, not a number for a slider, below a slider's least), or
+        None: a combination the set-up refuses is shown, and said, by `_changed`."""
+        widget, control = self.controls[k], FACES[k].control
+        shown = control.none if control is not None and v is None else v
+        number = isinstance(shown, (int, float)) and not isinstance(shown, bool) and math.isfinite(shown)
+        if isinstance(widget, w.Dropdown) and shown not in widget.options:
+            return f"{k} must be one of {', '.join(map(str, widget.options))}, got {v!r}"
+        if isinstance(widget, w.SelectionSlider) and shown not in widget.options and not number:
+            return f"{k} must be a number or one of {', '.join(map(str, widget.options))}, got {v!r}"
+        if isinstance(widget, w.IntSlider) and not (number and shown == int(shown) and shown >= widget.min):
+            return f"{k} must be a whole number of at least {widget.min}, got {v!r}"
+        if isinstance(widget, w.Checkbox) and not isinstance(v, bool):
+            return f"{k} must be True or False, got {v!r}"
+        if isinstance(widget, (w.FloatText, w.BoundedFloatText)) and not (
+                isinstance(shown, (int, float)) and not isinstance(shown, bool)):
+            return f"{k} must be a number, got {v!r}"
+        return None
 
     def _invalid(self, message: str) -> None:
         """Show that the controls make no valid set-up (the figure keeps the last valid one)."""

@@ -173,3 +173,48 @@ def test_any_flag_value_of_a_real_script_is_read_or_refused_in_one_line(tmp_path
     out = tmp_path_factory.mktemp("s") / Path(name).name
     out.write_text(mutated)
     assert outcome([out]) in ("ok", "refused")
+
+
+# -- the explorer's API ------------------------------------------------------------------------------------------------
+
+CONTROL_VALUES = st.one_of(st.integers(-3, 70_000), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                           st.none(), st.sampled_from(["bf16", "fsdp2", "zero3", "all-linear", "q,v", "nf4", "x", ""]))
+FIELDS = st.sampled_from(["batch", "seq", "gpus", "lora_rank", "lora_dropout", "precision", "strategy", "lora_targets",
+                          "tensor_parallel", "offload_optimizer", "base_weights", "gpu_gib", "nosuch"])
+
+
+@pytest.fixture(scope="module")
+def shown():
+    from helpers import explore
+    from helpers.training import TrainSetup
+
+    return explore.explorer("llama-3.2-1b", TrainSetup(gpu_gib=80))
+
+
+@bounded(80)
+@given(st.dictionaries(FIELDS, CONTROL_VALUES, min_size=1, max_size=2))
+def test_any_explorer_set_is_applied_said_or_refused(shown, values):
+    """x.set(...) moves the controls to exactly those values, shows why the set-up is invalid, or raises one InputError
+    line; a value is never clamped to a slider without a word."""
+    try:
+        shown.set(**values)
+    except InputError as e:
+        assert "\n" not in str(e)
+        return
+    if shown.error:
+        assert "\n" not in shown.error and "not a valid set-up" in shown.verdict.value
+        return
+    for k, v in values.items():
+        if k in ("batch", "seq", "gpus") and isinstance(v, int) and not isinstance(v, bool):
+            assert getattr(shown.setup, k) == v, (k, v, getattr(shown.setup, k))
+
+
+def test_explorer_values_off_a_slider_are_reached_not_clamped():
+    from helpers import explore
+    from helpers.training import TrainSetup
+
+    shown = explore.explorer("llama-3.2-1b", TrainSetup(gpu_gib=80, seq=512))
+    shown.set(batch=100)
+    assert shown.setup.batch == 100 and shown.controls["batch"].value == 100
+    shown.set(batch=0)
+    assert "batch must be a positive integer, got 0" in shown.error and shown.controls["batch"].value == 100
