@@ -384,8 +384,10 @@ class ModelSpec:
         return sum(r * (i + o) for r, i, o in (lora_shape(t, rank) for t in self.lora_targets(targets, experts)))
 
     def max_lora_rank_for(self, targets: str) -> int:
-        """max_lora_rank for the linear layers `targets` names."""
-        return min((min(t.shape) for t in self.lora_targets(targets) if t.shape), default=0)
+        """max_lora_rank for the linear layers `targets` names: their smallest dimension, beyond which an adapter is
+        no longer low-rank (a one-output gate, as Qwen2-MoE's shared_expert_gate, does not bound it: peft adapts it
+        at any rank, and a bound of 1 would refuse every LoRA of the model)."""
+        return min((min(t.shape) for t in self.lora_targets(targets) if t.shape and min(t.shape) > 1), default=0)
 
     def linear_names(self) -> list[str]:
         """Module names of the decoder layers' linear layers (what `lora_targets` may name)."""

@@ -112,4 +112,10 @@ def test_lora_dropout_is_refused_where_peft_refuses_it():
     with pytest.raises(InputError, match="ParamWrapper"):
         estimate.run("qwen3-30b-a3b", TrainSetup(lora_rank=16, lora_dropout=0.05))
     estimate.run("qwen3-30b-a3b", TrainSetup(lora_rank=16, lora_dropout=0.05, lora_targets="q,k,v,o"))
-    estimate.run("qwen1.5-moe-a2.7b", TrainSetup(lora_rank=1, lora_dropout=0.05))
+    estimate.run("qwen1.5-moe-a2.7b", TrainSetup(lora_rank=16, lora_dropout=0.05))   # its experts stay frozen
+
+
+def test_a_one_output_gate_does_not_bound_the_rank():
+    """Qwen2-MoE's shared_expert_gate (1 x hidden) is a linear peft adapts at any rank; it bounded lora_rank at 1."""
+    assert models.spec("qwen1.5-moe-a2.7b").max_lora_rank_for("all-linear") == 2048
+    estimate.run("qwen1.5-moe-a2.7b", TrainSetup(lora_rank=16))
