@@ -348,10 +348,13 @@ def _rank() -> int:
     """This process's rank under a launcher (RANK), 0 without one; InputError for a RANK that is not a whole number."""
     text = os.environ.get("RANK", "0").strip() or "0"
     try:
-        return int(text)
+        rank = int(text)
     except ValueError:
-        raise InputError(f"RANK={text[:40]!r} in the environment must be a whole number (a launcher's process rank; "
-                         f"unset it to run alone)") from None
+        rank = -1
+    if rank < 0:
+        raise InputError(f"RANK={text[:40]!r} in the environment must be a whole number >= 0 (a launcher's process "
+                         f"rank; unset it to run alone)")
+    return rank
 
 
 def _command(a: argparse.Namespace) -> int:

@@ -39,6 +39,10 @@ NCCL_CHANNELS_ASSUMED = 16      # channels NCCL opens: topology-dependent, no do
 NCCL_PEERS_RING = 2             # a ring's two neighbours per channel (assumed: the ring algorithm, Simple protocol)
 
 
+OTHER_CARD = frozenset({"laptop", "mobile", "notebook", "ti", "super", "max", "q"})
+"""Words in a GPU's name that make it another card than the preset its other words name (memory differs)."""
+
+
 def canonical(name: str) -> str:
     """The preset `name` means, read as people write GPU names: any case, spaces or underscores for dashes, with or
     without NVIDIA / GeForce / Tesla, and short where only one preset fits ('H100', 'RTX 4090', '4090', 'a10g' is
@@ -63,11 +67,15 @@ def canonical(name: str) -> str:
             or p.replace("-", "") == key.replace("-", "")]
     if not fits:               # every part of a preset's name among the name's (A100-SXM4-80GB, V100-SXM2-32GB)
         fits = [p for p in PRESETS if len(p.split("-")) > 1 and set(p.split("-")) <= tokens]
+    other_card = tokens & OTHER_CARD                      # a laptop 4090 (16 GB) is not a desktop one (24 GB)
+    fits = [p for p in fits if not other_card - set(p.split("-"))]
     if len(fits) == 1:
         return fits[0]
-    near = difflib.get_close_matches(key, list(PRESETS), n=3, cutoff=0.5)
-    what = (f"{name!r} could be {' or '.join(fits)}" if fits else
-            f"got {name!r}" + (f" (did you mean {' or '.join(near)}?)" if near else ""))
+    near = [] if other_card else difflib.get_close_matches(key, list(PRESETS), n=3, cutoff=0.5)
+    shown = repr(name) if len(name) <= 60 else repr(name[:60]) + "..."
+    what = (f"{shown} could be {' or '.join(fits)}" if fits else
+            f"got {shown}" + (f" (did you mean {' or '.join(near)}?)" if near else "")
+            + (f" ({'/'.join(sorted(other_card))}: a different card from every preset)" if other_card else ""))
     raise InputError(f"gpu must be one of {', '.join(sorted(PRESETS))} (capacities as CUDA gives them, each "
                      f"with a source in data/published.json): {what}; --gpu-gib X takes any capacity")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import re
 import threading
 import warnings
@@ -149,6 +150,10 @@ def config_path(model: str | Path) -> Path:
     if str(model).lower() in hub_ids():
         return MODELS_DIR / f"{hub_ids()[str(model).lower()]}.json"
     path = Path(model)
+    too_long = next((p for p in path.parts if len(os.fsencode(p)) > 255), None)
+    if too_long is not None or "\x00" in str(model):
+        raise InputError(f"model must be a catalogue name, a hub id or the path of a config.json, got "
+                         f"{str(model)[:60]!r}... (" + ("a name of more than 255 bytes)" if too_long else "a NUL byte)"))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise InputError(f"model directory {str(model)!r} has no config.json (an adapter-only or non-transformers "

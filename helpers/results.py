@@ -164,6 +164,9 @@ def check_save_path(path) -> Path:
                          + ("a name of more than 255 bytes, which the system refuses)" if too_long else "a NUL byte)"))
     if path.is_dir() or str(path).endswith(os.sep):
         raise InputError(f"save path must be a file, not a folder, got {str(path)!r}")
+    if (path.exists() or path.is_symlink()) and not path.is_file():      # a FIFO, a device, a dangling link:
+        raise InputError(f"save path must be a regular file (or a new one), got {str(path)!r}, which is not: "
+                         f"a result never replaces a device, a pipe or a link to nothing")
     parent = path.absolute().parent
     while not parent.exists():
         parent = parent.parent

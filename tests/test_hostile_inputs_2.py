@@ -262,3 +262,56 @@ def test_a_value_quoted_in_an_error_is_cut_to_a_line(tmp_path):
     msg = refused([write(tmp_path, "d.yaml", f"base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: {deep}\n")],
                   "micro_batch_size", "characters in all")
     assert len(msg) < 500 + len(str(tmp_path)) + 20
+
+
+# -- a hostile pass over the fixes above found these ------------------------------------------------------------------
+
+B = "base_model: Qwen/Qwen3-0.6B\nmicro_batch_size: 2\nsequence_len: 1024\nbf16: true\n"
+
+
+def test_save_never_replaces_a_pipe(tmp_path, capsys):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert main(["measure", "--model", "qwen2.5-0.5b", "--seq", "64", "--steps", "1", "--save", str(fifo)]) == 2
+    assert "regular file" in capsys.readouterr().err and not fifo.is_file() and fifo.exists()
+
+
+def test_a_value_that_contains_itself(tmp_path):
+    refused([write(tmp_path, "s.yaml", B + "x: &r [*r]\n")], "contains itself through an alias")
+
+
+def test_a_model_name_over_255_bytes(capsys):
+    assert main(["estimate", "--model", "x" * 300]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "255 bytes" in err
+
+
+@pytest.mark.parametrize("name", ["RTX 4090 Laptop GPU", "NVIDIA GeForce RTX 3060 Laptop GPU", "RTX 3060 Ti"])
+def test_a_laptop_or_ti_card_is_not_taken_for_the_desktop_preset(capsys, name):
+    assert main(["estimate", "--model", "qwen3-0.6b", "--gpu", name]) == 2
+    assert "a different card from every preset" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key,field,normal", [("fp16", "precision", "bf16-mixed"), ("bfloat16", "precision", "bf16-mixed"),
+                                              ("flash_attention", "attention", "sdpa"), ("reward_model", "batch", 2)])
+@pytest.mark.parametrize("word", ['"false"', "'no'", "'off'", "'0'"])
+def test_axolotl_reads_quoted_booleans_as_pydantic_does(tmp_path, key, field, normal, word):
+    assert getattr(read([write(tmp_path, "q.yaml", B + f"{key}: {word}\n")]).setup, field) == normal
+
+
+def test_rank_below_0(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "-1")
+    assert main(["estimate", "--model", "qwen3-0.6b"]) == 2
+    assert ">= 0" in capsys.readouterr().err
+
+
+def test_a_superscript_digit_names_its_key(tmp_path):
+    sh = write(tmp_path, "a.sh", OPENRLHF.format(launcher="", stage=2, mb=1).replace("--max_len 512", "--max_len ²"))
+    refused([sh], "--max_len", "'²'")
+
+
+def test_trl_beta_and_vllm_share_are_named(tmp_path):
+    grpo = "model_name_or_path: Qwen/Qwen3-0.6B\nper_device_train_batch_size: 2\nnum_generations: 4\n"
+    refused([write(tmp_path, "g.yaml", grpo + "beta: abc\n")], "beta must be a number")
+    refused([write(tmp_path, "g.yaml", grpo + "use_vllm: true\nvllm_gpu_memory_utilization: abc\n")],
+            "vllm_gpu_memory_utilization")

@@ -78,7 +78,7 @@ class Config:
             key, _, value = (s.strip() for s in part.partition(":"))
             if key == "expandable_segments" and value in ("True", "False"):
                 fields["expandable_segments"] = value == "True"
-            elif key == "max_split_size_mb" and value.isdigit() and int(value) >= kLargeBuffer // MiB:
+            elif key == "max_split_size_mb" and value.isascii() and value.isdigit() and int(value) >= kLargeBuffer // MiB:
                 fields["max_split_size"] = int(value) * MiB
             else:
                 raise InputError(

@@ -84,9 +84,32 @@ def _deepspeed(path: Path, ref, given: list[Path], trainer: dict, hidden: int | 
     return ds_path, deepspeed.apply(ds_path, data, ds_lines, trainer, hidden=hidden)
 
 
+# axolotl's schema fields of type bool (or bool beside a few words) that change memory: pydantic reads a quoted
+# 'false', 'no', 'off', '0' as False (lax mode), so the reader does too (`pydantic_bools`)
+BOOL_KEYS = ("fp16", "bf16", "bfloat16", "float16", "tf32", "flash_attention", "sdp_attention", "eager_attention",
+             "xformers_attention", "s2_attention", "flex_attention", "reward_model", "process_reward_model",
+             "liger_fused_linear_cross_entropy", "liger_cross_entropy", "liger_rms_norm", "liger_glu_activation",
+             "liger_rope", "liger_layer_norm", "cut_cross_entropy", "load_in_4bit", "load_in_8bit",
+             "lora_target_linear", "gradient_checkpointing", "sample_packing", "pad_to_sequence_len",
+             "flash_attn_cross_entropy", "unfrozen_parameters_only", "adapter_only")
+PYDANTIC_WORDS = {"true": True, "t": True, "yes": True, "y": True, "on": True, "1": True,
+                  "false": False, "f": False, "no": False, "n": False, "off": False, "0": False}
+
+
+def pydantic_bools(path: Path, data: dict) -> dict:
+    """`data` with the quoted booleans of BOOL_KEYS read as pydantic's lax bool reads them; other words kept (bf16
+    'auto', gradient_checkpointing 'unsloth'), for the reader to accept or refuse by name."""
+    out = dict(data)
+    for key in BOOL_KEYS:
+        value = out.get(key)
+        if isinstance(value, str) and value.strip().lower() in PYDANTIC_WORDS:
+            out[key] = PYDANTIC_WORDS[value.strip().lower()]
+    return out
+
+
 class _Reader:
     def __init__(self, path: Path, data: dict, lines: dict, given: list[Path]):
-        self.path, self.data, self.lines, self.given = Path(path), data, lines, given
+        self.path, self.data, self.lines, self.given = Path(path), pydantic_bools(Path(path), data), lines, given
         self.d = Record(NAME, path)
         self.used: set[str] = set()
 
@@ -261,7 +284,7 @@ class _Reader:
         if "sharding_strategy" in plain:
             key, v = plain["sharding_strategy"]
             name = str(v).upper().replace("SHARDINGSTRATEGY.", "")
-            if name.isdigit():
+            if name.isascii() and name.isdigit():
                 name = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYBRID_SHARD"}.get(name, name)
             if name == "FULL_SHARD":
                 d.setting(f, self.line(ck(key)), ck(key), v, sets="every state sharded (as modelled)")

@@ -147,7 +147,11 @@ def load_yaml(path: Path) -> tuple[Any, dict[str, int]]:
             if not (isinstance(key, yaml.ScalarNode) and key.tag in ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")):
                 raise ConfigError(path, f"key {getattr(key, 'value', key)!r} at line {key.start_mark.line + 1} is not "
                                         f"a name (a number, a boolean, a list or a null): option names are text")
-    values = _expanded_size(node, {})
+    try:
+        values = _expanded_size(node, {}, set())
+    except _Cycle as c:
+        raise ConfigError(path, f"the value at line {c.line} contains itself through an alias (an &anchor used "
+                                f"inside its own value): no tool can read an endless value") from None
     if values > MAX_VALUES:
         raise ConfigError(path, f"its aliases expand to {values:,} values, more than any training config has (at most "
                                 f"{MAX_VALUES:,} are read): a YAML alias bomb?")
@@ -159,23 +163,31 @@ def load_yaml(path: Path) -> tuple[Any, dict[str, int]]:
 MAX_VALUES = 100_000
 
 
-def _expanded_size(node, seen: dict) -> int:
+class _Cycle(Exception):
+    def __init__(self, node):
+        self.line = node.start_mark.line + 1
+
+
+def _expanded_size(node, seen: dict, open_: set) -> int:
     """Values the composed YAML holds once every alias is expanded (an alias is the very node it names, so a node
-    met again is counted again, from `seen`, without walking it twice)."""
+    met again is counted again, from `seen`, without walking it twice); _Cycle where a node contains itself."""
     import yaml
 
     if node is None:
         return 0
     key = id(node)
+    if key in open_:
+        raise _Cycle(node)
     if key in seen:
         return seen[key]
-    seen[key] = 1                                        # (a node that contains itself counts once)
+    open_.add(key)
     if isinstance(node, yaml.MappingNode):
-        total = 1 + sum(_expanded_size(k, seen) + _expanded_size(v, seen) for k, v in node.value)
+        total = 1 + sum(_expanded_size(k, seen, open_) + _expanded_size(v, seen, open_) for k, v in node.value)
     elif isinstance(node, yaml.SequenceNode):
-        total = 1 + sum(_expanded_size(v, seen) for v in node.value)
+        total = 1 + sum(_expanded_size(v, seen, open_) for v in node.value)
     else:
         total = 1
+    open_.discard(key)
     seen[key] = min(total, 1 << 62)
     return seen[key]
 

@@ -166,7 +166,7 @@ class _Reader:
     def world(self) -> int:
         d = self.d
         present, devices = self.value("devices", 1)
-        if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        if isinstance(devices, str) and (devices.strip().lstrip("-").isascii() and devices.strip().lstrip("-").isdigit()):
             devices = int(devices)
         if devices in ("auto", -1):
             d.unmodelled("devices", devices, "every visible GPU: the count is not in the file (pass --gpus N)")

@@ -569,7 +569,7 @@ class _Reader:
     def lora(self):
         d, f = self.d, self.path
         k, rank = self.get("lora_rank")
-        rank = int(rank) if k and str(rank).lstrip("-").isdigit() else (rank if k else 0)
+        rank = int(rank) if k and (str(rank).lstrip("-").isascii() and str(rank).lstrip("-").isdigit()) else (rank if k else 0)
         if k and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
             raise ConfigError(f, f"{k} must be 0 (full fine-tuning) or a positive integer, got {self.flags[k]!r}")
         if k:

@@ -155,7 +155,7 @@ class Record:
 
 def positive_int(file, key: str, value, allow_minus_one: bool = False) -> int:
     """`value` as a positive integer; ConfigError naming the file and key otherwise."""
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and (value.strip().lstrip("-").isascii() and value.strip().lstrip("-").isdigit()):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and not (allow_minus_one and value == -1)):
         allowed = "a positive integer" + (" or -1" if allow_minus_one else "")

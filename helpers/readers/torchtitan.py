@@ -297,10 +297,10 @@ class _Reader:
             if option == "op":
                 add(sets="selective: see selective_ac_option")
                 where(checkpointing="selective")
-            elif option.isdigit() and int(option) == 1:
+            elif option.isascii() and option.isdigit() and int(option) == 1:
                 add(sets="selective: see selective_ac_option")
                 where(checkpointing="full", sets="checkpointing='full' (every layer)")
-            elif option.isdigit() and int(option) > 1:
+            elif option.isascii() and option.isdigit() and int(option) > 1:
                 add(sets="selective: see selective_ac_option")
                 where(checkpointing="full", checkpoint_every=int(option),
                       sets=f"checkpointing='full', checkpoint_every={int(option)} (every {int(option)}th layer)")

@@ -153,6 +153,8 @@ class _Reader(collect.TrainerYaml):
         c.set("num_generations", 8 if n is None else n, "completions per prompt: the micro batch counts completions "
                                                          "(per_device_train_batch_size), as modelled")
         beta = take("beta")
+        if beta is not None and (isinstance(beta, bool) or not isinstance(beta, (int, float))):
+            raise ConfigError(self.path, f"beta must be a number (TRL's GRPOConfig.beta: float), got {beta!r}")
         if beta is None:
             self.default("beta", 0.0, "no reference model (beta 0.0)", GRPO_SRC)
         elif float(beta) > 0:
@@ -162,7 +164,10 @@ class _Reader(collect.TrainerYaml):
         else:
             c.set("beta", beta, "no reference model")
         vllm, mode = take("use_vllm"), take("vllm_mode")
+        vllm = None if vllm is None else boolean(self.path, "use_vllm", vllm)
         util = take("vllm_gpu_memory_utilization")
+        if util is not None and (isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1):
+            raise ConfigError(self.path, f"vllm_gpu_memory_utilization must be a fraction in (0, 1], got {util!r}")
         if vllm:
             mode = mode or "colocate"
             if mode == "colocate":
