@@ -315,3 +315,17 @@ def test_trl_beta_and_vllm_share_are_named(tmp_path):
     refused([write(tmp_path, "g.yaml", grpo + "beta: abc\n")], "beta must be a number")
     refused([write(tmp_path, "g.yaml", grpo + "use_vllm: true\nvllm_gpu_memory_utilization: abc\n")],
             "vllm_gpu_memory_utilization")
+
+
+@pytest.mark.parametrize("key", ["cutoff_length", "per_device_batch_size", "lora_dim", "ds_config"])
+def test_llamafactory_refuses_every_key_its_arguments_lack(tmp_path, key):
+    base = (Path(__file__).parent / "data" / "configs_upstream" / "llamafactory" / "examples" / "train_lora" /
+            "qwen3_lora_sft.yaml").read_text()
+    refused([write(tmp_path, "lf.yaml", base + f"{key}: 8\n")], f"unknown key {key!r}", "ALLOW_EXTRA_ARGS")
+
+
+def test_the_llamafactory_keys_hold_every_key_of_its_upstream_examples():
+    from helpers.readers.llamafactory import known_keys
+
+    for path in (Path(__file__).parent / "data" / "configs_upstream" / "llamafactory").rglob("*.yaml"):
+        assert set(json.loads(json.dumps(__import__("yaml").safe_load(path.read_text())))) <= known_keys(), path

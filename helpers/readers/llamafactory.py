@@ -19,12 +19,43 @@ transformers' TrainingArguments, whose defaults are the installed transformers'.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from helpers.readers import accelerate, base, collect, model_ref
 from helpers.readers.base import ConfigError, Imported
 
 NAME = "llamafactory"
+
+
+@functools.cache
+def known_keys() -> frozenset[str]:
+    """Every key LLaMA-Factory's parser takes: its own arguments (data/tool_keys/llamafactory.json, with the commit
+    they were read at) and transformers' TrainingArguments fields, of the installed release and of 4.57.1 (a run on
+    transformers 4 takes warmup_ratio, which 5.15 dropped)."""
+    import dataclasses
+    import json
+
+    from transformers import Seq2SeqTrainingArguments
+
+    from helpers.models import DATA_DIR
+
+    own = json.loads((DATA_DIR / "tool_keys" / "llamafactory.json").read_text())["keys"]
+    v4 = json.loads((DATA_DIR / "tool_keys" / "transformers-4.57.1-training-args.json").read_text())["keys"]
+    return frozenset(own) | frozenset(v4) | {f.name for f in dataclasses.fields(Seq2SeqTrainingArguments)}
+
+
+def _refuse_unknown(path, key) -> None:
+    """ConfigError for a key no LLaMA-Factory argument has: its parser refuses the file (allow_extra_keys=False,
+    hparams/parser.py, unless ALLOW_EXTRA_ARGS is set), so the run never starts with it."""
+    import difflib
+
+    known = known_keys()
+    if str(key) in known:
+        return
+    near = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+    raise ConfigError(path, f"unknown key {key!r}" + (f": did you mean {near[0]!r}?" if near else "") + " (LLaMA-Factory "
+                            "refuses keys its arguments do not have, unless ALLOW_EXTRA_ARGS=1 is set)")
 TOOL = "LLaMA-Factory 0.9.6.dev0 (commit ff6d4d1)"
 QUANTIZATION_METHODS = ("bnb", "gptq", "awq", "aqlm", "quanto", "eetq", "hqq", "mxfp4", "fp8")   # extras/constants.py
 SRC = "github:hiyouga/LLaMA-Factory@ff6d4d1 src/llamafactory/hparams/"
@@ -287,4 +318,5 @@ class _Reader(collect.TrainerYaml):
                 c.unmodelled(key, value, NOT_MODELLED[key])
             else:
                 collect.refuse_misspelt(self.path, key, done, TOOL)
+                _refuse_unknown(self.path, key)
                 c.ignore(key, value)
