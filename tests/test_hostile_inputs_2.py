@@ -329,3 +329,12 @@ def test_the_llamafactory_keys_hold_every_key_of_its_upstream_examples():
 
     for path in (Path(__file__).parent / "data" / "configs_upstream" / "llamafactory").rglob("*.yaml"):
         assert set(json.loads(json.dumps(__import__("yaml").safe_load(path.read_text())))) <= known_keys(), path
+
+
+def test_torchtune_quoted_false_is_refused_because_torchtune_reads_it_as_true(tmp_path):
+    text = (Path(__file__).parent / "data" / "configs_upstream" / "torchtune" / "recipes" / "configs" / "llama3_2" /
+            "1B_lora_single_device.yaml").read_text()
+    import re
+
+    text = re.sub(r"(?m)^enable_activation_checkpointing: .*$", "enable_activation_checkpointing: 'false'", text)
+    refused([write(tmp_path, "tt.yaml", text)], "enable_activation_checkpointing", "reads as true")

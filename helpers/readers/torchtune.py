@@ -121,6 +121,17 @@ def _refuse_misspelt(path: Path, data: dict) -> None:
                                     f"keys by name, so this one would never be read; fix the spelling)")
 
 
+
+def _omegaconf_bool(f, key: str, value) -> bool:
+    """A torchtune switch: YAML true/false. OmegaConf keeps a quoted 'false' a string, which torchtune's recipes test
+    for truth (`if cfg.enable_activation_checkpointing:`), so a quoted 'false' switches it on there: refused here
+    with that said, rather than read either way."""
+    if isinstance(value, str):
+        raise ConfigError(f, f"{key} is the string {value!r}, which torchtune reads as "
+                             f"{'true' if value else 'false'} (OmegaConf keeps quoted YAML a string, and the recipe "
+                             f"tests it for truth): write true or false unquoted")
+    return boolean(f, key, value)
+
 class _Reader:
     def __init__(self, path: Path, data: dict, lines: dict):
         self.path, self.data, self.lines = Path(path), data, lines
@@ -223,11 +234,11 @@ class _Reader:
                          "HSDP (replicas of the shards) is not modelled: estimated as FSDP2 over every rank, which "
                          "holds less per GPU than one replica's shards")
         present, offload = self.value("fsdp_cpu_offload", False)
-        offload = boolean(f, "fsdp_cpu_offload", offload)
+        offload = _omegaconf_bool(f, "fsdp_cpu_offload", offload)
         if present:
             d.set("fsdp_cpu_offload", offload, offload_params=offload, offload_optimizer=offload)
         present, reshard = self.value("fsdp_reshard_after_forward", True)
-        if not boolean(f, "fsdp_reshard_after_forward", reshard):
+        if not _omegaconf_bool(f, "fsdp_reshard_after_forward", reshard):
             d.unmodelled("fsdp_reshard_after_forward", reshard, "keeping every layer's gathered weights from forward "
                                                                 "to backward is not modelled (modelled: resharded)")
         present, layers = self.value("custom_sharded_layers", None)
@@ -296,24 +307,24 @@ class _Reader:
             raise ConfigError(f, f"model.lora_attn_modules must be a list of {', '.join(ATTN_MODULES)}, got {attn!r}")
         targets = [ATTN_MODULES[a] for a in attn]
         _, mlp = self.value("model.apply_lora_to_mlp", False)
-        if boolean(f, "model.apply_lora_to_mlp", mlp):
+        if _omegaconf_bool(f, "model.apply_lora_to_mlp", mlp):
             targets += ["gate_proj", "up_proj", "down_proj"]
         joined = ",".join(model_ref.module_names(targets, model))
         d.set("model.lora_attn_modules", attn, lora_targets=joined,
               sets=f"lora_targets={joined!r} (with apply_lora_to_mlp {bool(mlp)})")
         _, head = self.value("model.apply_lora_to_output", False)
-        if boolean(f, "model.apply_lora_to_output", head):
+        if _omegaconf_bool(f, "model.apply_lora_to_output", head):
             d.unmodelled("model.apply_lora_to_output", head, "an adapter on the output head is not modelled (its "
                                                              "input and gradients add to the figure)")
         _, dora = self.value("model.use_dora", False)
-        if boolean(f, "model.use_dora", dora):
+        if _omegaconf_bool(f, "model.use_dora", dora):
             d.unmodelled("model.use_dora", dora, "DoRA's magnitude vector and weight norm per adapted layer are not "
                                                  "modelled: the real figure is higher")
         if not self.distributed and self.d.fields.get("precision") == "bf16":
             d.default(TOOL, "(LoRA adapters)", "the model's dtype", "torchtune builds the model, adapters included, "
                       "under the recipe's dtype", adapter_dtype="bf16")
         present, quant = self.value("model.quantize_base", self.method == "qlora")
-        if boolean(f, "model.quantize_base", quant):
+        if _omegaconf_bool(f, "model.quantize_base", quant):
             d.set("model.quantize_base" if present else "model._component_", quant if present else
                   self.data["model"]["_component_"], base_weights="nf4-dq",
                   sets="base_weights='nf4-dq' (torchao's NF4: 4-bit, blocks of 64, scalers quantised to 8 bits in "
@@ -323,7 +334,7 @@ class _Reader:
     def memory(self) -> None:
         d, f = self.d, self.path
         present, ac = self.value("enable_activation_checkpointing", False)
-        ac = boolean(f, "enable_activation_checkpointing", ac)
+        ac = _omegaconf_bool(f, "enable_activation_checkpointing", ac)
         (d.set("enable_activation_checkpointing", ac, checkpointing="full" if ac else "none") if present else
          d.default(TOOL, "enable_activation_checkpointing", False, SRC, checkpointing="none"))
         for key, why in (("enable_activation_offloading", "activations offloaded to host memory between forward and "
@@ -332,12 +343,12 @@ class _Reader:
                          ("optimizer_in_bwd", "the optimizer step inside backward (each gradient freed as it is "
                                               "applied) is not modelled: the real figure is lower")):
             present, v = self.value(key, False)
-            if present and boolean(f, key, v):
+            if present and _omegaconf_bool(f, key, v):
                 d.unmodelled(key, v, why)
             elif present:
                 d.set(key, v, sets="off (as modelled)")
         present, resume = self.value("resume_from_checkpoint", False)
-        if present and boolean(f, "resume_from_checkpoint", resume):
+        if present and _omegaconf_bool(f, "resume_from_checkpoint", resume):
             d.set("resume_from_checkpoint", resume, resume=True)
 
     def optimizer(self) -> None:
