@@ -338,3 +338,8 @@ def test_torchtune_quoted_false_is_refused_because_torchtune_reads_it_as_true(tm
 
     text = re.sub(r"(?m)^enable_activation_checkpointing: .*$", "enable_activation_checkpointing: 'false'", text)
     refused([write(tmp_path, "tt.yaml", text)], "enable_activation_checkpointing", "reads as true")
+
+
+def test_a_nested_key_that_is_a_number_is_named(tmp_path):
+    refused([write(tmp_path, "k.yaml", "base_model: Qwen/Qwen3-0.6B\nfsdp_version: 2\nfsdp_config:\n  1: 2\n")],
+            "key '1' under fsdp_config at line 4")

@@ -142,11 +142,6 @@ def load_yaml(path: Path) -> tuple[Any, dict[str, int]]:
     except ValueError as e:                      # Python's limit on the digits of an int it converts from text
         raise ConfigError(path, f"a number too long to be a setting (more than the {sys.get_int_max_str_digits()} "
                                 f"digits Python converts: {type(e).__name__})") from None
-    if isinstance(node, yaml.MappingNode):
-        for key, _ in node.value:
-            if not (isinstance(key, yaml.ScalarNode) and key.tag in ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")):
-                raise ConfigError(path, f"key {getattr(key, 'value', key)!r} at line {key.start_mark.line + 1} is not "
-                                        f"a name (a number, a boolean, a list or a null): option names are text")
     try:
         values = _expanded_size(node, {}, set())
     except _Cycle as c:
@@ -202,6 +197,10 @@ def _node_lines(path: Path, node, prefix: str, lines: dict[str, int]) -> None:
         seen: dict[str, int] = {}
         for key, value in node.value:
             line = key.start_mark.line + 1
+            if not (isinstance(key, yaml.ScalarNode) and key.tag in ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")):
+                where = f" under {prefix}" if prefix else ""
+                raise ConfigError(path, f"key {getattr(key, 'value', key)!r}{where} at line {line} is not a name (a "
+                                        f"number, a boolean, a list or a null): option names are text")
             if isinstance(key, yaml.ScalarNode) and key.value != "<<":
                 if key.value in seen:
                     raise ConfigError(path, f"key {prefix + '.' if prefix else ''}{key.value} is given twice (lines "
