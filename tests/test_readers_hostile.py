@@ -281,8 +281,9 @@ def test_deepspeed_auto_with_no_rule_takes_deepspeed_default(tmp_path):
 
 
 def test_yaml_anchors_merge_keys_bom_and_crlf(tmp_path):
-    anchors = ("base: &b\n  lr: 1\nmodel_name_or_path: &m meta-llama/Meta-Llama-3-8B\nfinetuning_type: full\n"
-               "<<: *b\ncutoff_len: &n 512\nper_device_train_batch_size: 4\ngradient_accumulation_steps: *n\n")
+    anchors = ("model_name_or_path: &m meta-llama/Meta-Llama-3-8B\nfinetuning_type: full\n"   # (every key one
+               "<<: &b {learning_rate: 1.0e-5}\ncutoff_len: &n 512\nper_device_train_batch_size: 4\n"  # LLaMA-Factory
+               "gradient_accumulation_steps: *n\n")                                                     # takes)
     s = read(write(tmp_path, "a.yaml", anchors)).setup
     assert (s.seq, s.batch, s.grad_accum) == (512, 4, 512)
     for name, content in (("bom.yaml", b"\xef\xbb\xbf" + LF_YAML.encode()),
