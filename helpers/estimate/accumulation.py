@@ -20,11 +20,11 @@ batch's figures are never larger (the same buffers, fewer of them). Sources, in 
 from __future__ import annotations
 
 from helpers.estimate.adapters import experts_adapted
-from helpers.estimate.items import BWD_DONE, FWD_BWD, MOMENTS, Item
+from helpers.estimate.items import BWD_DONE, BWD_POST, FWD_BWD, MOMENTS, Item
 from helpers.estimate.states import Builder, dtype_bytes, lora_adapters
 from helpers.models import ModelSpec
 
-ACCUMULATING = FWD_BWD | BWD_DONE          # the forward and backward moments of every iteration
+ACCUMULATING = FWD_BWD | BWD_POST | BWD_DONE          # the forward and backward moments of every iteration
 
 
 def add_accumulation(b: Builder, m: ModelSpec) -> None:

@@ -14,15 +14,16 @@ MOMENTS = (
     "setup", "resume", "forward_init", "forward_start", "forward_gather", "forward", "backward_start", "backward_head",
     "backward_end", "backward_done", "step_prepare", "step", "steady_forward_start", "steady_forward_gather",
     "steady_forward", "steady_backward_start", "steady_backward_head", "steady_backward_end", "steady_backward_done",
+    "backward_post", "steady_backward_post",
 )
 PHASE_MOMENTS = {
     "setup": ("setup",),
     "resume": ("resume",),
     "forward": ("forward_init", "forward_start", "forward_gather", "forward"),
-    "backward": ("backward_start", "backward_head", "backward_end", "backward_done"),
+    "backward": ("backward_start", "backward_head", "backward_end", "backward_post", "backward_done"),
     "step": ("step_prepare", "step"),
     "steady": ("steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start", "steady_backward_head",
-               "steady_backward_end", "steady_backward_done"),
+               "steady_backward_end", "steady_backward_post", "steady_backward_done"),
 }
 
 ALWAYS = frozenset(MOMENTS)
@@ -34,10 +35,12 @@ BWD_START = frozenset({"backward_start", "steady_backward_start"})  # the loss's
 BWD_HEAD = frozenset({"backward_head", "steady_backward_head"})     # the output head's backward, activations saved
 BWD_END = frozenset({"backward_end", "steady_backward_end"})        # backward of the first layer (the last to run)
 BWD_DONE = frozenset({"backward_done", "steady_backward_done"})     # every gradient made
+BWD_POST = frozenset({"backward_post", "steady_backward_post"})     # a block's post-backward (FSDP2), its
+#                                                                   activations and working set freed
 FWD_BWD = FORWARDS | START | BWD_START | BWD_HEAD | BWD_END
-GRADS = BWD_END | BWD_DONE | {"step"}                      # made in backward, freed after the step
+GRADS = BWD_END | BWD_POST | BWD_DONE | {"step"}                      # made in backward, freed after the step
 STATES = frozenset({"step", "steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start",
-                    "steady_backward_head", "steady_backward_end", "steady_backward_done"})
+                    "steady_backward_head", "steady_backward_end", "steady_backward_post", "steady_backward_done"})
 STEP = frozenset({"step"})
 STEP_PREPARE = frozenset({"step_prepare"})                  # before the update: gradients flattened, cast to fp32
 FORWARD_INIT = frozenset({"forward_init"})                  # the first forward's start: an engine's lazy initialisation

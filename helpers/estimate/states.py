@@ -26,6 +26,7 @@ from helpers.estimate.items import (
     BWD_DONE,
     BWD_END,
     BWD_HEAD,
+    BWD_POST,
     BWD_START,
     FORWARD_INIT,
     FORWARDS,
@@ -378,7 +379,7 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     first_blocks = [b_ for b_, f in zip(blocks, in_first) if f]
     if not_yet:
         b.gpu("sharded gradients of the first blocks, made after that post-backward", "gradients", not_yet,
-              GRADS - BWD_END, "the blocks before the one whose post-backward is the end's peak")
+              GRADS - BWD_POST, "the blocks before the one whose post-backward is the end's peak")
     place("sharded gradients" + dt + ", all but the embedding's", "gradients", sum(rest_blocks) - not_yet, GRADS,
           "reduce-scattered into 1/N shards" + ("; copied to the host" if off else ""),
           pinned=off and s.pin_memory, blocks=rest_blocks)
@@ -433,12 +434,16 @@ def _fsdp2_backward_ends(b: Builder, head: int, layers: list[int], grads: list[i
     def at_end(k: int) -> int:                               # blocks before k have not run backward yet
         return held(post_backward(k)) - sum(layers[:k]) // G * storage
 
+    layer = max(layers)
+    b.gpu("unsharded first block, and the embedding prefetched", "temporaries", (layer + first) * compute, BWD_END,
+          "the first block's backward, its activations and working set still alive")
+    b.gpu("reduce-scatter input of a block", "comm_buffers", layer * r, BWD_END, "")
     k = max(range(len(layers)), key=at_end)
     t, c = post_backward(k)
     b.gpu("a block's post-backward: its unsharded parameters and gradients, and the group before it prefetched",
-          "temporaries", t * compute, BWD_END, "the first block's (the embedding prefetched), or another's where "
-          "blocks differ")
-    b.gpu("reduce-scatter input of that block", "comm_buffers", c * r, BWD_END, "")
+          "temporaries", t * compute, BWD_POST, "after the block's backward (its activations freed), before its "
+          "reduce-scatter output: the first block's (the embedding prefetched), or another's where blocks outweigh it")
+    b.gpu("reduce-scatter input of that block", "comm_buffers", c * r, BWD_POST, "")
     return sum(layers[:k]) // G * storage
 
 

@@ -361,7 +361,8 @@ class _Reader:
             matches("fp16", "fp16.enabled", fp16)
         elif trainer is not None and "fp16" in trainer:
             fp16 = trainer["fp16"][0]
-        if fp16 and bf16:
+        if _enabled(path, data, "fp16") is True and (_enabled(path, data, "bf16") if "bf16" in data
+                                                      else _enabled(path, data, "bfloat16")) is True:
             raise ConfigError(path, f"{bf16_key} and fp16.enabled are both on: DeepSpeed refuses that ('bfloat16 and "
                                     f"fp16 modes cannot be simultaneously enabled', runtime/config.py); keep one")
         if fp16:
