@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import re
 import threading
 import warnings
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.errors import InputError
-from helpers.files import write_text_atomically
+from helpers.files import unusable_name, write_text_atomically
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 MODELS_DIR = DATA_DIR / "models"
@@ -150,10 +149,10 @@ def config_path(model: str | Path) -> Path:
     if str(model).lower() in hub_ids():
         return MODELS_DIR / f"{hub_ids()[str(model).lower()]}.json"
     path = Path(model)
-    too_long = next((p for p in path.parts if len(os.fsencode(p)) > 255), None)
-    if too_long is not None or "\x00" in str(model):
+    why = unusable_name(model)
+    if why:
         raise InputError(f"model must be a catalogue name, a hub id or the path of a config.json, got "
-                         f"{str(model)[:60]!r}... (" + ("a name of more than 255 bytes)" if too_long else "a NUL byte)"))
+                         f"{str(model)[:60]!r}... ({why})")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise InputError(f"model directory {str(model)!r} has no config.json (an adapter-only or non-transformers "

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.files import write_text_atomically
+from helpers.files import unusable_name, write_text_atomically
 from helpers.training import TrainSetup
 from helpers.vocab import CATEGORIES, DEVICES, PHASES
 
@@ -158,10 +158,10 @@ def check_save_path(path) -> Path:
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
         raise InputError(f"save path must be a file path such as data/results/NAME.json, got {path!r}")
     path = Path(path).expanduser()
-    too_long = next((p for p in path.parts if len(os.fsencode(p)) > 255), None)
-    if too_long is not None or "\x00" in str(path):
-        raise InputError(f"save path must be a usable file name, got {str(path)[:80]!r}... ("
-                         + ("a name of more than 255 bytes, which the system refuses)" if too_long else "a NUL byte)"))
+    why = unusable_name(path)
+    if why:
+        raise InputError(f"save path must be a usable file name, got {str(path)[:80]!r}... ({why}"
+                         + (", which the system refuses)" if "255" in why else ")"))
     if path.is_dir() or str(path).endswith(os.sep):
         raise InputError(f"save path must be a file, not a folder, got {str(path)!r}")
     if (path.exists() or path.is_symlink()) and not path.is_file():      # a FIFO, a device, a dangling link:

@@ -410,7 +410,7 @@ def add_merged_experts(b: Builder, m: ModelSpec, s, T: int, a: int) -> None:
     merges every expert weight with its adapters' product, and grouped_mm keeps the merged weights and its inputs
     (the weights now need a gradient) for backward; a layer's backward makes each merged weight's gradient in full."""
     wb = 4 if s.precision == "fp32" else 2
-    merged, extra = adapters.merged_expert_bytes(m, s, wb)
+    merged, extra = adapters.merged_expert_bytes(m, wb)
     inputs = a * T * m.experts_active * (m.hidden + m.expert_width)
     moe = moe_layer_indices(m)
     if s.checkpointing == "none":

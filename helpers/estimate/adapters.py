@@ -40,7 +40,7 @@ def check(m: ModelSpec, setup) -> None:
             f"0, name the linear modules (e.g. q,k,v,o), or a peft before 0.20 (versions peft=0.18.1)")
 
 
-def merged_expert_bytes(m: ModelSpec, setup, weight_bytes: int) -> tuple[int, int]:
+def merged_expert_bytes(m: ModelSpec, weight_bytes: int) -> tuple[int, int]:
     """(bytes of one MoE layer's merged expert weights, bytes of the larger of: the first weight's gradient beside
     both merged weights, and the second's beside its own) with `weight_bytes` per element. Backward reaches the down
     projection first: its merged weight's gradient (grouped_mm) comes while both merged weights are kept; gate_up's

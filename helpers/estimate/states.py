@@ -149,6 +149,14 @@ def fsdp2_shard(t: Tensor, world: int) -> int:
     return ceil_div(t.shape[0], world) * (t.numel // t.shape[0])
 
 
+def fsdp2_groups(m: ModelSpec, world: int) -> dict[str, int]:
+    """Elements each group ('embed', 'layer.N', 'head') all-gathers under FSDP2: its padded shards x `world`."""
+    out: dict[str, int] = {}
+    for t in m.tensors:
+        out[t.group] = out.get(t.group, 0) + fsdp2_shard(t, world) * world
+    return out
+
+
 def fsdp2_padding(m: ModelSpec, setup: TrainSetup) -> dict | None:
     """Under FSDP2, the tensors with fewer rows than the ranks sharding them (an MoE's experts on more ranks than
     experts): {'tensors', 'example', 'rows', 'ranks', 'times'}, where each rank keeps a whole padded row of each
@@ -156,7 +164,7 @@ def fsdp2_padding(m: ModelSpec, setup: TrainSetup) -> dict | None:
     if setup.strategy != "fsdp2" or setup.degrees.shard < 2:
         return None
     G = setup.degrees.shard
-    short = [t for t in m.tensors if t.shape and t.shape[0] < G]
+    short = [t for t in m.tensors if t.shape and t.shape[0] < G]        # (their padded shards: fsdp2_shard)
     if not short:
         return None
     big = max(short, key=lambda t: t.numel)
@@ -324,9 +332,7 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     shard = sum(shards)                                      # keeps one whole expert per rank, not half of one
     place = b.host if off else b.gpu
     blocks = [n * storage for n in shards]
-    gp = {}                                                  # what each group all-gathers: its padded shards x N
-    for t, n in zip(m.tensors, shards):
-        gp[t.group] = gp.get(t.group, 0) + n * G
+    gp = fsdp2_groups(m, G)                                  # what each group all-gathers: its padded shards x N
     layers = [v for k, v in gp.items() if k.startswith("layer.")]
     first = gp["embed"] + (gp["head"] if m.tied else 0)
     head = first if m.tied else gp["head"]
@@ -398,9 +404,10 @@ def _fsdp2_backward_ends(b: Builder, head: int, layers: list[int], grads: list[i
     own sizes, as autograd makes their gradients). Between them activations are freed as gradients are made, so a
     moment in the middle holds less than one of its ends.
 
-    At its start (every activation saved): the output head's backward, with the last block prefetched, or the last
-    block's post-backward, whichever holds more. At its end (every sharded gradient made): the first block's
-    backward with the embedding prefetched, or the second block's post-backward, whichever holds more.
+    At its start (every activation saved, BWD_HEAD): the output head's backward, with the last block prefetched, or
+    the last block's post-backward, whichever holds more. At its end: the first block's backward with the embedding
+    prefetched (BWD_END, beside that block's activations), and, at a moment of its own (BWD_POST, those freed), the
+    post-backward of the block that holds the most once the sharded gradients not yet made are left out.
     A block's post-backward (torch 2.13 `_fsdp_param_group.py` post_backward: reshard, then `foreach_reduce`) holds
     its unsharded gradients, the block before it prefetched (all-gather output and unsharded copy) and the
     reduce-scatter input (reduce dtype, padded). A dense model's head and embedding outweigh a block; an MoE block,
@@ -431,6 +438,7 @@ def _fsdp2_backward_ends(b: Builder, head: int, layers: list[int], grads: list[i
               f"its gradients copied in, in {'fp32' if r == 4 else 'bf16'} (reduce_dtype)")
         if head_grad:
             b.gpu("the head's sharded gradient", "gradients", head_grad * storage, BWD_HEAD, "its reduce-scatter output")
+
     def at_end(k: int) -> int:                               # blocks before k have not run backward yet
         return held(post_backward(k)) - sum(layers[:k]) // G * storage
 
@@ -465,14 +473,14 @@ def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
     place = b.host if off else b.gpu
     shards = [fsdp2_shard(t, G) for t in m.tensors]
     shard = sum(shards)
-    padded = lambda model, g: sum(fsdp2_shard(t, G) * G for t in model.tensors if t.group == g)
-    group = lambda g: padded(base, g) + padded(m, g)          # what a group all-gathers: base and adapters
+    base_groups, adapter_groups = fsdp2_groups(base, G), fsdp2_groups(m, G)
+    group = lambda g: base_groups.get(g, 0) + adapter_groups.get(g, 0)     # what a group all-gathers: both
     layer_names = [k for k in base.group_params if k.startswith("layer.")]
     layers = [group(k) for k in layer_names]
     first = group("embed") + (group("head") if base.tied else 0)
     head = first if base.tied else group("head")
     order = [first] + layers + [head]                         # the order groups are gathered in forward
-    adapters_rs = max(padded(m, k) for k in layer_names) * r  # a block's reduce-scatter input: its adapters only
+    adapters_rs = max(adapter_groups.get(k, 0) for k in layer_names) * r  # a block's reduce-scatter input: its adapters only
     adt = "fp32" if storage == 4 else "bf16"
     place(f"sharded LoRA adapters ({adt})", "parameters", shard * storage, ALWAYS,
           "the adapters' own dim-0 shards (_init_sharded_param)" + ("; CPUOffloadPolicy: on the host" if off else ""),

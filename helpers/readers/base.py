@@ -139,9 +139,8 @@ def load_yaml(path: Path) -> tuple[Any, dict[str, int]]:
         raise ConfigError(path, "nested too deeply to be a training config") from None
     except InputError:
         raise
-    except ValueError as e:                      # Python's limit on the digits of an int it converts from text
-        raise ConfigError(path, f"a number too long to be a setting (more than the {sys.get_int_max_str_digits()} "
-                                f"digits Python converts: {type(e).__name__})") from None
+    except ValueError:                           # Python's limit on the digits of an int it converts from text
+        raise _too_long_number(path) from None
     try:
         values = _expanded_size(node, {}, set())
     except _Cycle as c:
@@ -156,6 +155,11 @@ def load_yaml(path: Path) -> tuple[Any, dict[str, int]]:
 
 
 MAX_VALUES = 100_000
+
+
+def _too_long_number(path) -> ConfigError:
+    return ConfigError(path, f"a number too long to be a setting (more than the {sys.get_int_max_str_digits()} digits "
+                             f"Python converts: ValueError)")
 
 
 class _Cycle(Exception):
@@ -225,9 +229,8 @@ def load_json(path: Path) -> tuple[Any, dict[str, int]]:
         raise ConfigError(path, "nested too deeply to be a training config") from None
     except InputError:
         raise
-    except ValueError as e:                      # Python's limit on the digits of an int it converts from text
-        raise ConfigError(path, f"a number too long to be a setting (more than the {sys.get_int_max_str_digits()} "
-                                f"digits Python converts: {type(e).__name__})") from None
+    except ValueError:                           # Python's limit on the digits of an int it converts from text
+        raise _too_long_number(path) from None
     try:                                     # JSON is YAML for all our purposes: its composer gives the lines
         _, lines = load_yaml(path)
     except ConfigError:
