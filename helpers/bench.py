@@ -69,6 +69,11 @@ GRID = [
     ("mixtral-8x7b", T(strategy="fsdp2", gpus=16, lora_rank=16, seq=256)),
     ("qwen3-30b-a3b", T(strategy="fsdp2", gpus=8, lora_rank=16, seq=512, checkpointing="full")),
     ("deepseek-v2-lite", T(lora_rank=16, seq=512)),
+    # LoRA on target lists peft converts: every linear name (axolotl, LLaMA-Factory; DeepSeek's dense MLP names its
+    # experts), one expert weight alone, and the fused pair beside attention
+    ("deepseek-v2-lite", T(lora_rank=8, lora_targets="all-linear-names", seq=256)),
+    ("qwen3-30b-a3b", T(lora_rank=8, lora_targets="q,k,v,o,down_proj", seq=256)),
+    ("mixtral-8x7b", T(lora_rank=8, lora_targets="q,w1,w3", seq=256, checkpointing="full")),
     ("gemma-2-9b", T(precision="bf16", adam_impl="fused", seq=2048)),
     ("gemma-2-2b", T(precision="bf16-mixed", adam_impl="fused", seq=1024)),
     ("gemma-3-4b", T(precision="fp32", adam_impl="fused", seq=512)),

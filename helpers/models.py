@@ -362,49 +362,72 @@ class ModelSpec:
         list: it runs in the weights' own dtype)."""
         return sum(t.numel for t in self.tensors if t.ndim == 2 and (t.group != "embed" or self.tied))
 
-    def lora_targets(self, targets: str = "all-linear", experts: bool = False) -> tuple[Tensor, ...]:
-        """The weights LoRA adapts: with peft's target_modules="all-linear" every nn.Linear but the output head; or
-        the linear layers whose module name is one of `targets` (comma-separated, e.g. "q_proj,v_proj" or "q,v").
-        `experts` (see `peft_expert_names`): "all-linear" as peft 0.20+ converts it for this MoE architecture on
-        transformers 5: the routed experts' 3-D weights and the router's weight instead of the linears whose names
-        transformers 4 gave them."""
-        names = lora_modules(targets)
-        v4_names = self.peft_expert_names() if experts and names is None else ()
+    def lora_targets(self, targets: str = "all-linear", converted: bool = False) -> tuple[Tensor, ...]:
+        """The weights LoRA adapts: with peft's target_modules="all-linear" every nn.Linear but the output head; with
+        LINEAR_NAMES the same names handed to peft as a list (axolotl's lora_target_linear, LLaMA-Factory's
+        lora_target: all); or the linear layers whose module name is one of `targets` (comma-separated, e.g.
+        "q_proj,v_proj" or "q,v"). `converted` (see `peft_expert_names`): peft converts this MoE architecture's
+        transformers 4 names on transformers 5, so each of those names targets the experts' 3-D weight or the router
+        it became (`PEFT_MOE_NAMES`), and no linear module of that name."""
+        names = None if targets == "all-linear" else (
+            frozenset(self.linear_names()) if targets == LINEAR_NAMES else lora_modules(targets))
+        v4 = PEFT_MOE_NAMES.get(PEFT_MOE_PATTERN.get(self.model_type), {}) if converted and self.moe_layers else {}
+        mapped = {v4[n] for n in v4 if names is None or n in names}
         linear = tuple(t for t in self.tensors if t.linear and t.group.startswith("layer.")
                        and (names is None or t.name.rsplit(".", 2)[-2] in names)
-                       and t.name.rsplit(".", 2)[-2] not in v4_names)
-        if not v4_names:
-            return linear
+                       and not (v4 and t.name.rsplit(".", 2)[-2] in v4))
         return linear + tuple(t for t in self.tensors if t.group.startswith("layer.") and (
-            t.ndim == 3 or t.name.endswith(".mlp.gate.weight")))
+            (t.ndim == 3 and t.name.rsplit(".", 1)[-1] in mapped)
+            or ("gate.weight" in mapped and t.name.endswith(".mlp.gate.weight"))))
 
     def peft_expert_names(self) -> tuple[str, ...]:
         """The transformers 4 module names peft's `_MOE_TARGET_MODULE_MAPPING` maps to this architecture's experts and
         router (empty where peft converts nothing): see PEFT_MOE_PATTERN."""
-        return PEFT_MOE_NAMES.get(PEFT_MOE_PATTERN.get(self.model_type), ()) if self.moe_layers else ()
+        return tuple(PEFT_MOE_NAMES.get(PEFT_MOE_PATTERN.get(self.model_type), ())) if self.moe_layers else ()
 
-    def lora_params(self, rank: int, targets: str = "all-linear", experts: bool = False) -> int:
+    def peft_named(self, targets: str) -> frozenset[str]:
+        """The experts' and router's transformers 4 names that a `lora_targets` value names (all of them for
+        "all-linear"; for LINEAR_NAMES those among the linear modules' names, a dense MLP's)."""
+        v4 = frozenset(self.peft_expert_names())
+        if targets == "all-linear":
+            return v4
+        return v4 & (frozenset(self.linear_names()) if targets == LINEAR_NAMES else lora_modules(targets))
+
+    def peft_fused_names(self) -> tuple[str, ...]:
+        """The two transformers 4 names peft fuses into the experts' gate_up_proj (`_MOE_FUSED_TARGETS`): a list naming
+        one without the other is refused by peft."""
+        names = PEFT_MOE_NAMES.get(PEFT_MOE_PATTERN.get(self.model_type), {}) if self.moe_layers else {}
+        return tuple(n for n, new in names.items() if new == "gate_up_proj")
+
+    def lora_params(self, rank: int, targets: str = "all-linear", converted: bool = False) -> int:
         """Trainable parameters of LoRA adapters of `rank` on every target: A (rank x in) + B (out x rank)."""
-        return sum(r * (i + o) for r, i, o in (lora_shape(t, rank) for t in self.lora_targets(targets, experts)))
+        return sum(r * (i + o) for r, i, o in (lora_shape(t, rank) for t in self.lora_targets(targets, converted)))
 
     def max_lora_rank_for(self, targets: str) -> int:
-        """max_lora_rank for the linear layers `targets` names: their smallest dimension, beyond which an adapter is
-        no longer low-rank (a one-output gate, as Qwen2-MoE's shared_expert_gate, does not bound it: peft adapts it
-        at any rank, and a bound of 1 would refuse every LoRA of the model)."""
-        return min((min(t.shape) for t in self.lora_targets(targets) if t.shape and min(t.shape) > 1), default=0)
+        """max_lora_rank for the weights `targets` names (the experts' too, as peft converts their transformers 4
+        names): their smallest dimension (an expert's, not the experts' count), beyond which an adapter is no longer
+        low-rank (a one-output gate, as Qwen2-MoE's shared_expert_gate, and the router, one output per expert, do not
+        bound it: peft adapts them at any rank, and a bound of 1 or 8 would refuse most LoRA of the model)."""
+        return min((min(t.shape[-2:]) for t in self.lora_targets(targets, True)
+                    if t.shape and min(t.shape[-2:]) > 1 and (t.linear or t.ndim == 3)), default=0)
 
     def linear_names(self) -> list[str]:
         """Module names of the decoder layers' linear layers (what `lora_targets` may name)."""
         return sorted({t.name.rsplit(".", 2)[-2] for t in self.tensors if t.linear and t.group.startswith("layer.")})
 
     def check_lora_rank(self, rank: int | None, targets: str = "all-linear") -> None:
-        """InputError unless `rank` is None or at most max_lora_rank for `targets`, and `targets` names a linear."""
+        """InputError unless `rank` is None or at most max_lora_rank for `targets`, and `targets` names a linear (or a
+        transformers 4 name of the experts peft converts, `peft_expert_names`)."""
         if rank is None:
             return
-        unknown = sorted((lora_modules(targets) or set()) - set(self.linear_names()))
+        names = None if targets == LINEAR_NAMES else lora_modules(targets)
+        unknown = sorted((names or set()) - set(self.linear_names()) - set(self.peft_expert_names()))
         if unknown:
+            v4 = self.peft_expert_names()
             raise InputError(f"lora_targets {targets!r} names {', '.join(unknown)}, not a linear layer of {self.name}: "
-                             f"its layers' linear modules are {', '.join(self.linear_names())} (or give all-linear)")
+                             f"its layers' linear modules are {', '.join(self.linear_names())}"
+                             + (f" (and the experts' transformers 4 names peft converts: {', '.join(v4)})" if v4 else "")
+                             + " (or give all-linear)")
         most = self.max_lora_rank_for(targets)
         if rank > most:
             raise InputError(f"lora_rank must be at most {most} for {self.name} (the smallest dimension "
@@ -428,20 +451,28 @@ def lora_shape(t: Tensor, rank: int) -> tuple[int, int, int]:
     return rank, in_f, out_f
 
 
-# peft >= 0.20 on transformers 5 (peft src/peft/utils/transformers_weight_conversion.py, _convert_peft_config_moe and
-# _resolve_string_target_modules, PR #3232, first released in 0.20.0): target_modules="all-linear" on an MoE
-# architecture whose weights transformers 5 fused also targets, by their transformers 4 names, the routed experts
-# (now 3-D parameters) and the router, as target_parameters; linear modules that still carry one of those names (a
-# DeepSeek dense MLP, its shared experts) are dropped from target_modules. Which architectures: transformers 5.23.0
+# peft on transformers 5 (peft src/peft/utils/transformers_weight_conversion.py, _convert_peft_config_moe from 0.19.0;
+# _resolve_string_target_modules, PR #3232, first released in 0.20.0): a target_modules list naming an MoE
+# architecture's transformers 4 names (0.19.0 on), and "all-linear" (0.20.0 on), target the routed experts (now 3-D
+# parameters) and the router, as target_parameters (the name -> the parameter it became); linear modules that still
+# carry one of those names (a DeepSeek dense MLP, its shared experts) are dropped from target_modules. Which architectures: transformers 5.23.0
 # conversion_mapping._MODEL_TO_CONVERSION_PATTERN's entries for the "mixtral" and "qwen2_moe" patterns (peft adds
 # "mixtral" itself; "qwen2_moe" has no entry of its own, so Qwen1.5-MoE's experts stay frozen).
-PEFT_MOE_NAMES = {"mixtral": ("gate", "w1", "w2", "w3"), "qwen2_moe": ("gate", "gate_proj", "up_proj", "down_proj")}
+PEFT_MOE_NAMES = {"mixtral": {"gate": "gate.weight", "w1": "gate_up_proj", "w3": "gate_up_proj", "w2": "down_proj"},
+                  "qwen2_moe": {"gate": "gate.weight", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
+                                "down_proj": "down_proj"}}
 PEFT_MOE_PATTERN = {"mixtral": "mixtral", "minimax": "mixtral", "minimax_m2": "mixtral"} | dict.fromkeys((
     "Dots3NoteTextModel", "afmoe", "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "glm4_moe",
     "glm4_moe_lite", "glm_moe_dsa", "glm4v_moe", "longcat_flash", "solar_open", "mellum", "qwen3_moe", "beam",
     "qwen3_omni_moe", "qwen3_omni_moe_thinker", "qwen3_omni_moe_text", "qwen3_next", "hunyuan_v1_moe", "flex_olmo",
     "olmoe", "exaone_moe", "cohere2_moe", "UnlimitedOcrTextModel"), "qwen2_moe")
 
+
+# lora_targets naming every linear module's name as a list, not peft's "all-linear" string: what axolotl's
+# lora_target_linear (loaders/adapter.py find_all_linear_names) and LLaMA-Factory's lora_target: all
+# (model/model_utils/misc.py find_all_linear_modules) hand peft. The list holds no router or fused expert (not
+# nn.Linear on transformers 5), but does hold a dense MLP's gate_proj/up_proj/down_proj, which peft converts.
+LINEAR_NAMES = "all-linear-names"
 
 # LitGPT-style short names for the usual projections (`--lora-targets q,v` is LitGPT's default: query and value).
 LORA_ALIASES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",

@@ -134,12 +134,16 @@ class TrainSetup:
     """LoRA adapters of this rank on every linear layer but the output head (peft's "all-linear"); the base model is
     frozen and kept in the compute dtype. None: full fine-tuning."""
     lora_targets: str = option("all-linear", Face(
-        "--lora-targets", "with --lora-rank: all-linear (every linear but the output head) or module names "
-                          "separated by commas, e.g. q_proj,v_proj or q,v (LitGPT's default)", metavar="T",
+        "--lora-targets", "with --lora-rank: all-linear (every linear but the output head), all-linear-names (the "
+                          "same names as a list, as axolotl's lora_target_linear and LLaMA-Factory's all pass them) "
+                          "or module names separated by commas, e.g. q_proj,v_proj or q,v (LitGPT's default)",
+        metavar="T",
         control=Control("menu", "LoRA on", options=("all-linear", "q,v", "q,k,v,o"), tooltip="with a LoRA rank"),
         applies=lambda v: v["lora_rank"] is not None))
-    """Which linear layers get adapters: peft's "all-linear" (every one but the output head), or module names,
-    comma-separated ("q_proj,v_proj", or LitGPT-style "q,v"; k, o, gate, up, down likewise)."""
+    """Which linear layers get adapters: peft's "all-linear" (every one but the output head); "all-linear-names", their
+    names handed to peft as a list (axolotl's lora_target_linear, LLaMA-Factory's lora_target: all), which differs on
+    an MoE peft converts (`helpers.estimate.adapters`); or module names, comma-separated ("q_proj,v_proj", or
+    LitGPT-style "q,v"; k, o, gate, up, down likewise)."""
     lora_dropout: float = option(0.0, Face(
         "--lora-dropout", "with --lora-rank: peft's lora_dropout, the probability each adapter's input is dropped "
                           "(each adapted layer then keeps its own dropped copy and mask)", metavar="P",
@@ -457,9 +461,10 @@ class TrainSetup:
             raise InputError(f"checkpoint_every {self.checkpoint_every} (checkpoint every Nth layer) needs checkpointing "
                              f"'full', got checkpointing {self.checkpointing!r}: torchtitan's layer-level option checkpoints whole "
                              f"layers")
-        if not isinstance(self.lora_targets, str) or not re.fullmatch(r"all-linear|\w+(,\w+)*", self.lora_targets):
-            raise InputError(f"lora_targets must be all-linear or linear module names separated by commas "
-                             f"(e.g. q_proj,v_proj or q,v), got {self.lora_targets!r}")
+        if not isinstance(self.lora_targets, str) or \
+                not re.fullmatch(r"all-linear(-names)?|\w+(,\w+)*", self.lora_targets):
+            raise InputError(f"lora_targets must be all-linear, all-linear-names or linear module names separated by "
+                             f"commas (e.g. q_proj,v_proj or q,v), got {self.lora_targets!r}")
         if isinstance(self.lora_dropout, bool) or not isinstance(self.lora_dropout, (int, float)) \
                 or not 0 <= self.lora_dropout < 1:
             raise InputError(f"lora_dropout must be a number in [0, 1) (peft's dropout probability), got "

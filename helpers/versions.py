@@ -32,7 +32,8 @@ class Rule:
     bears: object
     """A test on a TrainSetup: whether the rule can change its figures (the 4-bit rule only with a 4-bit base)."""
     bears_model: object = None
-    """A test on the model (a ModelSpec) where the rule bears only on some architectures; None: on every one."""
+    """A test on the model (a ModelSpec) and the set-up, where the rule bears only on some architectures; None: on
+    every one."""
 
 
 RULES = (
@@ -64,6 +65,17 @@ RULES = (
          "transformers 4.45.0 models/llama/modeling_llama.py LlamaForCausalLM.forward; 4.46.0 moves the upcast into "
          "loss/loss_utils.py ForCausalLMLoss",
          lambda s: not s.fused_ce and s.precision != "fp32"),
+    Rule("peft_moe_names_converted", "peft", "0.19.0",
+         "a target_modules list naming the experts' transformers 4 names (w1/w2/w3 or gate_proj/up_proj/down_proj) "
+         "adapts only nn.Linear modules of those names: on transformers 5 the routed experts (3-D parameters) stay "
+         "frozen",
+         "a target_modules list naming the experts' transformers 4 names adapts the routed experts' 3-D weights (and "
+         "the router, for 'gate') instead, and no nn.Linear of those names (a dense MLP's or shared expert's): "
+         "ParamWrapper merges each expert weight with its adapters' product for every forward",
+         "peft 0.19.0 utils/transformers_weight_conversion.py _convert_peft_config_moe (PR #3083); "
+         "tuners/lora/layer.py ParamWrapper",
+         lambda s: bool(s.lora_rank) and s.lora_targets != "all-linear",
+         lambda m, s: bool(m.peft_named(s.lora_targets))),
     Rule("peft_moe_experts_adapted", "peft", "0.20.0",
          "target_modules='all-linear' adapts nn.Linear modules only: on transformers 5 the routed experts (3-D "
          "parameters) and the router stay frozen (peft 0.19.x converted the config too, but split the string into "
@@ -73,7 +85,7 @@ RULES = (
          "peft 0.20.0 utils/transformers_weight_conversion.py _resolve_string_target_modules (PR #3232, "
          "2026-07-06); tuners/lora/layer.py ParamWrapper",
          lambda s: bool(s.lora_rank) and s.lora_targets == "all-linear",
-         lambda m: bool(m.peft_expert_names())),
+         lambda m, s: bool(m.peft_expert_names())),
 )
 LIBRARIES = tuple(sorted({r.library for r in RULES}))
 ALIASES = {"bnb": "bitsandbytes"}
@@ -139,7 +151,8 @@ def applied(setup, model=None) -> list[dict]:
     came from, and what that release does, with the source."""
     out = []
     for r in RULES:
-        if not r.bears(setup) or (model is not None and r.bears_model is not None and not r.bears_model(model)):
+        if not r.bears(setup) or (model is not None and r.bears_model is not None
+                                  and not r.bears_model(model, setup)):
             continue
         v, where = of(setup, r.library)
         old = _before(r, v)

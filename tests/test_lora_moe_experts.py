@@ -37,27 +37,120 @@ TINY = {
 }
 
 
-def _peft_adapters(cfg: dict, rank: int) -> int:
-    """Elements of every LoRA weight peft's get_peft_model(target_modules='all-linear') makes on the model."""
+def _peft_net(cfg: dict, rank: int, targets: str, dropout: float = 0.0):
+    """peft's get_peft_model on the tiny model: target_modules as given ("all-linear" the string; all-linear-names the
+    list axolotl's find_all_linear_names builds; else the names as a list)."""
+    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(**cfg)
+    net = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    if targets == models.LINEAR_NAMES:        # axolotl loaders/adapter.py find_all_linear_names, as it is written
+        modules = sorted({n.rsplit(".", 1)[-1] for n, mod in net.named_modules()
+                          if isinstance(mod, torch.nn.Linear) or "Linear" in type(mod).__name__} - {"lm_head"})
+    else:
+        modules = targets if targets == "all-linear" else targets.split(",")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        net = get_peft_model(AutoModelForCausalLM.from_config(config), LoraConfig(r=rank, target_modules="all-linear"))
-    return sum(p.numel() for n, p in net.named_parameters() if ".lora_" in n)
+        return get_peft_model(net, LoraConfig(r=rank, target_modules=modules, lora_dropout=dropout))
+
+
+def _peft_adapters(cfg: dict, rank: int, targets: str = "all-linear") -> int:
+    """Elements of every LoRA weight peft makes on the tiny model for `targets`."""
+    return sum(p.numel() for n, p in _peft_net(cfg, rank, targets).named_parameters() if ".lora_" in n)
+
+
+def _tiny(kind: str, tmp_path) -> models.ModelSpec:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY[kind]))
+    return models.spec(str(path))
 
 
 @pytest.mark.parametrize("kind", sorted(TINY))
 def test_adapters_are_the_ones_peft_makes(kind, tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY[kind]))
-    m = models.spec(str(path))
+    m = _tiny(kind, tmp_path)
     s = TrainSetup(lora_rank=4)
-    ours = sum(t.numel for t in lora_adapters(m, 4, "all-linear", adapters.experts_adapted(m, s)).tensors)
+    ours = sum(t.numel for t in lora_adapters(m, 4, "all-linear", adapters.converted(m, s)).tensors)
     assert ours == _peft_adapters(TINY[kind], 4), kind
     assert adapters.experts_adapted(m, s) == (kind != "qwen2_moe")   # peft converts no qwen2_moe itself
+
+
+# target lists as users write them: axolotl's lora_target_linear / LLaMA-Factory's all (every linear module's name,
+# a list), the experts' transformers 4 names, one of them alone, and attention only
+LISTS = {"mixtral": ("all-linear-names", "w1,w3,w2", "w2", "q_proj,v_proj", "q_proj,w1,w3"),
+         "qwen3_moe": ("all-linear-names", "gate_proj,up_proj,down_proj", "down_proj", "q_proj,v_proj"),
+         "deepseek_v2": ("all-linear-names", "gate_proj,up_proj,down_proj", "down_proj", "q_proj,o_proj"),
+         "qwen2_moe": ("all-linear-names", "gate_proj,up_proj,down_proj", "q_proj,v_proj")}
+
+
+@pytest.mark.parametrize("kind,targets", [(k, t) for k in sorted(LISTS) for t in LISTS[k]])
+def test_target_lists_adapt_what_peft_adapts(kind, targets, tmp_path):
+    """A list naming the experts' transformers 4 names adapts the experts (and drops the linears of those names: a
+    DeepSeek dense MLP, its shared experts), as the installed peft does it; a list of every linear name, as axolotl
+    and LLaMA-Factory build it, adapts Mixtral's and Qwen3-MoE's attention only (their router and experts are no
+    nn.Linear) but DeepSeek's experts too (its dense MLP's names are theirs)."""
+    m = _tiny(kind, tmp_path)
+    s = TrainSetup(lora_rank=4, lora_targets=targets)
+    m.check_lora_rank(4, targets)
+    ours = sum(t.numel for t in lora_adapters(m, 4, targets, adapters.converted(m, s)).tensors)
+    assert ours == _peft_adapters(TINY[kind], 4, targets), (kind, targets)
+    named = targets not in ("q_proj,v_proj", "q_proj,o_proj", "all-linear-names")
+    experts = kind != "qwen2_moe" and (named or (kind, targets) == ("deepseek_v2", "all-linear-names"))
+    assert adapters.experts_adapted(m, s) == experts
+
+
+@pytest.mark.parametrize("kind,targets", [("mixtral", "all-linear-names"), ("deepseek_v2", "all-linear-names"),
+                                          ("qwen3_moe", "down_proj"), ("mixtral", "w1,w3,w2")])
+def test_lora_dropout_on_target_lists_is_refused_where_peft_refuses_it(kind, targets, tmp_path):
+    m = _tiny(kind, tmp_path)
+    s = TrainSetup(lora_rank=4, lora_targets=targets, lora_dropout=0.05)
+    try:
+        _peft_net(TINY[kind], 4, targets, 0.05)
+        peft_refuses = False
+    except ValueError as e:
+        peft_refuses = "lora_dropout" in str(e)
+    try:
+        adapters.check(m, s)
+        ours = False
+    except InputError as e:
+        ours = "ParamWrapper" in str(e)
+    assert ours == peft_refuses == (kind != "mixtral" or targets != "all-linear-names")
+
+
+def test_qwen3_moe_all_linear_names_keeps_dropout(tmp_path):
+    """Qwen3-MoE has no dense MLP: every linear name is attention's, so the list adapts no expert and dropout is fine."""
+    m = _tiny("qwen3_moe", tmp_path)
+    adapters.check(m, TrainSetup(lora_rank=4, lora_targets="all-linear-names", lora_dropout=0.05))
+    _peft_net(TINY["qwen3_moe"], 4, "all-linear-names", 0.05)
+
+
+def test_one_of_the_fused_pair_alone_is_refused_as_peft_refuses_it(tmp_path):
+    m = _tiny("mixtral", tmp_path)
+    with pytest.raises(ValueError, match="Cannot convert PEFT target"):
+        _peft_net(TINY["mixtral"], 4, "q_proj,w1")
+    with pytest.raises(InputError, match="refuses w1 without w3"):
+        adapters.check(m, TrainSetup(lora_rank=4, lora_targets="q_proj,w1"))
+
+
+def test_before_peft_0_19_the_experts_names_match_nothing():
+    """peft 0.18: no conversion; a list naming only the experts' transformers 4 names finds no module (peft raises),
+    one naming a linear too adapts that linear alone."""
+    with pytest.raises(InputError, match="only from 0.19.0"):
+        estimate.run("mixtral-8x7b", TrainSetup(lora_rank=16, lora_targets="w1,w2,w3", versions="peft=0.18.1"))
+    old = estimate.run("mixtral-8x7b", TrainSetup(lora_rank=16, lora_targets="q,w1,w2,w3", versions="peft=0.18.1"))
+    assert not any(i["name"].startswith("merged expert") for i in old.items)
+    new = estimate.run("mixtral-8x7b", TrainSetup(lora_rank=16, lora_targets="q,w1,w2,w3"))
+    assert any(i["name"].startswith("merged expert") for i in new.items)
+    assert any(r["key"] == "peft_moe_names_converted" and not r["older"] for r in new.meta["versioned"])
+
+
+def test_all_linear_on_peft_0_19_is_refused_as_it_fails():
+    """peft 0.19.x converted an MoE's config but split the string 'all-linear' into characters (measured with peft
+    0.19.1: 'Target modules {'l', 'r', 'n', '-', 'a', 'e', 'i'} not found'); 0.20.0 resolves it."""
+    with pytest.raises(InputError, match="splits the string"):
+        estimate.run("mixtral-8x7b", TrainSetup(lora_rank=16, versions="peft=0.19.1"))
+    estimate.run("mixtral-8x7b", TrainSetup(lora_rank=16, versions="peft=0.18.1"))
+    estimate.run("llama-3-8b", TrainSetup(lora_rank=16, versions="peft=0.19.1"))
 
 
 def test_the_architectures_are_transformers_own_conversion_patterns():
@@ -67,6 +160,16 @@ def test_the_architectures_are_transformers_own_conversion_patterns():
 
     theirs = {k: v for k, v in table.items() if v in models.PEFT_MOE_NAMES} | {"mixtral": "mixtral"}
     assert models.PEFT_MOE_PATTERN == theirs
+
+
+def test_the_names_are_peft_own_mapping():
+    """models.PEFT_MOE_NAMES is the installed peft's _MOE_TARGET_MODULE_MAPPING (name -> the parameter it became)."""
+    from peft.utils.transformers_weight_conversion import _MOE_FUSED_TARGETS, _MOE_TARGET_MODULE_MAPPING
+
+    assert models.PEFT_MOE_NAMES == _MOE_TARGET_MODULE_MAPPING
+    for pattern, fused in _MOE_FUSED_TARGETS.items():
+        assert set(fused["gate_up_proj"]) == {n for n, new in models.PEFT_MOE_NAMES[pattern].items()
+                                              if new == "gate_up_proj"}
 
 
 def test_the_merged_expert_weights_are_what_the_recorded_dry_runs_hold():

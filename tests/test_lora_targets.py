@@ -28,7 +28,7 @@ def test_litgpt_query_value_at_full_size():
 
 
 @pytest.mark.parametrize("changes,needle", [
-    (dict(lora_rank=8, lora_targets="q v"), "lora_targets must be all-linear or linear module names"),
+    (dict(lora_rank=8, lora_targets="q v"), "lora_targets must be all-linear, all-linear-names or linear module names"),
     (dict(lora_targets="q,v"), "lora_targets 'q,v' needs lora_rank"),
     (dict(lora_rank=8, lora_targets=["q_proj"]), "lora_targets must be all-linear"),
 ])

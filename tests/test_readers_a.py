@@ -167,7 +167,7 @@ def test_llamafactory_defaults(tmp_path):
     s, d = imp.setup, by_key(imp.defaults)
     assert imp.model == "qwen2.5-7b"
     assert (s.lora_rank, s.lora_targets, s.seq, s.batch, (s.checkpointing == "full"), s.precision, s.gpus) == (
-        8, "all-linear", 2048, 8, True, "fp32", 1)
+        8, "all-linear-names", 2048, 8, True, "fp32", 1)
     assert d["finetuning_type"].value == "lora" and d["finetuning_type"].tool.startswith("LLaMA-Factory 0.9")
     assert d["cutoff_len"].source.endswith("data_args.py")
     assert d["per_device_train_batch_size"].tool.startswith("transformers")

@@ -524,7 +524,7 @@ def test_axolotl_plugins_cce_and_qlora_dpo(tmp_path):
     """)
     i = read(p)
     s = i.setup
-    assert (s.batch, s.lora_rank, s.lora_targets, s.fused_ce, s.attention) == (4, 8, "all-linear", True, "sdpa")
+    assert (s.batch, s.lora_rank, s.lora_targets, s.fused_ce, s.attention) == (4, 8, "all-linear-names", True, "sdpa")
     assert keyed(i.defaults)["cut_cross_entropy"].value is True
     assert "liger_fused_linear_cross_entropy" in keyed(i.ignored)            # no Liger plugin: no effect
     assert s.base_weights == "nf4-dq"           # axolotl's BitsAndBytesConfig: bnb_4bit_use_double_quant True

@@ -65,7 +65,7 @@ def test_llamafactory_full_sft_with_its_zero3_json():
 def test_llamafactory_lora_sft_and_dpo():
     s = read(LF / "train_lora" / "qwen3_lora_sft.yaml").setup
     assert (s.strategy, s.lora_rank, s.lora_targets, s.batch, s.grad_accum, s.seq) == \
-        ("single", 8, "all-linear", 1, 8, 2048)
+        ("single", 8, "all-linear-names", 1, 8, 2048)
     dpo = read(LF / "train_lora" / "qwen3_lora_dpo.yaml")
     assert "stage" in keys(dpo.not_modelled) and dpo.setup.lora_rank == 8
 

@@ -50,7 +50,7 @@ AXOLOTL = [
      dict(named="NousResearch/Meta-Llama-3.1-8B", batch=1, seq=8192, grad_accum=8, lora_rank=None,
           optimizer="adamw-8bit", checkpointing="full", not_modelled={"optimizer"})),
     ("llama-3/lora-8b.yml",
-     dict(lora_rank=32, lora_targets="all-linear", seq=4096,
+     dict(lora_rank=32, lora_targets="all-linear-names", seq=4096,
           not_modelled={"load_in_8bit", "lora_modules_to_save"})),
     ("llama-3/instruct-dpo-lora-8b.yml",
      dict(model="llama-3-8b", batch=4, seq=4096, lora_rank=32, not_modelled={"load_in_8bit"})),

@@ -19,7 +19,7 @@ batch's figures are never larger (the same buffers, fewer of them). Sources, in 
 
 from __future__ import annotations
 
-from helpers.estimate.adapters import experts_adapted
+from helpers.estimate.adapters import converted
 from helpers.estimate.items import BWD_DONE, BWD_POST, FWD_BWD, MOMENTS, Item
 from helpers.estimate.states import Builder, dtype_bytes, lora_adapters
 from helpers.models import ModelSpec
@@ -44,7 +44,7 @@ def add_accumulation(b: Builder, m: ModelSpec) -> None:
               m.group_params["embed"] * (compute if s.strat.deepspeed else storage), BWD_DONE,
               "AccumulateGrad: the new gradient exists beside param.grad until it is added in place")
     if s.strat.deepspeed and s.offload_optimizer and "parameters" not in s.strat.shards:
-        trained = lora_adapters(m, s.lora_rank, s.lora_targets, experts_adapted(m, s)) if s.lora_rank else m
+        trained = lora_adapters(m, s.lora_rank, s.lora_targets, converted(m, s)) if s.lora_rank else m
         blocks = [s.degrees.split(t.numel) * compute for t in trained.tensors]
         later = frozenset(MOMENTS[MOMENTS.index("backward_head"):])
         b.host(f"accumulated_grads_in_cpu ({'bf16' if compute == 2 else 'fp32'})", "gradients", sum(blocks), later,

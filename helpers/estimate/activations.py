@@ -17,7 +17,18 @@ import math
 from helpers import versions
 from helpers.errors import InputError
 from helpers.estimate import adapters, parallel, quantized
-from helpers.estimate.items import BWD_DONE, BWD_END, BWD_HEAD, BWD_START, FORWARDS, LOSS, START, STEP, STEP_PREPARE
+from helpers.estimate.items import (
+    BWD_DONE,
+    BWD_END,
+    BWD_HEAD,
+    BWD_START,
+    FORWARDS,
+    GATHER,
+    LOSS,
+    START,
+    STEP,
+    STEP_PREPARE,
+)
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
 from helpers.units import next_power_of_2
@@ -410,8 +421,9 @@ def add_merged_experts(b: Builder, m: ModelSpec, s, T: int, a: int) -> None:
     merges every expert weight with its adapters' product, and grouped_mm keeps the merged weights and its inputs
     (the weights now need a gradient) for backward; a layer's backward makes each merged weight's gradient in full."""
     wb = 4 if s.precision == "fp32" else 2
-    merged, extra = adapters.merged_expert_bytes(m, wb)
-    inputs = a * T * m.experts_active * (m.hidden + m.expert_width)
+    merged, extra, adapted = adapters.merged_expert_bytes(m, s, wb)
+    widths = m.hidden * ("gate_up_proj" in adapted) + m.expert_width * ("down_proj" in adapted)
+    inputs = a * T * m.experts_active * widths           # each adapted weight's input, kept for its gradient
     moe = moe_layer_indices(m)
     if s.checkpointing == "none":
         kept = len(moe)
@@ -428,9 +440,12 @@ def add_merged_experts(b: Builder, m: ModelSpec, s, T: int, a: int) -> None:
             b.gpu("the last MoE layer's merged expert weights and inputs, made after its block's all-gather",
                   "activations", merged + inputs, LOSS | BWD_START | BWD_HEAD, src)
     if kept < len(moe):
+        fsdp2 = s.strat.engine == "fsdp2"
         b.gpu("one checkpointed MoE layer's merged expert weights, made in its forward", "activations", merged,
-              START, src + "; a checkpointed layer frees them when its forward ends (under FSDP2 beside two gathered "
-              "blocks, less than the all-gather's own peak of three)")
+              START if fsdp2 else GATHER,
+              src + "; a checkpointed layer frees them when its forward ends: the last one's beside every layer's "
+              "kept input and the forward's autocast cache (under FSDP2 beside two gathered blocks, less than the "
+              "all-gather's own peak of three)")
     b.gpu("an MoE layer's merged expert weights in its backward (kept, or recomputed) and its inputs", "activations",
           merged + inputs, BWD_END, src)
     b.gpu("the gradient of a merged expert weight, and the routed gradients in flight", "temporaries", extra + inputs,

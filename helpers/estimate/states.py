@@ -97,7 +97,7 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
         b.gpu(f"frozen base: embedding, norms and output head ({'fp32' if compute == 4 else s.half})", "parameters",
               rest * compute, ALWAYS,
               "not quantised by transformers' bitsandbytes integration; kept in the compute dtype")
-        m = lora_adapters(m, s.lora_rank, s.lora_targets, adapters.experts_adapted(m, s))
+        m = lora_adapters(m, s.lora_rank, s.lora_targets, adapters.converted(m, s))
     elif s.lora_rank and "parameters" in s.strat.shards:
         compute, _ = dtype_bytes(s)
         dt = "fp32" if compute == 4 else "bf16"
@@ -114,7 +114,7 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
         place(f"frozen base partitions ({dt})", "parameters", sum(part) * compute, ALWAYS, why,
               pinned=s.offload_params and s.pin_memory, blocks=[n * compute for n in part])
         b.base = m
-        m = lora_adapters(m, s.lora_rank, s.lora_targets, adapters.experts_adapted(m, s))
+        m = lora_adapters(m, s.lora_rank, s.lora_targets, adapters.converted(m, s))
     elif s.lora_rank:
         compute, _ = dtype_bytes(s)
         stored = 4 if s.base_fp32 else compute
@@ -122,7 +122,7 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
               "LoRA: the base model is frozen (no gradients, no optimizer states), "
               + ("loaded in float32 and computed under autocast (base_weights 'fp32')" if s.base_fp32
                  else "loaded in the compute dtype"))
-        m = lora_adapters(m, s.lora_rank, s.lora_targets, adapters.experts_adapted(m, s))
+        m = lora_adapters(m, s.lora_rank, s.lora_targets, adapters.converted(m, s))
     MODEL_STATES[s.strat.family](b, m)
     if s.tensor_parallel > 1 and not s.lora_rank and not s.strat.sharded:      # (FSDP2's is in _fsdp2)
         _embedding_backward_tp(b, m)
@@ -173,11 +173,11 @@ def fsdp2_padding(m: ModelSpec, setup: TrainSetup) -> dict | None:
             "times": held / sum(ceil_div(t.numel, G) for t in short)}
 
 
-def lora_adapters(m: ModelSpec, rank: int, targets: str = "all-linear", experts: bool = False) -> ModelSpec:
+def lora_adapters(m: ModelSpec, rank: int, targets: str = "all-linear", converted: bool = False) -> ModelSpec:
     """The LoRA adapters of `m` as a model of their own: A (rank x in) and B (out x rank) for every target (an MoE's
-    3-D experts, where `experts`: one stacked pair per weight, `models.lora_shape`)."""
+    3-D experts, where peft converts their names: one stacked pair per weight, `models.lora_shape`)."""
     tensors = []
-    for t in m.lora_targets(targets, experts):
+    for t in m.lora_targets(targets, converted):
         r, in_f, out_f = lora_shape(t, rank)
         tensors.append(Tensor(f"{t.name}.lora_A", r * in_f, t.group, 2, (r, in_f), True))
         tensors.append(Tensor(f"{t.name}.lora_B", out_f * r, t.group, 2, (out_f, r), True))

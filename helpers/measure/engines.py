@@ -145,7 +145,11 @@ def add_lora(net, setup: TrainSetup):
         net.enable_input_require_grads()        # a frozen embedding's output must carry grad into checkpointed layers
     from helpers import models
 
-    names = models.lora_modules(setup.lora_targets)
+    if setup.lora_targets == models.LINEAR_NAMES:     # as axolotl's find_all_linear_names builds the list
+        names = {n.rsplit(".", 1)[-1] for n, mod in net.named_modules() if isinstance(mod, torch.nn.Linear)
+                 or "Linear" in type(mod).__name__} - {"lm_head"}
+    else:
+        names = models.lora_modules(setup.lora_targets)
     config = LoraConfig(r=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_dropout=setup.lora_dropout,
                         target_modules="all-linear" if names is None else sorted(names))
     fp32 = fp32_adapters(setup)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers import strategies
+from helpers.models import LINEAR_NAMES
 from helpers.readers import collect, hf_names, model_ref
 from helpers.readers.base import ConfigError, Imported, companion, load_json, probability
 from helpers.readers.provenance import Record, boolean, model_from, positive_int
@@ -414,9 +415,14 @@ class _Reader:
         targets = self.take("lora_target_modules")
         linear = self.take("lora_target_linear")
         if linear is not None and boolean(f, "lora_target_linear", linear):
-            d.setting(f, self.line("lora_target_linear"), "lora_target_linear", True, lora_targets="all-linear")
+            d.setting(f, self.line("lora_target_linear"), "lora_target_linear", True,
+                      "every linear module's name but the output head, handed to peft as a list "
+                      "(loaders/adapter.py find_all_linear_names): lora_targets=all-linear-names",
+                      lora_targets=LINEAR_NAMES)
             if targets:
-                d.ignored_at(f, self.line("lora_target_modules"), "lora_target_modules", targets)
+                d.setting(f, self.line("lora_target_modules"), "lora_target_modules", targets,
+                          "added to that list by axolotl; a name that is no linear layer of the model (the output "
+                          "head, an embedding) is not modelled")
         elif targets:
             names = targets if isinstance(targets, list) else [targets]
             if not all(isinstance(n, str) and n.isidentifier() for n in names):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from helpers.models import LINEAR_NAMES
 from helpers.readers import accelerate, base, collect, model_ref
 from helpers.readers.base import ConfigError, Imported
 
@@ -156,12 +157,13 @@ class _Reader(collect.TrainerYaml):
             if target is not None and not isinstance(target, str):
                 raise ConfigError(path, f"lora_target must be module names separated by commas (or all), got {target!r}")
             if target is None or str(target).strip() == "all":
-                targets = "all-linear"
+                targets = LINEAR_NAMES      # model/adapter.py: find_all_linear_modules, a list of module names
+                says = ("every linear module's name but the output head, handed to peft as a list "
+                        "(model/model_utils/misc.py find_all_linear_modules): lora_targets=all-linear-names")
                 if target is None:
-                    lf_default("lora_target", "all", "lora_targets=all-linear", "finetuning_args.py",
-                               lora_targets=targets)
+                    lf_default("lora_target", "all", says, "finetuning_args.py", lora_targets=targets)
                 else:
-                    c.set("lora_target", target, "lora_targets=all-linear", lora_targets=targets)
+                    c.set("lora_target", target, says, lora_targets=targets)
             else:
                 targets = ",".join(t.strip() for t in str(target).split(",") if t.strip())
                 c.set("lora_target", target, f"lora_targets={targets}", lora_targets=targets)
