@@ -144,6 +144,77 @@ def test_a_negative_zero_stage_names_the_stages(tmp_path):
     refused([write(tmp_path, "a.sh", OPENRLHF.format(launcher="", stage="-1", mb=1))], "must be 0, 1, 2 or 3", "-1")
 
 
+def test_an_abbreviated_flag_is_the_flag_argparse_takes_it_for(tmp_path):
+    """argparse's allow_abbrev (on in every OpenRLHF parser): --micro_train_batch is --micro_train_batch_size."""
+    text = OPENRLHF.format(launcher="", stage=2, mb=4).replace("--micro_train_batch_size", "--micro_train_batch")
+    imp = read([write(tmp_path, "a.sh", text)])
+    assert imp.setup.batch == 4
+    assert any(s.key == "--micro_train_batch_size" and s.line == 1 for s in imp.settings)
+
+
+def test_an_ambiguous_or_unknown_flag_is_refused_as_argparse_refuses_it(tmp_path):
+    base = OPENRLHF.format(launcher="", stage=2, mb=1)
+    refused([write(tmp_path, "a.sh", base.replace("--max_len", "--max"))], "ambiguous", "--max_len", "--max_epochs")
+    refused([write(tmp_path, "b.sh", base.replace("--bf16", "--bf16 --micro_train_batch_sise 2"))],
+            "--micro_train_batch_sise", "unrecognized arguments", "did you mean --micro_train_batch_size")
+
+
+def test_a_word_after_a_switch_is_refused(tmp_path):
+    """`--bf16 false`: --bf16 is store_true, so argparse stops at 'false' (it was read as bf16 on)."""
+    refused([write(tmp_path, "a.sh", OPENRLHF.format(launcher="", stage=2, mb=1).replace("--bf16", "--bf16 false"))],
+            "'false'", "--bf16 is a switch", "unrecognized arguments")
+
+
+def test_a_flag_without_its_value_is_refused(tmp_path):
+    refused([write(tmp_path, "a.sh", OPENRLHF.format(launcher="", stage=2, mb=1).replace("--max_len 512", "--max_len"))],
+            "--max_len needs a value")
+
+
+def test_a_variable_set_in_an_if_block_is_named_where_a_flag_uses_it(tmp_path):
+    script = "if [ -n \"$BIG\" ]; then\n  MB=8\nelse\n  MB=1\nfi\n" + OPENRLHF.format(launcher="", stage=2, mb="$MB")
+    refused([write(tmp_path, "a.sh", script)], "--micro_train_batch_size $MB", "'MB=1' is inside an if/case/loop block")
+    out = "OUT=$(pwd)/ckpt\n" + OPENRLHF.format(launcher="", stage=2, mb=1).replace("--bf16", "--bf16 --save_path $OUT")
+    imp = read([write(tmp_path, "b.sh", out)])                     # a flag with no effect on memory: listed as written
+    assert any(i.key == "--save_path" and i.value == "$OUT" for i in imp.ignored)
+
+
+def test_array_appends_and_word_split_variables_are_read(tmp_path):
+    script = ("ARGS=(--pretrain meta-llama/Llama-3.1-8B --zero_stage 2)\nARGS+=(--micro_train_batch_size 4)\n"
+              "EXTRA=\"--max_len 1024 --bf16\"\n"
+              "deepspeed --module openrlhf.cli.train_sft \"${ARGS[@]}\" $EXTRA\n")
+    assert fields(read([write(tmp_path, "a.sh", script)]), "batch", "seq", "strategy") == (4, 1024, "zero2")
+
+
+def test_an_env_prefix_is_not_an_assignment(tmp_path):
+    script = "MB=2\nMB=8 echo hi\n" + OPENRLHF.format(launcher="", stage=2, mb="$MB")
+    assert read([write(tmp_path, "a.sh", script)]).setup.batch == 2
+
+
+@pytest.mark.parametrize("include", ["localhost:0-3", "localhost:0,1,", "localhost:a"])
+def test_an_include_deepspeed_cannot_read_is_refused(tmp_path, include):
+    refused([write(tmp_path, "a.sh", OPENRLHF.format(launcher=f"--include {include} ", stage=2, mb=1))],
+            "--include", "as a number")
+
+
+def test_an_include_naming_a_gpu_twice_counts_it_once(tmp_path):
+    sh = write(tmp_path, "a.sh", OPENRLHF.format(launcher="--include localhost:0,1,1 ", stage=2, mb=1))
+    assert read([sh]).setup.gpus == 2
+
+
+def test_the_argparse_table_is_openrlhf_own(tmp_path):
+    """data/tool_keys/openrlhf.json holds each module's flags; the ones the reader knows as switches are switches."""
+    from helpers.readers import openrlhf
+
+    for style in ("classic", "dotted"):
+        for module in ("train_sft", "train_dpo", "train_rm", "train_ppo_ray"):
+            table = openrlhf.argparse_flags(module, style)
+            assert len(table) > 60
+            for name in openrlhf.SWITCHES:
+                flag = openrlhf.FLAGS[name][style == "dotted"]
+                if flag in table:
+                    assert table[flag]["switch"], (module, flag)
+
+
 # -- 5. paths and the environment: one line, never a traceback ----------------------------------------------------------
 
 def test_a_file_name_over_255_bytes(tmp_path):

@@ -167,6 +167,8 @@ def test_accelerate_deepspeed_templates_alone():
     ("dup.json", '{"zero_optimization": {"stage": 2}, "zero_optimization": {"stage": 3}}', ["twice"]),
     ("deep.yaml", "finetuning_type: " + "[" * 5000 + "]" * 5000 + "\n", ["nested too deeply"]),
     ("deep.json", '{"zero_optimization": ' + "[" * 100000 + "]" * 100000 + "}", ["nested too deeply"]),
+    ("deep.toml", "[job]\ndump_folder = 'x'\n[training]\nsteps = " + "[" * 3000 + "]" * 3000 + "\n",
+     ["nested too deeply"]),
     ("tag.yaml", LF_YAML + "x: !!python/object:os.system {}\n", ["not valid YAML"]),
     ("x.txt", "hello", ["not a config"]),
 ])

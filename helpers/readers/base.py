@@ -257,6 +257,8 @@ def load_toml(path: Path) -> tuple[dict, dict[str, int]]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, f"not valid TOML: {e}") from None
+    except RecursionError:                       # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(path, "nested too deeply to be a training config") from None
     lines: dict[str, int] = {}
     table = ""
     for n, raw in enumerate(text.splitlines(), 1):

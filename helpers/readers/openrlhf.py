@@ -19,10 +19,14 @@ fused linear cross-entropy never runs).
 
 from __future__ import annotations
 
+import difflib
+import functools
+import json
 import re
 import shlex
 from pathlib import Path
 
+from helpers.models import DATA_DIR
 from helpers.readers import hf_names
 from helpers.readers.base import ConfigError, Imported, probability
 from helpers.readers.provenance import Record, model_from, positive_int
@@ -106,30 +110,76 @@ def _strip_comments(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
 
 
+class Unsettled(Exception):
+    """A flag's value uses a variable the script does not settle (its Unknown's reason)."""
+
+
+class Unknown(str):
+    """A shell variable whose value the script does not settle before the command (assigned inside an if/case/loop
+    block, or from a command's output), or a flag's value that uses one: the text as written, and `why`. The reader
+    refuses it where it reads the flag, and lists it as written where it ignores the flag."""
+    why: str = ""
+
+
+def unknown(text: str, why: str) -> Unknown:
+    u = Unknown(text)
+    u.why = why
+    return u
+
+
+BLOCK_OPEN = re.compile(r"^\s*(if|case|for|while|until|select)\b")
+BLOCK_CLOSE = re.compile(r"^\s*(fi|esac|done)\b|[;\s](fi|esac|done)\s*$")
+ASSIGN_RE = re.compile(r"^\s*(?:export\s+|declare\s+(?:-\w+\s+)*|local\s+|readonly\s+)?([A-Za-z_]\w*)=(.*)$")
+
+
 def _variables(text: str) -> dict[str, str]:
-    """Simple shell assignments (NAME=value, export NAME=value) for expanding $NAME in flag values."""
-    out = {}
+    """Shell assignments (NAME=value, export/declare/local NAME=value) before the command, in order as bash runs them,
+    for expanding $NAME in flag values; a value bash would compute (a command's output) or one assigned inside an
+    if/case/loop block is an Unknown naming why."""
+    out: dict[str, str] = {}
+    depth = 0
     for line in text.splitlines():
-        if m := re.match(r"\s*(?:export\s+)?([A-Za-z_]\w*)=(\S+)\s*$", line):
-            try:
-                out[m.group(1)] = shlex.split(m.group(2))[0] if m.group(2) else ""
-            except ValueError:
-                out[m.group(1)] = m.group(2)
+        if BLOCK_OPEN.match(line):
+            depth += 1
+        m = ASSIGN_RE.match(line)
+        if m and not m.group(2).startswith("("):
+            name, raw = m.group(1), m.group(2).strip()
+            if depth:
+                out[name] = unknown(f"${name}", f"{line.strip()[:80]!r} is inside an if/case/loop block, so "
+                                                f"${name} depends on how the script runs")
+            elif "$(" in raw or "`" in raw:
+                out[name] = unknown(f"${name}", f"${name} is a command's output ({line.strip()[:80]!r})")
+            else:
+                try:
+                    words = shlex.split(raw, comments=True)
+                except ValueError:
+                    words = [raw]
+                if len(words) > 1:              # NAME=value command ...: the value is the command's alone
+                    continue
+                value = words[0] if words else ""
+                try:
+                    out[name] = _expand(value, out) if "$" in value else value
+                except Unsettled as e:
+                    out[name] = unknown(f"${name}", f"${name} is built from {e}")
+        if BLOCK_CLOSE.search(line) and depth:
+            depth -= 1
     return out
 
 
-ARRAY_RE = re.compile(r"^[ \t]*([A-Za-z_]\w*)=\((.*?)\)[ \t]*$", re.S | re.M)
+ARRAY_RE = re.compile(r"^[ \t]*([A-Za-z_]\w*)(\+?)=\((.*?)\)[ \t]*$", re.S | re.M)
 
 
 def _arrays(code: str) -> dict[str, str]:
-    """Bash arrays of flags (NAME=( --flag value ... ), one or many lines), as their words joined by spaces, for
-    expanding ${NAME[@]} where the command uses them (OpenRLHF's newer scripts build their command so)."""
-    out = {}
+    """Bash arrays of flags (NAME=( --flag value ... ), one or many lines, and NAME+=( ... ) appending to one), as
+    their words joined by spaces, for expanding ${NAME[@]} where the command uses them (OpenRLHF's newer scripts build
+    their command so)."""
+    out: dict[str, str] = {}
     for m in ARRAY_RE.finditer(code):
         try:
-            out[m.group(1)] = shlex.join(shlex.split(m.group(2), comments=True))     # an element's `# ...` comment
+            words = shlex.join(shlex.split(m.group(3), comments=True))     # an element's `# ...` comment
         except ValueError:
-            out[m.group(1)] = " ".join(m.group(2).split())
+            words = " ".join(m.group(3).split())
+        out[m.group(1)] = f"{out[m.group(1)]} {words}".strip() if m.group(2) and m.group(1) in out else words
     return out
 
 
@@ -165,50 +215,141 @@ def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]
                             "openrlhf.cli.train_sft --pretrain ...`)")
 
 
-def _parse_flags(path, words: list[str], variables: dict[str, str]) -> dict[str, object]:
-    """--flag value / --flag (a switch) / --flag=value, in order; a flag given twice keeps its last value (argparse)."""
+@functools.cache
+def _argparse_table() -> dict:
+    return json.loads((DATA_DIR / "tool_keys" / "openrlhf.json").read_text())
+
+
+def argparse_flags(module: str, style: str) -> dict[str, dict] | None:
+    """The flags openrlhf.cli.`module`'s argparse parser defines in the releases of `style` (classic: v0.8.5 and
+    76351db1; dotted: 3c3be623), from data/tool_keys/openrlhf.json: {flag: {switch, nargs, type}}; None for a module
+    this package does not read."""
+    table = _argparse_table()["refs"]
+    refs = ("3c3be623",) if style == "dotted" else ("v0.8.5", "76351db1")
+    if module not in table[refs[0]]:
+        return None
+    out: dict[str, dict] = {}
+    for ref in refs:
+        out |= table[ref][module]
+    return out
+
+
+SHELL_ARGS = ("$@", "${@}", "$*", "${*}")
+
+
+def _resolve(path, written: str, known: dict | None, module: str) -> str:
+    """The flag argparse takes `written` for: itself, or the one flag it abbreviates (argparse's allow_abbrev, on by
+    default in every OpenRLHF parser); ConfigError where argparse stops the run (an ambiguous or unknown flag)."""
+    if known is None or written in known:
+        return written
+    matches = sorted(f for f in known if f.startswith(written))
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ConfigError(path, f"{written} is an ambiguous abbreviation for openrlhf.cli.{module}'s argparse "
+                                f"('ambiguous option: {written} could match {', '.join(matches[:6])}'): write the "
+                                f"whole flag")
+    near = difflib.get_close_matches(written, list(known), 1, 0.75)
+    raise ConfigError(path, f"{written} is not a flag of openrlhf.cli.{module}: its argparse parser stops the run "
+                            f"('unrecognized arguments: {written}')" + (f"; did you mean {near[0]}?" if near else ""))
+
+
+def _parse_flags(path, words: list[str], variables: dict[str, str], known: dict | None = None,
+                 module: str = "") -> tuple[dict[str, object], dict[str, str]]:
+    """(flags, how each was written) as argparse parses them: --flag value / --flag (a switch) / --flag=value, in
+    order, an abbreviation taken for the one flag it starts, a flag given twice keeping its last value. With the
+    module's argparse table (`known`), what argparse refuses is a ConfigError: an unknown or ambiguous flag, a word
+    no flag takes (the `false` of `--bf16 false`), a flag without its value."""
+    def expand(word):
+        try:
+            return _expand(word, variables)
+        except Unsettled as e:
+            return unknown(word, str(e))
+    return _flags(path, words, expand, known, module)
+
+
+def _flags(path, words, expand, known, module):
     flags: dict[str, object] = {}
-    i = 0
+    spelled: dict[str, str] = {}
+    split: list[str] = []
+    for w in words:                           # an unquoted $VAR holding several words splits into them
+        value = expand(w) if "$" in w and w not in SHELL_ARGS else w
+        whole = value != w and not isinstance(value, Unknown) and re.fullmatch(r"\$\{?\w+\}?", w)
+        split += shlex.split(value) if whole and " " in value else [w]
+    words = split
+    i, after_switch = 0, None
     while i < len(words):
         w = words[i]
         if not w.startswith("--"):
-            i += 1                                                      # a stray word (e.g. a trailing $@)
-            continue
-        if "=" in w:
-            name, value = w.split("=", 1)
-            flags[name] = _expand(value, variables)
+            if w in SHELL_ARGS or known is None:
+                i += 1                                                  # the script's own arguments, passed on
+                continue
+            why = (f"{after_switch} is a switch (store_true) and takes no value" if after_switch else
+                   "no flag before it takes it")
+            raise ConfigError(path, f"{w!r} in the openrlhf command: {why}; argparse stops the run "
+                                    f"('unrecognized arguments: {w}')"
+                              + ("; leave the word out (drop the switch for off)" if after_switch else ""))
+        name, eq, value = w.partition("=")
+        full = _resolve(path, name, known, module)
+        spec = (known or {}).get(full)
+        spelled[full] = name
+        after_switch = None
+        if eq:
+            flags[full] = expand(value)
             i += 1
             continue
         values = []
         j = i + 1
         while j < len(words) and not words[j].startswith("--"):
-            values.append(_expand(words[j], variables))
+            values.append(expand(words[j]))
             j += 1
-        if w in OTHER_SWITCHES or _canonical(w) in SWITCHES:
-            flags[w] = True
-            if values:                                           # a switch followed by words: they are not its own
-                j = i + 1
+        nargs = spec["nargs"] if spec else None
+        if (spec["switch"] if spec else w in OTHER_SWITCHES or _canonical(w) in SWITCHES):
+            flags[full] = True
+            j, after_switch = i + 1, full                        # the words after it are not its own
+        elif spec is not None and nargs is None and not values:
+            raise ConfigError(path, f"{name} needs a value (argparse: 'argument {full}: expected one argument')")
+        elif isinstance(nargs, int) and len(values) < nargs:
+            raise ConfigError(path, f"{name} takes {nargs} values, got {len(values)} (argparse: 'argument {full}: "
+                                    f"expected {nargs} arguments')")
         elif not values:
-            flags[w] = True
+            flags[full] = True if spec is None else []
+        elif spec is not None and nargs is None:
+            flags[full] = values[0]
+            j = i + 2                                             # argparse takes one word; the rest are stray
+        elif isinstance(nargs, int):
+            flags[full] = values[:nargs] if nargs > 1 else values[0]
+            j = i + 1 + nargs
         else:
-            flags[w] = values[0] if len(values) == 1 else values
+            flags[full] = values[0] if len(values) == 1 and spec is None else values
         i = j
-    return flags
+    return flags, spelled
 
 
 def _expand(value: str, variables: dict[str, str]) -> str:
     """$NAME, ${NAME} and bash's defaults ${NAME:-word} / ${NAME-word} (and := / =, which assign it too) expanded
-    with the script's own assignments; a variable it never assigns stays as written (the reader then names it)."""
+    with the script's own assignments; a variable it never assigns stays as written (the reader then names it);
+    Unsettled where one is assigned but not settled (an Unknown)."""
+    def settled(name):
+        have = variables.get(name)
+        if isinstance(have, Unknown):
+            raise Unsettled(have.why)
+        return have
+
     def default(m):
         name, op, word = m.group(1), m.group(2), m.group(3)
-        have = variables.get(name)
+        have = settled(name)
         if have is None or (op.startswith(":") and have == ""):
             if op.endswith("="):
                 variables[name] = word
             return word
         return have
     value = re.sub(r"\$\{([A-Za-z_]\w*)(:?[-=])([^}]*)\}", default, value)
-    return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: variables.get(m.group(1), m.group(0)), value)
+
+    def plain(m):
+        have = settled(m.group(1))
+        return m.group(0) if have is None else have
+    return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", plain, value)
 
 
 def _canonical(flag: str) -> str | None:
@@ -243,7 +384,18 @@ def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, 
     if per_node is None and include:              # localhost:0,1,2,3, or host1:0,1@host2:0,1,2 (DeepSpeed's hostfile
         hosts = include.split("@")                  # filter: every GPU it names, on each host it names)
         if all(":" in h for h in hosts):
-            counts = [len([g for g in h.split(":", 1)[1].split(",") if g.strip()]) for h in hosts]
+            slots: dict[str, set[int]] = {}     # launcher/runner.py parse_node_config_list: int slots, merged per host
+            for h in hosts:
+                name, _, listed = h.partition(":")
+                for g in listed.split(","):
+                    try:
+                        slots.setdefault(name, set()).add(int(g))
+                    except ValueError:
+                        raise ConfigError(path, f"--include {include}: DeepSpeed's launcher reads each GPU of a host "
+                                                f"as a number (launcher/runner.py parse_node_config: int(slot)), so "
+                                                f"{g!r} stops it; list them, e.g. localhost:0,1,2,3") from None
+            counts = [len(v) for v in slots.values()]
+            hosts = list(slots)
             if len(hosts) > 1:
                 return sum(counts), (f"launcher: --include names {sum(counts)} GPUs on {len(hosts)} hosts "
                                      f"({', '.join(map(str, counts))})")
@@ -259,10 +411,11 @@ class _Reader:
     def __init__(self, path: Path, text: str, flag_lines: dict[str, int] | None = None):
         self.path, self.text = Path(path), text
         self.module, launcher, words, variables = _tokens(path, text)
-        self.flags = _parse_flags(path, words, variables)
+        self.style = "dotted" if any(w.startswith(("--ds.", "--train.", "--data.", "--model.", "--ckpt."))
+                                     for w in words) else "classic"
+        self.flags, self.spelled = _parse_flags(path, words, variables, argparse_flags(self.module, self.style),
+                                                self.module)
         self.launcher = launcher
-        self.style = "dotted" if any(f.startswith(("--ds.", "--train.", "--data.", "--model.", "--ckpt."))
-                                     for f in self.flags) else "classic"
         newer = any(f in self.flags for f in ("--param_dtype", "--attn_implementation"))
         self.tool = DOTTED if self.style == "dotted" else (CLASSIC_NEW if newer else CLASSIC)
         ref = {DOTTED: "3c3be623", CLASSIC_NEW: "76351db1", CLASSIC: "v0.8.5"}[self.tool]
@@ -271,6 +424,7 @@ class _Reader:
         self.used: set[str] = set()
 
     def line(self, flag: str) -> int | None:
+        flag = self.spelled.get(flag, flag)                     # an abbreviation is found as written
         pattern = re.compile(rf"(?<![\w.-]){re.escape(flag)}(?![\w.-])")
         for n, raw in enumerate(self.text.splitlines(), 1):
             if not raw.lstrip().startswith("#") and pattern.search(raw):
@@ -282,7 +436,13 @@ class _Reader:
         for spelled in FLAGS[name]:
             if spelled and spelled in self.flags:
                 self.used.add(spelled)
-                return spelled, self.flags[spelled]
+                value = self.flags[spelled]
+                for v in value if isinstance(value, list) else [value]:
+                    if isinstance(v, Unknown):
+                        raise ConfigError(self.path, f"{spelled} {v}: the script does not settle its value before "
+                                                     f"the command ({v.why}); assign it plainly before the command, "
+                                                     f"or write the flag's value")
+                return spelled, value
         return None, None
 
     def read(self) -> Imported:
