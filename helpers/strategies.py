@@ -115,10 +115,10 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
              gradient_buckets=True, fused_ce_modes=("dry", "scaled", "gpu"), model_parallel=True),
     Strategy("zero1", "DeepSpeed ZeRO-1", shards=("optimizer_states",), family="zero12",
              dry_run="DeepSpeed ZeRO-1 re-enacted in torch (DeepSpeed cannot run on fake tensors)", optimizer_8bit=True,
-             offload=("offload_optimizer",), lora=True, fused_ce_modes=("dry",), **_ZERO),
+             offload=("offload_optimizer",), lora=True, qlora=True, fused_ce_modes=("dry",), **_ZERO),
     Strategy("zero2", "DeepSpeed ZeRO-2", shards=("optimizer_states", "gradients"), family="zero12",
              dry_run="DeepSpeed ZeRO-2 re-enacted in torch (DeepSpeed cannot run on fake tensors)", optimizer_8bit=True,
-             offload=("offload_optimizer",), lora=True, fused_ce_modes=("dry",), **_ZERO),
+             offload=("offload_optimizer",), lora=True, qlora=True, fused_ce_modes=("dry",), **_ZERO),
     Strategy("zero3", "DeepSpeed ZeRO-3", shards=SHARDABLE, family="zero3", overlap_comm_default=True,
              no_dry_run="DeepSpeed cannot run on fake tensors, and ZeRO-3's gathering has no faithful torch "
                         "re-enactment here",

@@ -58,6 +58,15 @@ RULES = (
          "transformers 4.57.0 modeling_utils.py gradient_checkpointing_enable ({'use_reentrant': True} when no kwargs "
          "are given); 5.0.0 gives {'use_reentrant': False} (PR #43203)",
          lambda s: s.checkpointing == "full"),
+    Rule("moe_experts_fused", "transformers", "5.0.0",
+         "each routed expert is its own nn.Linear modules (not modelled here: estimate with transformers 5)",
+         "the routed experts are fused into 3-D parameters (gate_up_proj, down_proj), not nn.Linear: bitsandbytes' "
+         "4-bit loading leaves them in the compute dtype, and LoRA reaches them only through peft's conversion",
+         "transformers 5.0.0 models/mixtral/modeling_mixtral.py MixtralExperts ('expert weights stored as 3D "
+         "tensors') and conversion_mapping.py; integrations/bitsandbytes.py replaces nn.Linear only (5.0.0 to "
+         "5.23.0; a tiny Mixtral loaded in 4 bits keeps its experts in bf16)",
+         lambda s: bool(s.lora_rank),
+         lambda m, s: bool(m.moe_layers) and any(t.ndim == 3 for t in m.tensors)),
     Rule("logits_upcast_in_forward", "transformers", "4.46.0",
          "the model's forward upcasts its logits to fp32 (logits = logits.float()) and returns those: the bf16 "
          "logits are freed at once",

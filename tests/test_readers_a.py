@@ -404,15 +404,20 @@ def test_trl_native_fsdp_and_bfloat16_alias(tmp_path):
 
 
 def test_qlora_under_zero_is_listed_not_refused(tmp_path):
-    """LLaMA-Factory's quantization_bit 4 with a ZeRO-2 DeepSpeed file: a 4-bit base is modelled with single and ddp
-    only, so the run is read (a bf16 base estimated) and the setting listed as not modelled, with its line."""
+    """LLaMA-Factory's quantization_bit 4 with a ZeRO-3 DeepSpeed file: a 4-bit base is modelled with single, ddp,
+    zero1 and zero2 only, so the run is read (a bf16 base estimated) and the setting listed as not modelled, with its
+    line; under ZeRO-2 it is modelled."""
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}}')
     (tmp_path / "q.yaml").write_text("model_name_or_path: meta-llama/Meta-Llama-3-8B\nfinetuning_type: lora\n"
                                      "lora_rank: 8\nquantization_bit: 4\nbf16: true\ndeepspeed: ds.json\n")
+    assert read([tmp_path / "q.yaml"]).setup.base_weights == "nf4-dq"
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}}')
+    (tmp_path / "q.yaml").write_text("model_name_or_path: meta-llama/Meta-Llama-3-8B\nfinetuning_type: lora\n"
+                                     "lora_rank: 8\nquantization_bit: 4\nbf16: true\ndeepspeed: ds.json\n")
     i = read([tmp_path / "q.yaml"])
-    assert (i.setup.strategy, i.setup.base_weights, i.setup.lora_rank) == ("zero2", None, 8)
+    assert (i.setup.strategy, i.setup.base_weights, i.setup.lora_rank) == ("zero3", None, 8)
     nm = {n.key: n for n in i.not_modelled}
-    assert nm["quantization_bit"].line == 4 and "under zero2 is not modelled" in nm["quantization_bit"].why
+    assert nm["quantization_bit"].line == 4 and "under zero3 is not modelled" in nm["quantization_bit"].why
     assert not any(s.key == "quantization_bit" for s in i.settings)
     assert not any(d.key == "double_quantization" for d in i.defaults)     # gone with the 4-bit base it refines
     (tmp_path / "q.yaml").write_text((tmp_path / "q.yaml").read_text().replace("deepspeed: ds.json\n", ""))

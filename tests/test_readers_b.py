@@ -704,3 +704,14 @@ def test_axolotl_world_size_from_dp_shard_size(tmp_path):
     i = read(p)
     assert (i.setup.gpus, i.setup.strategy) == (4, "fsdp2")
     assert "gpus" not in keyed(i.defaults) and keyed(i.settings)["dp_shard_size"].sets.startswith("gpus=4")
+
+
+def test_openrlhf_qlora_under_zero2_is_modelled(tmp_path):
+    """--load_in_4bit with LoRA under ZeRO-1/2: OpenRLHF's BitsAndBytesConfig (nf4, double quantisation); under ZeRO-3
+    it is listed as not modelled and a bf16 base estimated."""
+    cmd = ("deepspeed --module openrlhf.cli.train_sft --pretrain meta-llama/Llama-3.1-8B --zero_stage {z} "
+           "--micro_train_batch_size 2 --max_len 1024 --bf16 --lora_rank 16 --load_in_4bit\n")
+    s = read(write(tmp_path, "a.sh", cmd.format(z=2))).setup
+    assert (s.strategy, s.base_weights, s.lora_rank) == ("zero2", "nf4-dq", 16)
+    i = read(write(tmp_path, "b.sh", cmd.format(z=3)))
+    assert i.setup.base_weights is None and "under zero3 is not modelled" in keyed(i.not_modelled)["--load_in_4bit"].why

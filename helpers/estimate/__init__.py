@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 
 from helpers import models, versions
+from helpers.errors import InputError
 from helpers.estimate import accumulation, activations, adapters, host, parallel, states
 from helpers.estimate.items import PHASE_MOMENTS, Item
 from helpers.results import DeviceMemory, Result, empty_breakdown
@@ -25,6 +26,11 @@ def items(model, setup: TrainSetup) -> list[Item]:
     checked(setup)
     m.check_lora_rank(setup.lora_rank, setup.lora_targets)
     adapters.check(m, setup)
+    if versions.older(setup, "moe_experts_fused") and any(t.ndim == 3 for t in m.tensors):
+        raise InputError(f"{m.name} with transformers {versions.of(setup, 'transformers')[0]}: before 5.0 each routed "
+                         f"expert is its own nn.Linear modules (bitsandbytes quantises them, LoRA adapts each), and "
+                         f"this package models transformers 5's fused experts only; estimate it with transformers 5 "
+                         f"(leave transformers out of versions)")
     parallel.check(m, setup)
     m = parallel.rank_model(m, setup.tensor_parallel)       # what one tensor-parallel rank holds
     b = states.Builder(setup)

@@ -94,9 +94,12 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
               f"bitsandbytes Linear4bit on {len(quantized.nf4_tensors(m))} linear layers: 0.5 byte per weight, "
               + ("uint8 absmax per 64, fp32 absmax per 256 of those, offset and code books (double quantisation)"
                  if s.double_quant else "fp32 absmax per 64 and the NF4 code book (no double quantisation)"))
-        b.gpu(f"frozen base: embedding, norms and output head ({'fp32' if compute == 4 else s.half})", "parameters",
-              rest * compute, ALWAYS,
-              "not quantised by transformers' bitsandbytes integration; kept in the compute dtype")
+        experts = any(t.ndim == 3 for t in m.tensors)
+        b.gpu(f"frozen base: embedding, norms, output head{' and the MoE experts' if experts else ''} "
+              f"({'fp32' if compute == 4 else s.half})", "parameters", rest * compute, ALWAYS,
+              "not quantised by transformers' bitsandbytes integration (it replaces nn.Linear only); kept in the "
+              "compute dtype" + ("; the routed experts are 3-D parameters on transformers 5, no nn.Linear (a tiny "
+                                 "Mixtral loaded in 4 bits keeps them in bf16)" if experts else ""))
         m = lora_adapters(m, s.lora_rank, s.lora_targets, adapters.converted(m, s))
     elif s.lora_rank and "parameters" in s.strat.shards:
         compute, _ = dtype_bytes(s)

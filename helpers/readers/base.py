@@ -399,7 +399,7 @@ WITH_SOME_STRATEGIES = (
 
 def only_where_modelled(fields: dict, settings: list[Setting], defaults: list | None = None) -> list[NotModelled]:
     """A setting read from a file that the package models only with some strategies (tensor/context parallel with
-    ddp and fsdp2; a 4-bit base with single and ddp), under a strategy without it (OpenRLHF's ring attention or a
+    ddp and fsdp2; a 4-bit base with single, ddp, zero1 and zero2), under a strategy without it (OpenRLHF's ring attention or a
     QLoRA run over ZeRO): the field is reset to off, its Setting removed from `settings` (and the tool defaults that
     set it from `defaults`), and the NotModelled entries returned — the estimate runs without it, and says so, instead of refusing the whole file."""
     from helpers import strategies

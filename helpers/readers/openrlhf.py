@@ -750,9 +750,12 @@ class _Reader:
         elif kd:
             d.ignored_at(f, self.line(kd), kd, dropout)
         k, on = self.get("load_in_4bit")
-        if k:            # OpenRLHF always trains through DeepSpeed, and a 4-bit base is modelled without ZeRO only
-            d.unmodelled_at(f, self.line(k), k, True, "a bitsandbytes 4-bit (nf4) base under DeepSpeed ZeRO is not "
-                           "modelled (QLoRA is, with strategies single and ddp): estimated with a bf16 base")
+        if k and rank:   # (under ZeRO-3 the generic rule lists it as not modelled: base.only_where_modelled)
+            d.setting(f, self.line(k), k, True, "base_weights=nf4-dq (openrlhf/models/actor.py: BitsAndBytesConfig "
+                      "nf4 with double quantisation, compute dtype bf16)", base_weights="nf4-dq")
+        elif k:
+            d.unmodelled_at(f, self.line(k), k, True, "a bitsandbytes 4-bit base without LoRA adapters is not "
+                            "modelled (4-bit weights take no gradient): estimated with a bf16 base")
 
     def others(self):
         d, f = self.d, self.path
