@@ -203,7 +203,7 @@ def test_moe_experts_stay_in_the_compute_dtype_under_a_4bit_base(tmp_path):
     assert kinds["gate_up_proj"] == kinds["down_proj"] == ("Parameter", torch.bfloat16)
     assert kinds["weight"][0] in ("Params4bit", "Parameter")           # (the last weight named: a norm)
     assert any(type(p).__name__ == "Params4bit" for p in net.parameters())
-    r = estimate.run("mixtral-8x7b", TrainSetup(lora_rank=8, base_weights="nf4", seq=256))
+    r = estimate.run("mixtral-8x7b", TrainSetup(lora_rank=8, base_weights="nf4-dq", seq=256))
     experts = sum(t.numel for t in models.spec("mixtral-8x7b").tensors if t.ndim == 3)
     rest = next(i for i in r.items if i["name"].startswith("frozen base: embedding"))
     assert "MoE experts" in rest["name"] and rest["bytes"] >= 2 * experts
