@@ -383,7 +383,7 @@ def test_a_superscript_digit_names_its_key(tmp_path):
 
 def test_trl_beta_and_vllm_share_are_named(tmp_path):
     grpo = "model_name_or_path: Qwen/Qwen3-0.6B\nper_device_train_batch_size: 2\nnum_generations: 4\n"
-    refused([write(tmp_path, "g.yaml", grpo + "beta: abc\n")], "beta must be a number")
+    refused([write(tmp_path, "g.yaml", grpo + "beta: abc\n")], "beta 'abc'", "invalid float value")
     refused([write(tmp_path, "g.yaml", grpo + "use_vllm: true\nvllm_gpu_memory_utilization: abc\n")],
             "vllm_gpu_memory_utilization")
 
@@ -414,3 +414,23 @@ def test_torchtune_quoted_false_is_refused_because_torchtune_reads_it_as_true(tm
 def test_a_nested_key_that_is_a_number_is_named(tmp_path):
     refused([write(tmp_path, "k.yaml", "base_model: Qwen/Qwen3-0.6B\nfsdp_version: 2\nfsdp_config:\n  1: 2\n")],
             "key '1' under fsdp_config at line 4")
+
+
+def test_trl_reads_quoted_values_as_its_argparse_does(tmp_path):
+    """TrlParser makes the YAML's values argparse defaults, which argparse converts with the field's type: a quoted
+    'false' is False, '1' is 1; a null bool is None, which the Trainer takes as off; a null batch size fails."""
+    base = "model_name_or_path: meta-llama/Llama-3.1-8B\n"
+    s = read([write(tmp_path, "a.yaml", base + "gradient_checkpointing: 'false'\nper_device_train_batch_size: '2'\n"
+                                            "use_peft: 'yes'\nlora_r: '8'\n")]).setup
+    assert (s.checkpointing, s.batch, s.lora_rank) == ("none", 2, 8)
+    assert read([write(tmp_path, "b.yaml", base + "gradient_checkpointing: null\n")]).setup.checkpointing == "none"
+    refused([write(tmp_path, "c.yaml", base + "per_device_train_batch_size: null\n")], "is null")
+    refused([write(tmp_path, "d.yaml", base + "per_device_train_batch_size: 'two'\n")], "invalid int value")
+    refused([write(tmp_path, "e.yaml", base + "dtype: 1.5\n")], "dtype must be auto, bfloat16, float16 or float32")
+
+
+def test_a_lone_deepspeed_file_sizes_its_auto_buckets_by_the_model_given(tmp_path):
+    ds = {"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"}}
+    imp = read([write(tmp_path, "z.json", json.dumps(ds))], model="llama-3.2-1b")
+    assert imp.setup.reduce_bucket_size == 2048 ** 2
+    assert not any(n.key == "zero_optimization.reduce_bucket_size" for n in imp.not_modelled)

@@ -238,16 +238,18 @@ def test_llamafactory_lora_target_as_a_list(tmp_path):
     ({"zero_optimization": {"stage": True}}, ["zero_optimization.stage", "True"]),
     ({"zero_optimization": {"stage": "three"}}, ["zero_optimization.stage", "'three'"]),
     ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}}, ["ratio", "1.5"]),
-    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": "no"}}},
-     ["pin_memory", "'no'"]),
+    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": "nope"}}},
+     ["pin_memory", "'nope'"]),
     ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "gpu"}}}, ["device", "'gpu'"]),
     ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": ["cpu"]}}}, ["device"]),
     ({"zero_optimization": [3], "bf16": {"enabled": True}}, ["zero_optimization must be an object"]),
-    ({"bf16": {"enabled": "yes"}}, ["bf16.enabled"]),
+    ({"bf16": {"enabled": "yeah"}}, ["bf16.enabled"]),
     ({"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 10**400},
      ["grad_accum", "at most"]),
 ])
 def test_deepspeed_values_of_the_wrong_type(tmp_path, ds, words):
+    """(Values DeepSpeed's lax parsing takes, "no" for false or "0.5" for a ratio, are read as it reads them:
+    test_deepspeed_reads_values_as_deepspeed_does.)"""
     refused([write(tmp_path, "ds.json", json.dumps(ds))], "ds.json", *words)
 
 
@@ -390,3 +392,22 @@ def test_accelerate_parallelism_config_and_other_accelerators():
     assert "parallelism_config.parallelism_config_sp_size" in keys(sp.not_modelled)
     xpu = read(UP / "accelerate" / "examples" / "config_yaml_templates" / "multi_xpu.yaml")
     assert (xpu.setup.strategy, xpu.setup.gpus) == ("ddp", 2) and "distributed_type" in keys(xpu.not_modelled)
+
+
+def test_deepspeed_reads_values_as_deepspeed_does(tmp_path):
+    """Through DeepSpeed's own config models: quoted booleans and numbers as its pydantic lax mode converts them, and
+    what it refuses (an unknown key such as bf16.enable, a negative stage3_max_live_parameters, a word for a bool,
+    partial offload below stage 3) refused with its reason."""
+    ds = {"bf16": {"enabled": "true"}, "zero_optimization": {"stage": 3, "overlap_comm": "false", "offload_optimizer":
+          {"device": "cpu", "pin_memory": "no", "ratio": "0.5"}}}
+    s = read([write(tmp_path, "a.json", json.dumps(ds))]).setup
+    assert (s.precision, s.overlap_comm, s.pin_memory, s.offload_ratio) == ("bf16-mixed", False, False, 0.5)
+    for bad, words in (({"bf16": {"enable": True}}, ["bf16.enable", "did you mean bf16.enabled"]),
+                       ({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": -3}},
+                        ["stage3_max_live_parameters", "-3", "greater than or equal to 0"]),
+                       ({"zero_optimization": {"stage": 2, "contiguous_gradients": "abc"}},
+                        ["contiguous_gradients", "'abc'", "valid boolean"]),
+                       ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}},
+                        ["Partial offloading only supported for ZeRO Stage 3"]),
+                       ({"zero_optimization": None}, ["zero_optimization must be an object"])):
+        refused([write(tmp_path, "b.json", json.dumps(bad))], *words)

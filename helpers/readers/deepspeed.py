@@ -17,6 +17,7 @@ Sources (read for this module):
 
 from __future__ import annotations
 
+import enum
 import math
 from pathlib import Path
 from typing import Any
@@ -89,9 +90,12 @@ def claims(path: Path, data) -> bool:
 
 
 def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
-    """A DeepSpeed JSON alone: no model (the CLI asks for --model), "auto" values from TrainingArguments' defaults,
-    the world size from train_batch_size when that is a number, else gpus=1 as a default."""
-    return apply(path, data, lines).finish(None, None)
+    """A DeepSpeed JSON alone: no model (the CLI asks for --model, and the model given beside it sizes the "auto"
+    buckets), "auto" values from TrainingArguments' defaults, the world size from train_batch_size when that is a
+    number, else gpus=1 as a default."""
+    from helpers.readers import model_ref
+
+    return apply(path, data, lines, hidden=model_ref.hidden_size(None)).finish(None, None)
 
 
 # The keys DeepSpeed 0.19.8's pydantic config models accept (field names and aliases; DeepSpeedConfigModel has
@@ -128,6 +132,81 @@ def _refuse_unknown(path, where: str, section: dict, known: frozenset) -> None:
                                     if near else "") + " (DeepSpeed's config model refuses unknown keys)")
 
 
+def _models():
+    """DeepSpeed's own pydantic config models of the sections read here (imported on first use: a second or two)."""
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    return {"zero_optimization": DeepSpeedZeroConfig, "bf16": DeepSpeedBF16Config, "bfloat16": DeepSpeedBF16Config,
+            "fp16": DeepSpeedFP16Config}
+
+
+def as_deepspeed_reads(path, data: dict) -> dict:
+    """`data` with its zero_optimization, bf16 and fp16 sections validated by DeepSpeed's own config models (the
+    installed release's; they drop "auto" values first, runtime/config_utils.py): a value DeepSpeed refuses (a
+    negative stage3_max_live_parameters, contiguous_gradients "abc", an unknown key such as bf16.enable, partial
+    offload below stage 3) is a ConfigError with DeepSpeed's reason; a value its lax parsing converts ("true",
+    "0.5", "2") is taken as it takes it."""
+    from pydantic import ValidationError
+
+    out = dict(data)
+    for section, model in _models().items():
+        if section not in data:
+            continue
+        raw = data[section]
+        if not isinstance(raw, dict):
+            raise ConfigError(path, f"{section} must be an object, got {raw!r}")
+        if section == "zero_optimization" and raw.get("stage", "auto") != "auto":
+            _stage(path, "zero_optimization.stage", raw["stage"])       # (stricter: true is no stage here)
+        try:
+            checked = model(**raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join([section, *map(str, first["loc"])])
+            if first["type"] == "extra_forbidden":
+                import difflib
+
+                names = _names(model, first["loc"])
+                near = difflib.get_close_matches(str(first["loc"][-1]), names, n=1, cutoff=0.6)
+                raise ConfigError(path, f"{where} is not a DeepSpeed setting" + (
+                    f": did you mean {'.'.join([section, *map(str, first['loc'][:-1]), near[0]])}?" if near else "")
+                    + " (DeepSpeed's config model refuses unknown keys)") from None
+            got = first.get("input")
+            raise ConfigError(path, f"{where}: DeepSpeed's config model refuses " + (f"{got!r}: " if first["loc"]
+                                    else "it: ") + first["msg"]) from None
+        out[section] = _coerced(raw, checked)
+    return out
+
+
+def _names(model, loc) -> list[str]:
+    """Field names and aliases of the (nested) model at `loc` (less its last part)."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) or next((f for f in model.model_fields.values() if f.alias == part), None)
+        annotation = getattr(field, "annotation", None)
+        inner = [a for a in getattr(annotation, "__args__", (annotation,)) if hasattr(a, "model_fields")]
+        if not inner:
+            return []
+        model = inner[0]
+    return sorted({n for n in model.model_fields} | {f.alias for f in model.model_fields.values() if f.alias})
+
+
+def _coerced(raw: dict, checked) -> dict:
+    """`raw` with each text or number DeepSpeed converted replaced by what it converted it to ("auto" kept)."""
+    fields = type(checked).model_fields
+    out = dict(raw)
+    for key, value in raw.items():
+        name = key if key in fields else next((n for n, f in fields.items() if f.alias == key), None)
+        if name in (None, "stage") or value == "auto" or not hasattr(checked, name):   # (a key DeepSpeed moved)
+            continue
+        got = getattr(checked, name)
+        if isinstance(value, dict) and hasattr(got, "model_fields"):
+            out[key] = _coerced(value, got)
+        elif isinstance(value, (str, int, float)) and isinstance(got, (bool, int, float)) and \
+                not isinstance(got, enum.Enum) and type(got) is not type(value):
+            out[key] = got
+    return out
+
+
 def _number(path, key: str, value, integer: bool = True, positive: bool = True):
     """An int (DeepSpeed accepts 1e9 written as a float) or ConfigError naming the key."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -162,7 +241,7 @@ class _Reader:
     def __init__(self, path: Path, data, lines: dict[str, int], trainer, hidden):
         if not isinstance(data, dict):
             raise ConfigError(path, f"a DeepSpeed config must be a JSON object, got {type(data).__name__}")
-        self.path, self.data, self.trainer, self.hidden = path, data, trainer, hidden
+        self.path, self.data, self.trainer, self.hidden = path, as_deepspeed_reads(path, data), trainer, hidden
         self.f = str(path)
         self.out = Record(NAME, path, lines)
         self.hf = transformers_tool()

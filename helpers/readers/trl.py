@@ -20,6 +20,7 @@ Defaults, read from github:huggingface/trl at commit f2cd577 (2026-07-24, versio
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from helpers.readers import accelerate, base, collect, hf_names, model_ref
@@ -64,6 +65,57 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     return _Reader(path, data, lines, given).read()
 
 
+# TRL's own keys the reader reads, with the type of their dataclass field (trl/trainer/sft_config.py, grpo_config.py,
+# model_config.py at TOOL's version); TrainingArguments' own come from transformers' HfArgumentParser.
+TRL_TYPES = {"use_peft": bool, "lora_r": int, "lora_alpha": int, "lora_dropout": float, "max_length": int,
+             "max_seq_length": int, "max_completion_length": int, "max_prompt_length": int, "use_vllm": bool,
+             "load_in_4bit": bool, "load_in_8bit": bool, "use_bnb_nested_quant": bool, "num_generations": int,
+             "vllm_gpu_memory_utilization": float, "beta": float, "packing": bool}
+NOT_NONE = ("per_device_train_batch_size", "gradient_accumulation_steps", "lora_r")
+
+
+@functools.cache
+def _training_argument_types() -> dict:
+    """TrainingArguments' fields -> the argparse type HfArgumentParser gives them (string_to_bool, int, float)."""
+    from transformers import HfArgumentParser, TrainingArguments
+    from transformers.hf_argparser import string_to_bool
+
+    out = {}
+    for a in HfArgumentParser(TrainingArguments)._actions:
+        if a.type is string_to_bool:
+            out[a.dest] = bool
+        elif a.type in (int, float):
+            out[a.dest] = a.type
+    return out
+
+
+def as_trl_reads(path, data: dict) -> dict:
+    """The values as TrlParser reads a YAML: it makes them argparse defaults, and argparse converts a default given as
+    text with the argument's type (transformers' string_to_bool for a bool, int, float), so a quoted 'false' is False
+    and '1' is 1, and a text it cannot convert stops the run. A null bool is None, which the Trainer takes as off; a
+    null batch size or accumulation fails in the Trainer."""
+    from transformers.hf_argparser import string_to_bool
+
+    types = _training_argument_types() | TRL_TYPES
+    out = dict(data)
+    for key, value in data.items():
+        kind = types.get(key)
+        if kind is None:
+            continue
+        if isinstance(value, str):
+            try:
+                out[key] = string_to_bool(value) if kind is bool else kind(value)
+            except Exception:
+                raise ConfigError(path, f"{key} {value!r}: TRL's parser refuses it (argparse: invalid "
+                                        f"{kind.__name__} value)") from None
+        elif value is None and kind is bool:
+            out[key] = False
+        elif value is None and key in NOT_NONE:
+            raise ConfigError(path, f"{key} is null: TRL passes None to the Trainer, which needs a number here; give "
+                                    f"one or leave the key out")
+    return out
+
+
 class _Reader(collect.TrainerYaml):
     """A TRL config (TrainingArguments, SFTConfig, ModelConfig keys), a topic per method, with the accelerate config
     the run is launched with and the DeepSpeed file it names."""
@@ -71,6 +123,11 @@ class _Reader(collect.TrainerYaml):
     NAME, TOOL, SRC = NAME, TOOL, SRC
     TOPICS = ("model_named", "sizes", "precision_keys", "checkpointing", "lora", "quantisation", "engine", "precision",
               "optimizer", "rest")
+
+    def __init__(self, path, data, lines: dict[str, int], given: list[Path]):
+        super().__init__(path, data, lines, given)
+        self.data = as_trl_reads(self.path, self.data)
+        self.take, self.done = collect.taker(self.data)
 
     def optimizer(self) -> None:
         """The Trainer's optim (transformers' default where the config leaves it out)."""
@@ -202,6 +259,9 @@ class _Reader(collect.TrainerYaml):
         self.dtype_key = dtype_key = "dtype" if "dtype" in data or "torch_dtype" not in data else "torch_dtype"
         dtype = take(dtype_key)
         done.add("torch_dtype")
+        if dtype is not None and dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ConfigError(self.path, f"{dtype_key} must be auto, bfloat16, float16 or float32 (TRL's ModelConfig "
+                                         f"choices; loading the model fails on another), got {dtype!r}")
         if dtype == "auto" and self.model is not None:
             from helpers import models
 
