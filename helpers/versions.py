@@ -122,8 +122,9 @@ def parse(text: str | None) -> dict[str, Version]:
             raise InputError(f"versions: {lib} is given twice")
         try:
             out[lib] = Version(ver)
-        except InvalidVersion:
-            raise InputError(f"versions: {lib}={ver!r} is not a release number (e.g. 0.42.0)") from None
+        except (InvalidVersion, ValueError):     # (ValueError: a number past Python's 4300 digits)
+            raise InputError(f"versions: {lib}={ver[:40]!r}{'...' if len(ver) > 40 else ''} is not a release number "
+                             f"(e.g. 0.42.0)") from None
     return out
 
 

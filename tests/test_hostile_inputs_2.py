@@ -172,7 +172,7 @@ def test_a_flag_without_its_value_is_refused(tmp_path):
 
 def test_a_variable_set_in_an_if_block_is_named_where_a_flag_uses_it(tmp_path):
     script = "if [ -n \"$BIG\" ]; then\n  MB=8\nelse\n  MB=1\nfi\n" + OPENRLHF.format(launcher="", stage=2, mb="$MB")
-    refused([write(tmp_path, "a.sh", script)], "--micro_train_batch_size $MB", "'MB=1' is inside an if/case/loop block")
+    refused([write(tmp_path, "a.sh", script)], "--micro_train_batch_size $MB", "MB='1' is inside an if/case/loop block")
     out = "OUT=$(pwd)/ckpt\n" + OPENRLHF.format(launcher="", stage=2, mb=1).replace("--bf16", "--bf16 --save_path $OUT")
     imp = read([write(tmp_path, "b.sh", out)])                     # a flag with no effect on memory: listed as written
     assert any(i.key == "--save_path" and i.value == "$OUT" for i in imp.ignored)
@@ -434,3 +434,76 @@ def test_a_lone_deepspeed_file_sizes_its_auto_buckets_by_the_model_given(tmp_pat
     imp = read([write(tmp_path, "z.json", json.dumps(ds))], model="llama-3.2-1b")
     assert imp.setup.reduce_bucket_size == 2048 ** 2
     assert not any(n.key == "zero_optimization.reduce_bucket_size" for n in imp.not_modelled)
+
+
+TITAN = '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\nseq_len = 2048\n'
+
+
+@pytest.mark.parametrize("extra,words", [
+    ("local_batch_sizes = 8\n", ["training.local_batch_sizes", "Invalid field names", "did you mean training.local_batch_size"]),
+    ("[trainning]\nsteps = 10\n", ["trainning is not a torchtitan setting", "did you mean training"]),
+    ("enable_cpu_offload = \"false\"\n", ["training.enable_cpu_offload must be true or false", "non-empty text is true"]),
+    ("steps = \"10\"\n", ["training.steps must be a number"]),
+])
+def test_torchtitan_refuses_what_its_config_manager_refuses(tmp_path, extra, words):
+    """torchtitan's ConfigManager (config/manager.py @238fa99) refuses a key its JobConfig lacks, at every level, and
+    passes values on as written; data/tool_keys/torchtitan.json holds JobConfig's fields."""
+    refused([write(tmp_path, "t.toml", TITAN + extra)], *words)
+
+
+def test_an_earlier_torchtitan_file_keeps_its_unknown_keys(tmp_path):
+    """The October 2024 config_manager merged a TOML into its defaults and kept any key: listed as ignored."""
+    old = '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nbatch_size = 2\nseq_len = 2048\nwhatever = 1\n'
+    imp = read([write(tmp_path, "t.toml", old)])
+    assert imp.setup.batch == 2 and any(i.key == "training.whatever" for i in imp.ignored)
+
+
+def test_odd_names_and_sizes_get_one_clear_line(tmp_path, capsys):
+    with pytest.raises(InputError, match="an empty file name"):
+        read([""])
+    with pytest.raises(ConfigError) as e:
+        read([tmp_path / "x\nyaml"])
+    assert "\n" not in str(e.value) and "'" in str(e.value)
+    many = write(tmp_path, "many.yaml", "".join(f"k{i}: 1\n" for i in range(60000)))
+    msg = refused([many], "it holds 120,001 values")
+    assert "alias" not in msg
+    assert main(["estimate", "--model", "llama-3.2-1b", "--versions", "transformers=" + "9" * 4400]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a release number" in err
+
+
+def test_axolotl_values_as_its_pydantic_schema_reads_them(tmp_path):
+    base = "base_model: meta-llama/Llama-3.2-1B\n"
+    refused([write(tmp_path, "a.yaml", base + "flash_attention: [1, 2]\n")], "flash_attention must be true or false")
+    refused([write(tmp_path, "b.yaml", base + "bf16: {x: 1}\n")], "bf16 must be true or false or 'auto'")
+    assert read([write(tmp_path, "c.yaml", base + "micro_batch_size: 4.0\n")]).setup.batch == 4
+    assert read([write(tmp_path, "d.yaml", base + "flash_attention: 1\n")]).setup.attention == "flash"
+
+
+@pytest.mark.parametrize("script,batch", [
+    ("MB='4' ; LEN=512\n", 4), ("MB=4; echo done\n", 4), ("MB=2 A=3\n", 2), ("MB=16 python x.py\n", 5),
+    ("declare -i MB=3\n", 3), ("MB=6  # micro\n", 6),
+])
+def test_assignments_read_as_bash_runs_them(tmp_path, script, batch):
+    text = "MB=5\n" + script + OPENRLHF.format(launcher="", stage=2, mb="$MB")
+    assert read([write(tmp_path, "a.sh", text)]).setup.batch == batch
+
+
+def test_a_one_line_if_and_an_unset_variable_are_named(tmp_path):
+    one = "if [ -n \"$X\" ]; then MB=8; else MB=1; fi\n" + OPENRLHF.format(launcher="", stage=2, mb="$MB")
+    refused([write(tmp_path, "a.sh", one)], "inside an if/case/loop block")
+    refused([write(tmp_path, "b.sh", OPENRLHF.format(launcher="", stage=2, mb="$MBS"))], "$MBS is not assigned")
+
+
+def test_a_comment_line_ends_a_continued_command(tmp_path):
+    """bash: a comment line ends the command continued onto it; the lines after it are other commands."""
+    text = ("deepspeed --module openrlhf.cli.train_sft --pretrain meta-llama/Llama-3.1-8B \\\n"
+            "  --micro_train_batch_size 2 \\\n  # --gradient_checkpointing \\\n  --micro_train_batch_size 9\n")
+    assert read([write(tmp_path, "a.sh", text)]).setup.batch == 2
+
+
+def test_an_echoed_or_longer_module_name_is_not_the_command(tmp_path):
+    text = "echo openrlhf.cli.train_sft --micro_train_batch_size 9\n" + OPENRLHF.format(launcher="", stage=2, mb=3)
+    assert read([write(tmp_path, "a.sh", text)]).setup.batch == 3
+    refused([write(tmp_path, "b.sh", OPENRLHF.format(launcher="", stage=2, mb=3).replace("train_sft", "train_sft.x"))],
+            "not a config this package reads")

@@ -64,6 +64,8 @@ def read(paths, model: str | None = None) -> Imported:
         paths = [paths]
     if not isinstance(paths, (list, tuple)) or not all(isinstance(p, (str, Path)) for p in paths):
         raise InputError(f"read needs config file paths (a str or Path, or a list of them), got {paths!r:.80}")
+    if any(not str(p).strip() for p in paths):
+        raise InputError("an empty file name was given: name a config file (e.g. --from run.yaml)")
     paths = [Path(p) for p in paths]
     if not paths:
         raise InputError("read needs at least one config file")

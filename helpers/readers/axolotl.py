@@ -105,7 +105,23 @@ def pydantic_bools(path: Path, data: dict) -> dict:
         value = out.get(key)
         if isinstance(value, str) and value.strip().lower() in PYDANTIC_WORDS:
             out[key] = PYDANTIC_WORDS[value.strip().lower()]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1):
+            out[key] = bool(value)                                  # pydantic's lax bool: 0 and 1
+        elif value is not None and not isinstance(value, (bool, str)):
+            words = BOOL_WORDS.get(key, ())
+            raise ConfigError(path, f"{key} must be true or false{''.join(f' or {w!r}' for w in words)} (axolotl's "
+                                    f"schema refuses anything else), got {value!r}")
+    for key in INT_KEYS:                            # pydantic's lax int: 4.0 and '4' are 4
+        value = out.get(key)
+        if isinstance(value, float) and value.is_integer():
+            out[key] = int(value)
     return out
+
+
+# the words axolotl's schema takes beside a bool (schemas/training.py, config.py: Literal[...] | bool | None)
+BOOL_WORDS = {"bf16": ("auto",), "tf32": ("auto",), "gradient_checkpointing": ("offload", "offload_disk")}
+INT_KEYS = ("micro_batch_size", "sequence_len", "gradient_accumulation_steps", "batch_size", "lora_r",
+            "context_parallel_size", "tensor_parallel_size", "fsdp_version")
 
 
 class _Reader:

@@ -26,6 +26,9 @@ class ConfigError(InputError):
     """A config file that cannot be read: the message is one line, `FILE: problem`."""
 
     def __init__(self, file: str | Path, problem: str):
+        problem = " ".join(problem.splitlines())           # one line, whatever a library's message held
+        if not str(file).isprintable():
+            file = repr(str(file))                         # a name with a newline or a control character, quoted
         if len(problem) > MAX_PROBLEM:           # a value quoted whole (a deep nesting, a long list) is cut, said so
             problem = f"{problem[:MAX_PROBLEM - 60]}... ({len(problem):,} characters in all)"
         super().__init__(f"{file}: {problem}")
@@ -141,14 +144,17 @@ def load_yaml(path: Path) -> tuple[Any, dict[str, int]]:
         raise
     except ValueError:                           # Python's limit on the digits of an int it converts from text
         raise _too_long_number(path) from None
+    seen: dict = {}
     try:
-        values = _expanded_size(node, {}, set())
+        values = _expanded_size(node, seen, set())
     except _Cycle as c:
         raise ConfigError(path, f"the value at line {c.line} contains itself through an alias (an &anchor used "
                                 f"inside its own value): no tool can read an endless value") from None
     if values > MAX_VALUES:
-        raise ConfigError(path, f"its aliases expand to {values:,} values, more than any training config has (at most "
-                                f"{MAX_VALUES:,} are read): a YAML alias bomb?")
+        aliased = values > len(seen)                 # (seen: the distinct nodes; an alias adds a node met again)
+        raise ConfigError(path, (f"its aliases expand to {values:,} values" if aliased else f"it holds {values:,} "
+                                 f"values") + f", more than any training config has (at most {MAX_VALUES:,} are read)"
+                                + (": a YAML alias bomb?" if aliased else ""))
     lines: dict[str, int] = {}
     _node_lines(path, node, "", lines)
     return data, lines

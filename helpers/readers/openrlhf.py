@@ -32,7 +32,8 @@ from helpers.readers.base import ConfigError, Imported, probability
 from helpers.readers.provenance import Record, model_from, positive_int
 
 NAME = "openrlhf"
-MODULE_RE = re.compile(r"openrlhf\.cli\.(train_sft|train_dpo|train_rm|train_ppo_ray|train_kto|train_prm|train_kd)\b")
+MODULE_RE = re.compile(r"openrlhf\.cli\.(train_sft|train_dpo|train_rm|train_ppo_ray|train_kto|train_prm|train_kd)"
+                       r"(?![\w.])")
 CLASSIC = "OpenRLHF v0.8.5 (classic flags)"
 CLASSIC_NEW = "OpenRLHF 76351db1 (classic flags, --param_dtype era)"
 DOTTED = "OpenRLHF 3c3be623 (dotted flags)"
@@ -107,7 +108,9 @@ def claims(path: Path, data) -> bool:
 
 
 def _strip_comments(text: str) -> str:
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    """Comment lines emptied, not removed: in bash a comment line ends a command continued onto it (`\\`), and the
+    lines after it are commands of their own."""
+    return "\n".join("" if line.lstrip().startswith("#") else line for line in text.splitlines())
 
 
 class Unsettled(Exception):
@@ -127,42 +130,59 @@ def unknown(text: str, why: str) -> Unknown:
     return u
 
 
-BLOCK_OPEN = re.compile(r"^\s*(if|case|for|while|until|select)\b")
-BLOCK_CLOSE = re.compile(r"^\s*(fi|esac|done)\b|[;\s](fi|esac|done)\s*$")
-ASSIGN_RE = re.compile(r"^\s*(?:export\s+|declare\s+(?:-\w+\s+)*|local\s+|readonly\s+)?([A-Za-z_]\w*)=(.*)$")
+OPENERS, CLOSERS = {"if", "case", "for", "while", "until", "select"}, {"fi", "esac", "done"}
+ASSIGN_RE = re.compile(r"([A-Za-z_]\w*)=(.*)", re.S)
+
+
+def _commands(line: str) -> list[list[str]]:
+    """The simple commands of one line of shell, as words (quotes removed, comments dropped), split at ; && || & |."""
+    lex = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+    lex.whitespace_split, lex.commenters = True, "#"
+    try:
+        words = list(lex)
+    except ValueError:                       # an unterminated quote: the line is not read
+        return []
+    out, current = [], []
+    for w in words:
+        if w and set(w) <= set(";&|"):
+            out.append(current)
+            current = []
+        else:
+            current.append(w)
+    return [c for c in out + [current] if c]
 
 
 def _variables(text: str) -> dict[str, str]:
-    """Shell assignments (NAME=value, export/declare/local NAME=value) before the command, in order as bash runs them,
-    for expanding $NAME in flag values; a value bash would compute (a command's output) or one assigned inside an
-    if/case/loop block is an Unknown naming why."""
+    """Shell assignments before the command (NAME=value, several on a line, export/declare/local/readonly NAME=value),
+    in order as bash runs them, for expanding $NAME in flag values. NAME=value before a command is that command's
+    alone and is not kept. A value bash would compute (a command's output), or one assigned inside an if/case/loop
+    block (also on one line: `if ...; then MB=8; else MB=1; fi`), is an Unknown naming why."""
     out: dict[str, str] = {}
     depth = 0
     for line in text.splitlines():
-        if BLOCK_OPEN.match(line):
-            depth += 1
-        m = ASSIGN_RE.match(line)
-        if m and not m.group(2).startswith("("):
-            name, raw = m.group(1), m.group(2).strip()
-            if depth:
-                out[name] = unknown(f"${name}", f"{line.strip()[:80]!r} is inside an if/case/loop block, so "
-                                                f"${name} depends on how the script runs")
-            elif "$(" in raw or "`" in raw:
-                out[name] = unknown(f"${name}", f"${name} is a command's output ({line.strip()[:80]!r})")
-            else:
-                try:
-                    words = shlex.split(raw, comments=True)
-                except ValueError:
-                    words = [raw]
-                if len(words) > 1:              # NAME=value command ...: the value is the command's alone
-                    continue
-                value = words[0] if words else ""
-                try:
-                    out[name] = _expand(value, out) if "$" in value else value
-                except Unsettled as e:
-                    out[name] = unknown(f"${name}", f"${name} is built from {e}")
-        if BLOCK_CLOSE.search(line) and depth:
-            depth -= 1
+        for words in _commands(line):
+            while words and words[0] in OPENERS | CLOSERS | {"then", "else", "elif", "do", "{", "}"}:
+                depth += (words[0] in OPENERS) - (words[0] in CLOSERS and depth > 0)
+                words = words[1:]
+            if words and words[0] in ("export", "declare", "local", "readonly", "typeset"):
+                words = [w for w in words[1:] if not w.startswith("-")]
+            assigns = [ASSIGN_RE.fullmatch(w) for w in words]
+            if not words or not all(assigns):        # a command (with its own NAME=value prefix, if any)
+                continue
+            for m in assigns:
+                name, value = m.group(1), m.group(2)
+                if value.startswith("("):
+                    continue                          # an array: _arrays
+                if depth:
+                    out[name] = unknown(f"${name}", f"{name}={value!r} is inside an if/case/loop block, so ${name} "
+                                                    f"depends on how the script runs")
+                elif "$(" in value or "`" in value:
+                    out[name] = unknown(f"${name}", f"${name} is a command's output ({name}={value[:60]!r})")
+                else:
+                    try:
+                        out[name] = _expand(value, out) if "$" in value else value
+                    except Unsettled as e:
+                        out[name] = unknown(f"${name}", f"${name} is built from {e}")
     return out
 
 
@@ -200,6 +220,8 @@ def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]
             words = shlex.split(line, comments=True)
         except ValueError as e:
             raise ConfigError(path, f"cannot split the openrlhf command into words: {e}") from None
+        if words and words[0] in ("echo", "printf", "cat"):
+            continue                                   # a line that prints the command does not run it
         at = next((i for i, w in enumerate(words) if MODULE_RE.match(w)), None)
         if at is None:
             raise ConfigError(path, f"the openrlhf module is not a word of its own in {line.strip()[:80]!r} (expected "
@@ -438,6 +460,11 @@ class _Reader:
                 self.used.add(spelled)
                 value = self.flags[spelled]
                 for v in value if isinstance(value, list) else [value]:
+                    unset = re.search(r"\$\{?([A-Za-z_]\w*)", v) if isinstance(v, str) else None
+                    if unset and not isinstance(v, Unknown):
+                        raise ConfigError(self.path, f"{spelled} {v}: ${unset.group(1)} is not assigned in the script "
+                                                     f"before the command (it would come from the environment); "
+                                                     f"assign it there, or write the flag's value")
                     if isinstance(v, Unknown):
                         raise ConfigError(self.path, f"{spelled} {v}: the script does not settle its value before "
                                                      f"the command ({v.why}); assign it plainly before the command, "

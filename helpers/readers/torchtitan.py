@@ -13,6 +13,8 @@ must read), `torchtitan/models/attention.py` (SDPA limited to the cuDNN/flash/ma
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 
 from helpers.readers.base import ConfigError, Imported, get, leaves
@@ -66,6 +68,54 @@ DEFAULTS = {"training.local_batch_size": 8, "training.seq_len": 2048, "training.
             "model.name": "llama3", "model.flavor": "debugmodel"}
 
 
+@functools.cache
+def job_config() -> dict:
+    """torchtitan's JobConfig fields at 238fa99, section by section (data/tool_keys/torchtitan.json)."""
+    from helpers.models import DATA_DIR
+
+    return json.loads((DATA_DIR / "tool_keys" / "torchtitan.json").read_text())["sections"]
+
+
+OLD_SECTIONS = {"float8", "mx"}          # the earlier generation's own tables (read as a whole)
+OLD_KEYS = {old for spellings in ALIASES.values() for old in spellings[1:]} | {"optimizer.fused",
+                                                                              "training.enable_loss_parallel"}
+
+
+def check_fields(path: Path, data: dict) -> None:
+    """ConfigError where torchtitan's ConfigManager refuses the file: a key its JobConfig lacks ('Invalid field
+    names', config/manager.py _dict_to_dataclass, at every level), or a value it passes on as text where a bool or a
+    number belongs (a quoted 'false' stays a string, which is true). A file of the earlier generation (one of its own
+    keys, ALIASES' older spellings, or its [float8]/[mx] tables) is not checked: its config_manager.py (ccfc02be8871)
+    merged the TOML into its argparse defaults and kept any key. With experimental.custom_args_module a job adds fields
+    of its own: not checked either."""
+    import difflib
+
+    if isinstance(data.get("experimental"), dict) and data["experimental"].get("custom_args_module"):
+        return
+    if OLD_SECTIONS & set(data) or any(key in OLD_KEYS for key, _ in leaves(data)):
+        return
+
+    def walk(section: dict, fields: dict, prefix: str):
+        for key, value in section.items():
+            dotted = f"{prefix}.{key}" if prefix else str(key)
+            kind = fields.get(key)
+            if kind is None:
+                near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.7)
+                raise ConfigError(path, f"{dotted} is not a torchtitan setting: its ConfigManager refuses the file "
+                                        f"('Invalid field names', JobConfig @238fa99)"
+                                  + (f"; did you mean {(prefix + '.') if prefix else ''}{near[0]}?" if near else ""))
+            if isinstance(kind, dict):
+                if isinstance(value, dict):
+                    walk(value, kind, dotted)
+            elif kind == "bool" and isinstance(value, str):
+                raise ConfigError(path, f"{dotted} must be true or false, got {value!r}: torchtitan passes text on "
+                                        f"as it is, and any non-empty text is true")
+            elif kind in ("int", "float", "float | int") and (isinstance(value, (str, bool)) or not isinstance(
+                    value, (int, float))):
+                raise ConfigError(path, f"{dotted} must be a number, got {value!r}")
+    walk(data, job_config(), "")
+
+
 def claims(path: Path, data) -> bool:
     """A TOML with one of torchtitan's main tables ([training], [model], [parallelism], [activation_checkpoint])."""
     return (Path(path).suffix.lower() == ".toml" and isinstance(data, dict)
@@ -98,7 +148,8 @@ class _Reader:
                 shape = "an array of tables ([[" + section + "]])" if isinstance(value, list) else repr(value)[:40]
                 raise ConfigError(f, f"{section} must be a table ([{section}] with its settings below), as torchtitan's "
                                      f"JobConfig reads its sections, got {shape}")
-        model, named = self.model()
+        model, named = self.model()          # (a FLUX or VLM file is refused as such first: its job adds fields)
+        check_fields(f, self.data)
         self.sizes()
         dp_rep, dp_shard, tp, cp, pp, ep, world = self.degrees()
         self.precision()
