@@ -24,6 +24,8 @@ from helpers.training import FACES, TrainSetup, with_applicable
 class Parser(argparse.ArgumentParser):
     """argparse with no abbreviations, and usage errors as one line `error: ...` (exit 2), not the usage block."""
 
+    argv: list[str] = []                           # the words being parsed (main sets them), for error hints
+
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
@@ -42,6 +44,10 @@ class Parser(argparse.ArgumentParser):
             message = f"{exclusive.group(2)} and {exclusive.group(1)} exclude each other: give one of them, got both"
         elif message.startswith("the following arguments are required"):
             message += f" (see `{self.prog} --help`)"
+        elif m := re.match(r"argument (\S+?)(?:/\S+)?: expected one argument", message):
+            given = next((w for k, w in zip(self.argv, self.argv[1:]) if k == m.group(1) and w.startswith("-")), None)
+            message += (f" (got {given!r}, which starts with '-' and is read as a flag: write {m.group(1)}={given})"
+                        if given else "")
         print(f"error: {' '.join(message.split())}", file=sys.stderr)
         sys.exit(2)
 
@@ -291,6 +297,7 @@ def main(argv=None) -> int:
     sub.add_parser("models", help="list the model catalogue")
     try:
         try:
+            Parser.argv = list(sys.argv[1:] if argv is None else argv)
             a = parser.parse_args(argv)
         except SystemExit as exc:                      # a usage error (one line, said) or --help
             return exc.code if isinstance(exc.code, int) else 2

@@ -507,3 +507,28 @@ def test_an_echoed_or_longer_module_name_is_not_the_command(tmp_path):
     assert read([write(tmp_path, "a.sh", text)]).setup.batch == 3
     refused([write(tmp_path, "b.sh", OPENRLHF.format(launcher="", stage=2, mb=3).replace("train_sft", "train_sft.x"))],
             "not a config this package reads")
+
+
+def test_a_negative_word_after_a_flag_says_how_to_write_it(capsys):
+    assert main(["estimate", "--model", "llama-3.2-1b", "--batch", "-inf"]) == 2
+    assert "write --batch=-inf" in capsys.readouterr().err
+
+
+def test_a_near_miss_of_an_identifying_key_is_named(tmp_path):
+    refused([write(tmp_path, "a.yaml", "base-model: meta-llama/Llama-3.2-1B\nmicro_batch_size: 2\n")],
+            "base-model looks like base_model (axolotl)")
+
+
+def test_torchtune_optimizer_arguments_are_the_classes_own(tmp_path):
+    src = (Path(__file__).parent / "data" / "configs_upstream" / "torchtune" / "recipes" / "configs" / "llama3_2" /
+           "1B_lora_single_device.yaml").read_text()
+    assert "fused: True" in src
+    refused([write(tmp_path, "t.yaml", src.replace("fused: True", "fusd: True"))], "optimizer.fusd",
+            "AdamW takes no argument 'fusd'", "did you mean optimizer.fused")
+
+
+def test_torchrun_every_gpu_is_no_count(tmp_path):
+    text = ("torchrun --nproc-per-node gpu --nnodes 1:4 -m openrlhf.cli.train_sft --pretrain "
+            "meta-llama/Llama-3.1-8B --bf16\n")
+    imp = read([write(tmp_path, "a.sh", text)])
+    assert imp.setup.gpus == 1 and any(d.key == "gpus" for d in imp.defaults)

@@ -38,6 +38,26 @@ def load(path: Path):
     return base._text(path), {}
 
 
+# keys that say which tool a file is for (what each reader's `claims` looks for)
+IDENTIFYING = {"base_model": "axolotl", "model_name_or_path": "LLaMA-Factory or TRL", "checkpoint_dir": "LitGPT",
+               "zero_optimization": "DeepSpeed", "train_micro_batch_size_per_gpu": "DeepSpeed",
+               "distributed_type": "accelerate", "compute_environment": "accelerate", "training": "torchtitan"}
+
+
+def _near_identifying_key(data) -> str | None:
+    """'base-model looks like base_model (axolotl)' where a top-level key is a near miss of a key that identifies a
+    format; None otherwise."""
+    import difflib
+
+    if not isinstance(data, dict):
+        return None
+    for key in data:
+        near = difflib.get_close_matches(str(key), list(IDENTIFYING), n=1, cutoff=0.8)
+        if near and near[0] != key:
+            return f"{key} looks like {near[0]} ({IDENTIFYING[near[0]]})"
+    return None
+
+
 def detect(path: Path, data) -> str:
     """Which format a file is in; ConfigError naming the formats if none claims it."""
     if path.suffix.lower() in (".json", ".yaml", ".yml", ".toml") and not isinstance(data, dict):
@@ -50,7 +70,9 @@ def detect(path: Path, data) -> str:
             continue
         if reader.claims(path, data):
             return name
-    raise ConfigError(path, f"not a config this package reads: expected one of {', '.join(FORMATS)} "
+    near = _near_identifying_key(data)
+    raise ConfigError(path, (f"{near}; " if near else "") +
+                      f"not a config this package reads: expected one of {', '.join(FORMATS)} "
                             f"(a DeepSpeed JSON, an axolotl, LLaMA-Factory, torchtune or LitGPT YAML, a torchtitan TOML, "
                             f"an OpenRLHF command line or .sh script, a TRL or accelerate YAML)")
 

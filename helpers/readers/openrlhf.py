@@ -424,6 +424,8 @@ def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, 
             per_node = str(counts[0])
     if per_node is None:
         return None, ""
+    if per_node in ("gpu", "auto", "cpu", "xpu") or (nodes and ":" in nodes):
+        return None, ""       # torchrun's "every GPU of the node" or an elastic node range: no count the script says
     n = positive_int(path, "the launcher's GPUs per node", per_node)
     m = positive_int(path, "the launcher's nodes", nodes) if nodes else 1
     return n * m, f"launcher: {n} GPU{'' if n == 1 else 's'} per node" + (f" x {m} nodes" if nodes else "")

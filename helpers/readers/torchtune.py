@@ -132,6 +132,35 @@ def _omegaconf_bool(f, key: str, value) -> bool:
                              f"tests it for truth): write true or false unquoted")
     return boolean(f, key, value)
 
+def _check_kwargs(path, section: str, component: str, values) -> None:
+    """ConfigError for a key of `section` the component's class does not take: torchtune's config.instantiate calls
+    it with the section's keys (less _component_), and Python refuses an unexpected keyword. Checked where the class
+    is importable here (torch.optim's, bitsandbytes'); another is left to its own run."""
+    import importlib
+    import inspect
+
+    if not isinstance(values, dict):
+        return
+    module, _, cls = component.rpartition(".")
+    if not module.startswith(("torch.optim", "bitsandbytes.optim")):
+        return
+    try:
+        params = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = [n for n in params if n != "params"]
+    for key in values:
+        if key != "_component_" and key not in allowed:
+            import difflib
+
+            near = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+            raise ConfigError(path, f"{section}.{key}: {cls} takes no argument {key!r} (torchtune's instantiate "
+                                    f"passes it on, and the run stops)" + (f"; did you mean {section}.{near[0]}?"
+                                                                            if near else ""))
+
+
 class _Reader:
     def __init__(self, path: Path, data: dict, lines: dict):
         self.path, self.data, self.lines = Path(path), data, lines
@@ -357,6 +386,7 @@ class _Reader:
         if not isinstance(name, str):
             raise ConfigError(f, f"optimizer._component_ must be an optimizer's class path, got {name!r}")
         short = name.rsplit(".", 1)[-1]
+        _check_kwargs(f, "optimizer", name, self.data.get("optimizer"))
         if short in EIGHT_BIT:
             d.set("optimizer._component_", name, optimizer="adamw-8bit")
             return
