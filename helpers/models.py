@@ -369,8 +369,7 @@ class ModelSpec:
         "q_proj,v_proj" or "q,v"). `converted` (see `peft_expert_names`): peft converts this MoE architecture's
         transformers 4 names on transformers 5, so each of those names targets the experts' 3-D weight or the router
         it became (`PEFT_MOE_NAMES`), and no linear module of that name."""
-        names = None if targets == "all-linear" else (
-            frozenset(self.linear_names()) if targets == LINEAR_NAMES else lora_modules(targets))
+        names = self.lora_names(targets)
         v4 = PEFT_MOE_NAMES.get(PEFT_MOE_PATTERN.get(self.model_type), {}) if converted and self.moe_layers else {}
         mapped = {v4[n] for n in v4 if names is None or n in names}
         linear = tuple(t for t in self.tensors if t.linear and t.group.startswith("layer.")
@@ -385,13 +384,25 @@ class ModelSpec:
         router (empty where peft converts nothing): see PEFT_MOE_PATTERN."""
         return tuple(PEFT_MOE_NAMES.get(PEFT_MOE_PATTERN.get(self.model_type), ())) if self.moe_layers else ()
 
+    def lora_names(self, targets: str) -> frozenset[str] | None:
+        """The module names a `lora_targets` value names on this model (None: peft's "all-linear"; LINEAR_NAMES: every
+        linear's name): a name that is the model's own (a linear's, or a transformers 4 name peft converts, as
+        Mixtral's router `gate`) as written, a LitGPT-style short name (q, v, gate, ...) expanded otherwise."""
+        if targets == "all-linear":
+            return None
+        if targets == LINEAR_NAMES:
+            return frozenset(self.linear_names())
+        own = set(self.linear_names()) | set(self.peft_expert_names())
+        return frozenset(x.strip() if x.strip() in own else LORA_ALIASES.get(x.strip(), x.strip())
+                         for x in targets.split(","))
+
     def peft_named(self, targets: str) -> frozenset[str]:
         """The experts' and router's transformers 4 names that a `lora_targets` value names (all of them for
         "all-linear"; for LINEAR_NAMES those among the linear modules' names, a dense MLP's)."""
         v4 = frozenset(self.peft_expert_names())
         if targets == "all-linear":
             return v4
-        return v4 & (frozenset(self.linear_names()) if targets == LINEAR_NAMES else lora_modules(targets))
+        return v4 & self.lora_names(targets)
 
     def peft_fused_names(self) -> tuple[str, ...]:
         """The two transformers 4 names peft fuses into the experts' gate_up_proj (`_MOE_FUSED_TARGETS`): a list naming
@@ -420,7 +431,7 @@ class ModelSpec:
         transformers 4 name of the experts peft converts, `peft_expert_names`)."""
         if rank is None:
             return
-        names = None if targets == LINEAR_NAMES else lora_modules(targets)
+        names = None if targets == LINEAR_NAMES else self.lora_names(targets)
         unknown = sorted((names or set()) - set(self.linear_names()) - set(self.peft_expert_names()))
         if unknown:
             v4 = self.peft_expert_names()

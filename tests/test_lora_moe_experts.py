@@ -77,7 +77,7 @@ def test_adapters_are_the_ones_peft_makes(kind, tmp_path):
 
 # target lists as users write them: axolotl's lora_target_linear / LLaMA-Factory's all (every linear module's name,
 # a list), the experts' transformers 4 names, one of them alone, and attention only
-LISTS = {"mixtral": ("all-linear-names", "w1,w3,w2", "w2", "q_proj,v_proj", "q_proj,w1,w3"),
+LISTS = {"mixtral": ("all-linear-names", "w1,w3,w2", "w2", "q_proj,v_proj", "q_proj,w1,w3", "q_proj,gate"),
          "qwen3_moe": ("all-linear-names", "gate_proj,up_proj,down_proj", "down_proj", "q_proj,v_proj"),
          "deepseek_v2": ("all-linear-names", "gate_proj,up_proj,down_proj", "down_proj", "q_proj,o_proj"),
          "qwen2_moe": ("all-linear-names", "gate_proj,up_proj,down_proj", "q_proj,v_proj")}
@@ -94,7 +94,7 @@ def test_target_lists_adapt_what_peft_adapts(kind, targets, tmp_path):
     m.check_lora_rank(4, targets)
     ours = sum(t.numel for t in lora_adapters(m, 4, targets, adapters.converted(m, s)).tensors)
     assert ours == _peft_adapters(TINY[kind], 4, targets), (kind, targets)
-    named = targets not in ("q_proj,v_proj", "q_proj,o_proj", "all-linear-names")
+    named = targets not in ("q_proj,v_proj", "q_proj,o_proj", "all-linear-names", "q_proj,gate")   # (gate: the router)
     experts = kind != "qwen2_moe" and (named or (kind, targets) == ("deepseek_v2", "all-linear-names"))
     assert adapters.experts_adapted(m, s) == experts
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from helpers import versions
 from helpers.errors import InputError
-from helpers.models import LINEAR_NAMES, ModelSpec, Tensor, lora_modules
+from helpers.models import LINEAR_NAMES, ModelSpec, Tensor
 
 
 def converted(m: ModelSpec, setup) -> bool:
@@ -63,7 +63,7 @@ def check(m: ModelSpec, setup) -> None:
             f"q,k,v,o) or give a peft of 0.20.0 or later")
     if not converted(m, setup):
         if setup.lora_targets not in ("all-linear", LINEAR_NAMES) and not (
-                lora_modules(setup.lora_targets) & set(m.linear_names())):
+                m.lora_names(setup.lora_targets) & set(m.linear_names())):
             raise InputError(
                 f"lora_targets {setup.lora_targets!r} on {m.name} with peft {peft}: {', '.join(sorted(named))} are "
                 f"transformers 4 names of its experts, which peft converts only from 0.19.0; before it they match "
