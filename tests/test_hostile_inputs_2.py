@@ -532,3 +532,8 @@ def test_torchrun_every_gpu_is_no_count(tmp_path):
             "meta-llama/Llama-3.1-8B --bf16\n")
     imp = read([write(tmp_path, "a.sh", text)])
     assert imp.setup.gpus == 1 and any(d.key == "gpus" for d in imp.defaults)
+
+
+def test_deepspeed_launcher_refuses_a_count_beside_a_filter(tmp_path):
+    sh = write(tmp_path, "a.sh", OPENRLHF.format(launcher="--num_gpus 4 --exclude localhost:0 ", stage=2, mb=1))
+    refused([sh], "Cannot specify num_nodes/gpus with include/exclude")

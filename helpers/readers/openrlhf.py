@@ -403,6 +403,11 @@ def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, 
     per_node = value("--num_gpus", "--num-gpus", "--nproc_per_node", "--nproc-per-node")
     include = value("--include", "-i")
     nodes = value("--num_nodes", "--num-nodes", "--nnodes")
+    given = value("--num_gpus", "--num-gpus") or value("--num_nodes", "--num-nodes")
+    if "deepspeed" in words and given is not None and (include or value("--exclude", "-e")):
+        raise ConfigError(path, "the deepspeed launcher is given --num_gpus/--num_nodes and --include/--exclude: it "
+                                "refuses the pair ('Cannot specify num_nodes/gpus with include/exclude', "
+                                "launcher/runner.py); keep one")
     if per_node is None and include:              # localhost:0,1,2,3, or host1:0,1@host2:0,1,2 (DeepSpeed's hostfile
         hosts = include.split("@")                  # filter: every GPU it names, on each host it names)
         if all(":" in h for h in hosts):
