@@ -270,6 +270,11 @@ def _origin(imp, field: str) -> str:
 
 
 def main(argv=None) -> int:
+    if sys.stdout is None:                     # started with stdout closed (`>&-`): nothing could be said there
+        if sys.stderr is not None:
+            print("error: standard output is closed: nothing can be written (give it a file or a pipe)",
+                  file=sys.stderr)
+        return 1
     parser = Parser(prog="python -m helpers", description="LLM training memory, per phase, in GiB.")
     sub = parser.add_subparsers(dest="command", required=True)
     setup_parser(sub.add_parser("estimate", help="analytic estimate (no tensors: milliseconds per set-up; a command "
@@ -308,6 +313,14 @@ def main(argv=None) -> int:
     except BrokenPipeError:          # the reader of a pipe left (`| head`): no traceback, and none at exit either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:             # the output cannot be written: a full disk, a closed stdout (`>&-`)
+        try:
+            print(f"error: the output could not be written ({e.strerror or e})", file=sys.stderr)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def model_source(model) -> dict | None:

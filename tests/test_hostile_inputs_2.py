@@ -537,3 +537,43 @@ def test_torchrun_every_gpu_is_no_count(tmp_path):
 def test_deepspeed_launcher_refuses_a_count_beside_a_filter(tmp_path):
     sh = write(tmp_path, "a.sh", OPENRLHF.format(launcher="--num_gpus 4 --exclude localhost:0 ", stage=2, mb=1))
     refused([sh], "Cannot specify num_nodes/gpus with include/exclude")
+
+
+@pytest.mark.parametrize("script,batch", [
+    (": <<'OLD'\ndeepspeed --module openrlhf.cli.train_sft --micro_train_batch_size 64\nOLD\n", 3),   # text, not run
+    ("cat <<EOF\nMB=16\nEOF\n", 3),
+    ("MB=7\nunset MB\nMB=3\n", 3),
+    ("MB=1\nMB+=2\n", 12),
+    ("EXTRA=\"\"\n", 3),
+])
+def test_heredocs_unset_and_appends_as_bash_runs_them(tmp_path, script, batch):
+    text = "MB=3\n" + script + OPENRLHF.format(launcher="", stage=2, mb="$MB").replace("--bf16", "--bf16 $EXTRA")
+    assert read([write(tmp_path, "a.sh", text)]).setup.batch == batch
+
+
+@pytest.mark.parametrize("script", ["false && MB=16\n", "f() {\n  MB=16\n}\n"])
+def test_an_assignment_bash_may_skip_is_named(tmp_path, script):
+    refused([write(tmp_path, "a.sh", "MB=3\n" + script + OPENRLHF.format(launcher="", stage=2, mb="$MB"))],
+            "depends on how the script runs")
+
+
+def test_a_command_among_others_on_its_line(tmp_path):
+    text = "echo start; " + OPENRLHF.format(launcher="", stage=2, mb="${1:-4}").rstrip() + " 2>&1 | tee log\n"
+    assert read([write(tmp_path, "a.sh", text)]).setup.batch == 4
+
+
+def test_a_doubling_variable_stops_at_a_bound(tmp_path):
+    lines = ["V0=ab"] + [f"V{i}=$V{i - 1}$V{i - 1}" for i in range(1, 40)]
+    text = "\n".join(lines) + "\n" + OPENRLHF.format(launcher="", stage=2, mb=1)
+    assert read([write(tmp_path, "a.sh", text)]).setup.batch == 1
+
+
+def test_output_that_cannot_be_written_is_one_line():
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    for redirect in ("> /dev/full", ">&-"):
+        r = subprocess.run(f"{sys.executable} -m helpers estimate --model llama-3.2-1b {redirect}", shell=True,
+                           cwd=root, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and r.stderr.strip().startswith("error: ") and "Traceback" not in r.stderr, redirect

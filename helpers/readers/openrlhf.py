@@ -113,6 +113,10 @@ def _strip_comments(text: str) -> str:
     return "\n".join("" if line.lstrip().startswith("#") else line for line in text.splitlines())
 
 
+class Unset(str):
+    """A word that is only a variable the script never assigns: bash expands it to no word at all."""
+
+
 class Unsettled(Exception):
     """A flag's value uses a variable the script does not settle (its Unknown's reason)."""
 
@@ -131,58 +135,97 @@ def unknown(text: str, why: str) -> Unknown:
 
 
 OPENERS, CLOSERS = {"if", "case", "for", "while", "until", "select"}, {"fi", "esac", "done"}
-ASSIGN_RE = re.compile(r"([A-Za-z_]\w*)=(.*)", re.S)
+ASSIGN_RE = re.compile(r"([A-Za-z_]\w*)(\+?)=(.*)", re.S)
 
 
-def _commands(line: str) -> list[list[str]]:
-    """The simple commands of one line of shell, as words (quotes removed, comments dropped), split at ; && || & |."""
+def _commands(line: str) -> list[tuple[str, list[str]]]:
+    """The simple commands of one line of shell, each as (the separator before it: '', ';', '&&', '||', '&', '|', ...,
+    its words: quotes removed, comments dropped)."""
     lex = shlex.shlex(line, posix=True, punctuation_chars=";&|")
     lex.whitespace_split, lex.commenters = True, "#"
     try:
         words = list(lex)
     except ValueError:                       # an unterminated quote: the line is not read
         return []
-    out, current = [], []
+    out, current, before = [], [], ""
     for w in words:
         if w and set(w) <= set(";&|"):
-            out.append(current)
-            current = []
+            out.append((before, current))
+            current, before = [], w
         else:
             current.append(w)
-    return [c for c in out + [current] if c]
+    out.append((before, current))
+    return [(b, c) for b, c in out if c]
+
+
+HEREDOC_RE = re.compile(r"^\s*(?::|cat)(?=[\s<])[^<]*<<-?\s*(['\"]?)(\w+)\1")
+MAX_VALUE = 10_000                           # characters: longer than any flag value (a doubling bomb stops here)
+
+
+def _drop_heredocs(code: str) -> str:
+    """Code with the bodies of `: <<'END'` and `cat <<EOF` heredocs emptied: text, not commands bash runs (a heredoc
+    read into a variable, `read -r -d '' cmd <<EOF`, is kept: the command it builds runs)."""
+    out, end = [], None
+    for line in code.splitlines():
+        if end is not None:
+            out.append("")
+            if line.strip() == end:
+                end = None
+            continue
+        m = HEREDOC_RE.match(line)
+        if m:
+            end = m.group(2)
+        out.append(line)
+    return "\n".join(out)
 
 
 def _variables(text: str) -> dict[str, str]:
-    """Shell assignments before the command (NAME=value, several on a line, export/declare/local/readonly NAME=value),
-    in order as bash runs them, for expanding $NAME in flag values. NAME=value before a command is that command's
-    alone and is not kept. A value bash would compute (a command's output), or one assigned inside an if/case/loop
-    block (also on one line: `if ...; then MB=8; else MB=1; fi`), is an Unknown naming why."""
+    """Shell assignments before the command (NAME=value, NAME+=value, several on a line, export/declare/local/readonly
+    NAME=value, unset NAME), in order as bash runs them, for expanding $NAME in flag values. NAME=value before a command
+    is that command's alone and is not kept. A value bash would compute (a command's output, arithmetic), one assigned
+    inside an if/case/loop block, a function or a { } group (also on one line: `if ...; then MB=8; fi`), after && or ||,
+    or one past 10,000 characters, is an Unknown naming why."""
     out: dict[str, str] = {}
     depth = 0
     for line in text.splitlines():
-        for words in _commands(line):
-            while words and words[0] in OPENERS | CLOSERS | {"then", "else", "elif", "do", "{", "}"}:
-                depth += (words[0] in OPENERS) - (words[0] in CLOSERS and depth > 0)
+        for before, words in _commands(line):
+            while words and (words[0] in OPENERS | CLOSERS | {"then", "else", "elif", "do", "{", "}", "function"}
+                             or words[0].endswith("()")):
+                first = words[0]
+                depth += (first in OPENERS or first == "{") - ((first in CLOSERS or first == "}") and depth > 0)
                 words = words[1:]
+            if words and words[0] == "unset":
+                for name in words[1:]:
+                    out.pop(name, None)
+                continue
             if words and words[0] in ("export", "declare", "local", "readonly", "typeset"):
                 words = [w for w in words[1:] if not w.startswith("-")]
             assigns = [ASSIGN_RE.fullmatch(w) for w in words]
             if not words or not all(assigns):        # a command (with its own NAME=value prefix, if any)
                 continue
             for m in assigns:
-                name, value = m.group(1), m.group(2)
+                name, plus, value = m.group(1), m.group(2), m.group(3)
                 if value.startswith("("):
                     continue                          # an array: _arrays
-                if depth:
-                    out[name] = unknown(f"${name}", f"{name}={value!r} is inside an if/case/loop block, so ${name} "
-                                                    f"depends on how the script runs")
+                if depth or before in ("&&", "||"):
+                    where = "after && or ||" if not depth else "inside an if/case/loop block, a function or a group"
+                    out[name] = unknown(f"${name}", f"{name}={value!r} is {where}, so ${name} depends on how the "
+                                                    f"script runs")
+                elif "$((" in value:
+                    out[name] = unknown(f"${name}", f"${name} is shell arithmetic ({name}={value[:60]!r})")
                 elif "$(" in value or "`" in value:
                     out[name] = unknown(f"${name}", f"${name} is a command's output ({name}={value[:60]!r})")
                 else:
                     try:
-                        out[name] = _expand(value, out) if "$" in value else value
+                        got = _expand(value, out) if "$" in value else value
                     except Unsettled as e:
                         out[name] = unknown(f"${name}", f"${name} is built from {e}")
+                        continue
+                    if plus and isinstance(out.get(name), Unknown):
+                        continue
+                    got = (out.get(name) or "") + got if plus else got
+                    out[name] = got if len(got) <= MAX_VALUE else unknown(
+                        f"${name}", f"${name} grows past {MAX_VALUE:,} characters")
     return out
 
 
@@ -207,32 +250,32 @@ def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]
     """(module, the launcher's tokens before it, the flag tokens after it, shell variables) of the first command that
     runs an openrlhf.cli module. Line continuations are joined; a heredoc's lines (read -r -d '' cmd <<EOF) are read as
     part of the command they build; bash arrays used as "${NAME[@]}" are expanded in place."""
-    code = _strip_comments(text)
-    arrays = _arrays(code)
-    code = re.sub(r'"?\$\{([A-Za-z_]\w*)\[[@*]\]\}"?',
-                  lambda m: arrays.get(m.group(1), m.group(0)), ARRAY_RE.sub("", code))
-    joined = re.sub(r"\\\r?\n", " ", code)
-    for index, line in enumerate(joined.splitlines()):
+    code = _drop_heredocs(_strip_comments(text))
+    lines = re.sub(r"\\\r?\n", " ", code).splitlines()
+    for index, line in enumerate(lines):
         m = MODULE_RE.search(line)
         if not m:
             continue
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError as e:
-            raise ConfigError(path, f"cannot split the openrlhf command into words: {e}") from None
-        if words and words[0] in ("echo", "printf", "cat"):
-            continue                                   # a line that prints the command does not run it
-        at = next((i for i, w in enumerate(words) if MODULE_RE.match(w)), None)
-        if at is None:
-            raise ConfigError(path, f"the openrlhf module is not a word of its own in {line.strip()[:80]!r} (expected "
-                                    f"e.g. `deepspeed --module openrlhf.cli.train_sft ...`)")
-        after = []
-        for w in words[at + 1:]:
-            if w in (";", "&&", "||", "|", ">", "2>&1", "&") or w.startswith((">", "2>")):
-                break
-            after.append(w)
-        # bash expands the command with the values assigned before it, not with later reassignments
-        return m.group(1), words[:at], after, _variables("\n".join(joined.splitlines()[:index]))
+        for _, words in _commands(line):
+            if not any(MODULE_RE.search(w) for w in words) or words[0] in ("echo", "printf", "cat"):
+                continue                               # another command of the line, or one that prints it
+            at = next((i for i, w in enumerate(words) if MODULE_RE.match(w)), None)
+            if at is None:
+                raise ConfigError(path, f"the openrlhf module is not a word of its own in {line.strip()[:80]!r} "
+                                        f"(expected e.g. `deepspeed --module openrlhf.cli.train_sft ...`)")
+            # bash expands the command with the values (and arrays) assigned before it, not with later ones
+            before = "\n".join(lines[:index])
+            arrays = _arrays(before)
+            expanded = []
+            for w in words:
+                a = re.fullmatch(r"\$\{([A-Za-z_]\w*)\[[@*]\]\}", w)
+                expanded += shlex.split(arrays[a.group(1)]) if a and a.group(1) in arrays else [w]
+            after = []
+            for w in expanded[at + 1:]:
+                if w.startswith((">", "2>", "<")):
+                    break
+                after.append(w)
+            return m.group(1), expanded[:at], after, _variables(ARRAY_RE.sub("", before))
     raise ConfigError(path, "no openrlhf.cli.train_* command found (expected e.g. `deepspeed --module "
                             "openrlhf.cli.train_sft --pretrain ...`)")
 
@@ -287,7 +330,12 @@ def _parse_flags(path, words: list[str], variables: dict[str, str], known: dict 
             return _expand(word, variables)
         except Unsettled as e:
             return unknown(word, str(e))
+    expand.variables = variables
     return _flags(path, words, expand, known, module)
+
+
+def variables_of(expand) -> dict:
+    return getattr(expand, "variables", {})
 
 
 def _flags(path, words, expand, known, module):
@@ -296,14 +344,18 @@ def _flags(path, words, expand, known, module):
     split: list[str] = []
     for w in words:                           # an unquoted $VAR holding several words splits into them
         value = expand(w) if "$" in w and w not in SHELL_ARGS else w
-        whole = value != w and not isinstance(value, Unknown) and re.fullmatch(r"\$\{?\w+\}?", w)
-        split += shlex.split(value) if whole and " " in value else [w]
+        plain = re.fullmatch(r"\$\{?([A-Za-z_]\w*)\}?", w)
+        if plain and value == w and plain.group(1) not in variables_of(expand):
+            split.append(Unset(w))     # unset in the script: no word in bash (a flag's value is named where read)
+            continue
+        whole = value != w and not isinstance(value, Unknown) and plain
+        split += shlex.split(value) if whole else [w]       # (an empty one is no word at all)
     words = split
     i, after_switch = 0, None
     while i < len(words):
         w = words[i]
         if not w.startswith("--"):
-            if w in SHELL_ARGS or known is None:
+            if w in SHELL_ARGS or known is None or isinstance(w, Unset):
                 i += 1                                                  # the script's own arguments, passed on
                 continue
             why = (f"{after_switch} is a switch (store_true) and takes no value" if after_switch else
@@ -366,7 +418,7 @@ def _expand(value: str, variables: dict[str, str]) -> str:
                 variables[name] = word
             return word
         return have
-    value = re.sub(r"\$\{([A-Za-z_]\w*)(:?[-=])([^}]*)\}", default, value)
+    value = re.sub(r"\$\{([A-Za-z_]\w*|\d+)(:?[-=])([^}]*)\}", default, value)     # (${1:-4}: a script argument)
 
     def plain(m):
         have = settled(m.group(1))
