@@ -63,6 +63,10 @@ def canonical(name: str) -> str:
         if key in (smi, smi.removeprefix("nvidia-").removeprefix("tesla-")):
             return preset_name
     tokens = set(key.split("-"))
+    families = {p.split("-")[0] for p in PRESETS} & tokens
+    if re.search(r"[,;/|+&]", key) or len(families) > 1:
+        raise InputError(f"gpu names one GPU (the card each rank runs on), got {name[:60]!r}, which names more than "
+                         f"one; presets: {', '.join(sorted(PRESETS))}")
     fits = [p for p in PRESETS if p.split("-")[0] == key or p.removeprefix("rtx-") == key
             or p.replace("-", "") == key.replace("-", "")]
     if not fits:               # every part of a preset's name among the name's (A100-SXM4-80GB, V100-SXM2-32GB)

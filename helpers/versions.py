@@ -114,6 +114,9 @@ def parse(text: str | None) -> dict[str, Version]:
         if not m:
             raise InputError(f"versions: {part.strip()!r} is not library=version (e.g. bitsandbytes=0.42.0)")
         lib, ver = m.group(1).lower().replace("_", "-"), m.group(2)
+        if len(ver) > 64:
+            raise InputError(f"versions: {lib}={ver[:40]!r}... ({len(ver):,} characters) is not a release number "
+                             f"(e.g. 0.42.0)")
         lib = ALIASES.get(lib, lib)
         if lib not in LIBRARIES:
             raise InputError(f"versions: no rule here depends on the release of {lib}; libraries with versioned "

@@ -577,3 +577,61 @@ def test_output_that_cannot_be_written_is_one_line():
         r = subprocess.run(f"{sys.executable} -m helpers estimate --model llama-3.2-1b {redirect}", shell=True,
                            cwd=root, capture_output=True, text=True, timeout=300)
         assert r.returncode == 1 and r.stderr.strip().startswith("error: ") and "Traceback" not in r.stderr, redirect
+
+
+def test_enum_typos_and_contradictions_the_tools_refuse(tmp_path):
+    trl = "model_name_or_path: meta-llama/Llama-3.1-8B\n"
+    refused([write(tmp_path, "a.yaml", trl + "optim: adamw_torhc\n")], "optim 'adamw_torhc'", "did you mean adamw_torch")
+    refused([write(tmp_path, "b.yaml", trl + "bf16: true\nfp16: true\n")], "bf16 and fp16 are both true")
+    assert any(i.key == "torch_dtype" for i in read([write(tmp_path, "c.yaml", trl + "torch_dtype: bfloat16\n")]).ignored)
+    ax = "base_model: meta-llama/Llama-3.2-1B\nlora_r: 8\nlora_target_linear: true\n"
+    refused([write(tmp_path, "d.yaml", ax + "adapter: lroa\n")], "adapter 'lroa' is none of axolotl's",
+            "did you mean lora")
+
+
+def test_gpu_names_one_card(tmp_path):
+    from helpers import gpus
+
+    for name in ("a100-80gb,a100-40gb", "h100-80gb h200"):
+        with pytest.raises(InputError, match="names more than one"):
+            gpus.canonical(name)
+    assert gpus.canonical("NVIDIA A100-SXM4-80GB") == "a100-80gb"
+
+
+def test_numbers_as_each_tool_reads_them(tmp_path):
+    """argparse's int and pydantic's lax int take '+4' and '1_6'; axolotl's pydantic also '4.0'; torchtune keeps a
+    quoted number a string (OmegaConf) and the recipe fails on it."""
+    sh = write(tmp_path, "a.sh", OPENRLHF.format(launcher="", stage=2, mb="+4").replace("--max_len 512", "--max_len 1_024"))
+    assert fields(read([sh]), "batch", "seq") == (4, 1024)
+    ax = write(tmp_path, "b.yaml", "base_model: meta-llama/Llama-3.2-1B\nmicro_batch_size: '4.0'\n")
+    assert read([ax]).setup.batch == 4
+    src = (Path(__file__).parent / "data" / "configs_upstream" / "torchtune" / "recipes" / "configs" / "llama3_2" /
+           "1B_lora_single_device.yaml").read_text()
+    refused([write(tmp_path, "t.yaml", src.replace("batch_size: 4", "batch_size: '4'"))], "batch_size is the string '4'")
+
+
+def test_accelerate_no_runs_one_process(tmp_path):
+    """distributed_type NO: accelerate's launch_command runs simple_launcher, one process, whatever num_processes says
+    (TRL ships such a file: accelerate_configs/single_gpu.yaml, num_processes 8)."""
+    acc = write(tmp_path, "acc.yaml", "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_processes: 8\n"
+                                      "mixed_precision: bf16\n")
+    trl = write(tmp_path, "run.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\n")
+    assert read([trl, acc]).setup.gpus == 1
+
+
+def test_a_torchtitan_job_with_its_own_config_module_adds_fields(tmp_path):
+    text = TITAN.replace("[model]", "[job]\ncustom_config_module = \"my.module\"\n[model]") + "[my_extra]\nx = 1\n"
+    assert read([write(tmp_path, "t.toml", text)]).setup.batch == 2
+
+
+def test_axolotl_lora_target_parameters_is_read_and_said(tmp_path):
+    ax = ("base_model: mistralai/Mixtral-8x7B-v0.1\nadapter: lora\nlora_r: 8\nlora_dropout: 0\n"
+          "lora_target_parameters:\n  - mlp.experts.gate_up_proj\n  - mlp.experts.down_proj\n")
+    imp = read([write(tmp_path, "a.yaml", ax)])
+    assert imp.setup.lora_targets == "all-linear"
+    assert any(n.key == "lora_target_parameters" and "not modelled" in n.why for n in imp.not_modelled)
+
+
+def test_a_long_version_is_cut(capsys):
+    assert main(["estimate", "--model", "mixtral-8x7b", "--versions", "transformers=" + ".".join(["1"] * 3000)]) == 2
+    assert len(capsys.readouterr().err) < 300

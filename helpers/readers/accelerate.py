@@ -87,7 +87,11 @@ def apply(path: Path, data, lines: dict[str, int], given: list[Path], trainer: d
     # --- world size
     procs, machines = data.get("num_processes"), data.get("num_machines", 1)
     machines = c.integer("num_machines", machines)
-    if procs is not None and procs != -1:
+    if kind == "NO" and procs not in (None, -1, 1):
+        # commands/launch.py: distributed_type NO sets no multi_gpu, and launch_command then runs simple_launcher,
+        # one process, whatever num_processes says (TRL's own accelerate_configs/single_gpu.yaml has 8)
+        c.set("num_processes", procs, "gpus=1 (distributed_type NO: accelerate starts one process)", gpus=1)
+    elif procs is not None and procs != -1:
         procs = c.integer("num_processes", procs)
         if procs % machines:
             # accelerate launches num_processes // num_machines per machine (utils/launch.py, nproc_per_node)

@@ -16,6 +16,7 @@ value of gradient_checkpointing is from v0.6.0's schema (`utils/config/models/in
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from helpers import strategies
@@ -113,6 +114,8 @@ def pydantic_bools(path: Path, data: dict) -> dict:
                                     f"schema refuses anything else), got {value!r}")
     for key in INT_KEYS:                            # pydantic's lax int: 4.0 and '4' are 4
         value = out.get(key)
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9_]+(\.0*)?\s*", value):
+            value = float(value.replace("_", ""))                  # 4.0, +4, 4_0 as text
         if isinstance(value, float) and value.is_integer():
             out[key] = int(value)
     return out
@@ -415,6 +418,13 @@ class _Reader:
                                "load_in_4bit" if four else "load_in_8bit", True, "a quantised base without an adapter "
                                "is not trained by axolotl; not modelled")
             return
+        if adapter not in ("lora", "qlora", "llama-adapter") and not self.data.get("plugins"):
+            import difflib
+
+            near = difflib.get_close_matches(str(adapter), ["lora", "qlora", "llama-adapter"], n=1, cutoff=0.5)
+            raise ConfigError(f, f"adapter {adapter!r} is none of axolotl's (lora, qlora, llama-adapter; others come "
+                                 f"from plugins, and this file loads none: loaders/adapter.py load_adapter)"
+                                 + (f"; did you mean {near[0]}?" if near else ""))
         if adapter not in ("lora", "qlora"):
             d.unmodelled_at(f, self.line("adapter"), "adapter", adapter, f"adapter {adapter!r} is not modelled: "
                                                                         f"estimated as full fine-tuning")
@@ -448,9 +458,17 @@ class _Reader:
             else:
                 d.setting(f, self.line("lora_target_modules"), "lora_target_modules", targets,
                           lora_targets=",".join(names))
+        elif self.data.get("lora_target_parameters"):
+            d.fields["lora_targets"] = "all-linear"
         else:
-            raise ConfigError(f, "adapter lora needs lora_target_modules or lora_target_linear: true (axolotl hands "
-                                 "PEFT an empty target list otherwise)")
+            raise ConfigError(f, "adapter lora needs lora_target_modules, lora_target_linear: true or "
+                                 "lora_target_parameters (axolotl hands PEFT an empty target list otherwise)")
+        params = self.take("lora_target_parameters")
+        if params:
+            d.unmodelled_at(f, self.line("lora_target_parameters"), "lora_target_parameters", params,
+                            "LoRA on named parameters (peft's target_parameters, ParamWrapper: an MoE's 3-D experts) "
+                            "is not modelled by name: estimated as all-linear, which adapts the experts too where "
+                            "peft converts them")
         if four and adapter == "qlora":
             self.four_bit(self.take("bnb_config_kwargs"))
         elif four:

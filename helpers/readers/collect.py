@@ -90,6 +90,15 @@ def take_optimizer(c: Record, take, strategy: str, origin: str) -> None:
     if optim is None:
         optimizer(c, "optim", transformers_default_optim(), strategy, origin=origin)
     else:
+        from transformers.training_args import OptimizerNames
+
+        names = [o.value for o in OptimizerNames]
+        if isinstance(optim, str) and optim not in names:       # TrainingArguments refuses it (an enum field)
+            import difflib
+
+            near = difflib.get_close_matches(optim, names, n=1, cutoff=0.6)
+            raise ConfigError(c.path, f"optim {optim!r} is not one of transformers' optimizers (TrainingArguments "
+                                      f"refuses it: OptimizerNames)" + (f"; did you mean {near[0]}?" if near else ""))
         optimizer(c, "optim", optim, strategy)
 
 

@@ -11,6 +11,7 @@ the reader says more. A companion file's record (a DeepSpeed JSON, an accelerate
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +156,8 @@ class Record:
 
 def positive_int(file, key: str, value, allow_minus_one: bool = False) -> int:
     """`value` as a positive integer; ConfigError naming the file and key otherwise."""
-    if isinstance(value, str) and (value.strip().lstrip("-").isascii() and value.strip().lstrip("-").isdigit()):
-        value = int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+(_[0-9]+)*\s*", value):
+        value = int(value)                     # as argparse's int and pydantic's lax int take it: +4, 1_6
     if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and not (allow_minus_one and value == -1)):
         allowed = "a positive integer" + (" or -1" if allow_minus_one else "")
         raise ConfigError(file, f"{key} must be {allowed}, got {value!r}")

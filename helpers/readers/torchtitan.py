@@ -87,11 +87,12 @@ def check_fields(path: Path, data: dict) -> None:
     number belongs (a quoted 'false' stays a string, which is true). A file of the earlier generation (one of its own
     keys, ALIASES' older spellings, or its [float8]/[mx] tables) is not checked: its config_manager.py (ccfc02be8871)
     merged the TOML into its argparse defaults and kept any key. With experimental.custom_args_module a job adds fields
-    of its own: not checked either."""
+    of its own (also [job] custom_config_module): not checked either."""
     import difflib
 
-    if isinstance(data.get("experimental"), dict) and data["experimental"].get("custom_args_module"):
-        return
+    if any(isinstance(data.get(section), dict) and data[section].get(key) for section, key in
+           (("experimental", "custom_args_module"), ("job", "custom_config_module"))):
+        return                    # (the job's own module adds fields, merged before the check: config/manager.py)
     if OLD_SECTIONS & set(data) or any(key in OLD_KEYS for key, _ in leaves(data)):
         return
 

@@ -132,6 +132,16 @@ def _omegaconf_bool(f, key: str, value) -> bool:
                              f"tests it for truth): write true or false unquoted")
     return boolean(f, key, value)
 
+
+def _number(f, key: str, value, allow_minus_one: bool = False) -> int:
+    """A torchtune count: a YAML number. OmegaConf keeps a quoted '4' a string, which the recipe uses as a number and
+    fails on (a batch size, a range), so it is refused here rather than read as 4."""
+    if isinstance(value, str):
+        raise ConfigError(f, f"{key} is the string {value!r}: torchtune keeps quoted YAML a string (OmegaConf) and the "
+                             f"recipe fails on it; write the number unquoted")
+    return positive_int(f, key, value, allow_minus_one=allow_minus_one)
+
+
 def _check_kwargs(path, section: str, component: str, values) -> None:
     """ConfigError for a key of `section` the component's class does not take: torchtune's config.instantiate calls
     it with the section's keys (less _component_), and Python refuses an unexpected keyword. Checked where the class
@@ -244,7 +254,7 @@ class _Reader:
         for key, default in (("data_parallel_shard_dim", -1), ("data_parallel_replicate_dim", 1),
                              ("tensor_parallel_dim", 1), ("context_parallel_dim", 1)):
             present, v = self.value(key, default)
-            dims[key] = positive_int(f, key, v, allow_minus_one=key == "data_parallel_shard_dim")
+            dims[key] = _number(f, key, v, allow_minus_one=key == "data_parallel_shard_dim")
             if present:
                 d.set(key, v, sets="read")
         others = dims["data_parallel_replicate_dim"] * dims["tensor_parallel_dim"] * dims["context_parallel_dim"]
@@ -286,9 +296,9 @@ class _Reader:
         present, batch = self.value("batch_size", None)
         if not present:
             raise ConfigError(f, "no batch_size: the recipes read cfg.batch_size")
-        d.set("batch_size", batch, batch=positive_int(f, "batch_size", batch))
+        d.set("batch_size", batch, batch=_number(f, "batch_size", batch))
         present, accum = self.value("gradient_accumulation_steps", 1)
-        accum = positive_int(f, "gradient_accumulation_steps", accum)
+        accum = _number(f, "gradient_accumulation_steps", accum)
         (d.set("gradient_accumulation_steps", accum, grad_accum=accum) if present else
          d.default(TOOL, "gradient_accumulation_steps", 1, SRC, grad_accum=1))
         present, seq = self.value("tokenizer.max_seq_len", None)
@@ -303,7 +313,7 @@ class _Reader:
                       f"{SEQ_UNKNOWN} tokens: pass --seq N for your data's longest sample", seq=SEQ_UNKNOWN,
                       sets=f"seq={SEQ_UNKNOWN} assumed: pass --seq N (your longest sample)")
         else:
-            seq = positive_int(f, "tokenizer.max_seq_len", seq)
+            seq = _number(f, "tokenizer.max_seq_len", seq)
             d.set("tokenizer.max_seq_len", seq, seq=seq,
                   sets=f"seq={seq} ({'packed to it' if packed else 'the cap: batches are padded to their longest'})")
 
@@ -324,7 +334,7 @@ class _Reader:
         if self.method == "full":
             return
         present, r = self.value("model.lora_rank", 8)
-        r = positive_int(f, "model.lora_rank", r)
+        r = _number(f, "model.lora_rank", r)
         (d.set("model.lora_rank", r, lora_rank=r) if present else
          d.default(TOOL, "model.lora_rank", r, "torchtune lora builders: lora_rank=8", lora_rank=r))
         present, p = self.value("model.lora_dropout", 0.0)

@@ -246,7 +246,7 @@ class _Reader(collect.TrainerYaml):
 
     def precision_keys(self) -> None:
         """bf16 / fp16 / dtype as the config says them (the precision is decided with the strategy)."""
-        c, take, data, lines, trl_default, done = self.c, self.take, self.data, self.lines, self.default, self.done
+        c, take, data, lines, trl_default = self.c, self.take, self.data, self.lines, self.default
         self.bf16, self.fp16 = bf16, fp16 = take("bf16"), take("fp16")
         for key, value in (("bf16", bf16), ("fp16", fp16)):
             if value is not None:
@@ -256,9 +256,11 @@ class _Reader(collect.TrainerYaml):
             trl_default("bf16", None, f"bf16={bf16} (None -> not fp16)", "base_config.py")
         self.trainer["bf16"] = (bool(bf16), f"{self.path.name} line {lines.get('bf16')}" if "bf16" in data else f"{TOOL} default")
         self.trainer["fp16"] = (bool(fp16), f"{self.path.name} line {lines.get('fp16')}" if "fp16" in data else f"{self.hf} default")
-        self.dtype_key = dtype_key = "dtype" if "dtype" in data or "torch_dtype" not in data else "torch_dtype"
+        if bf16 and fp16:
+            raise ConfigError(self.path, "bf16 and fp16 are both true: transformers' TrainingArguments refuses that "
+                                         "('At most one of fp16 and bf16 can be True'); keep one")
+        self.dtype_key = dtype_key = "dtype"      # (TOOL's ModelConfig has no torch_dtype: listed as ignored)
         dtype = take(dtype_key)
-        done.add("torch_dtype")
         if dtype is not None and dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ConfigError(self.path, f"{dtype_key} must be auto, bfloat16, float16 or float32 (TRL's ModelConfig "
                                          f"choices; loading the model fails on another), got {dtype!r}")
