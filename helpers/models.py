@@ -422,6 +422,12 @@ class ModelSpec:
         return min((min(t.shape[-2:]) for t in self.lora_targets(targets, True)
                     if t.shape and min(t.shape[-2:]) > 1 and (t.linear or t.ndim == 3)), default=0)
 
+    def lora_unmatched(self, targets: str) -> list[str]:
+        """The names in `targets` that match no module of this model: peft adapts the others and drops these (a Llama
+        list on DeepSeek's MLA attention: k_proj and v_proj)."""
+        names = None if targets in ("all-linear", LINEAR_NAMES) else self.lora_names(targets)
+        return sorted((names or set()) - set(self.linear_names()) - set(self.peft_expert_names()))
+
     def linear_names(self) -> list[str]:
         """Module names of the decoder layers' linear layers (what `lora_targets` may name)."""
         return sorted({t.name.rsplit(".", 2)[-2] for t in self.tensors if t.linear and t.group.startswith("layer.")})
@@ -433,7 +439,7 @@ class ModelSpec:
             return
         names = None if targets == LINEAR_NAMES else self.lora_names(targets)
         unknown = sorted((names or set()) - set(self.linear_names()) - set(self.peft_expert_names()))
-        if unknown:
+        if unknown and set(unknown) == set(names or ()):      # peft fails only where no name matches a module
             v4 = self.peft_expert_names()
             raise InputError(f"lora_targets {targets!r} names {', '.join(unknown)}, not a linear layer of {self.name}: "
                              f"its layers' linear modules are {', '.join(self.linear_names())}"

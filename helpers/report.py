@@ -138,6 +138,10 @@ def table(r: Result) -> str:
     device = device_verdict(r)
     caution = reserve_caution(r)
     lines += ["", verdict(r)] + ([device] if device else []) + ([caution] if caution else [])
+    unmatched = r.meta.get("lora_unmatched")
+    if unmatched:
+        lines.append(f"LoRA: {', '.join(unmatched)} match no module of {r.model}: peft adapts the other names and "
+                     f"drops these (it fails only when no name matches)")
     pad = r.meta.get("fsdp2_padding")
     if pad:
         lines.append(f"FSDP2 pads: {pad['tensors']} tensors have fewer rows than the {pad['ranks']} ranks sharding them "

@@ -38,8 +38,16 @@ def test_bad_targets_are_refused(changes, needle):
 
 
 def test_a_target_the_model_does_not_have_is_named():
+    """peft fails only when no target matches: a list where none does is refused; one where some do is estimated
+    on those, and the others are said (a Llama list on DeepSeek's MLA attention)."""
     with pytest.raises(InputError, match=r"names qkv_proj, not a linear layer of llama-3-8b: .*q_proj"):
-        estimate.run(M, TrainSetup(lora_rank=8, lora_targets="q,qkv_proj"))
+        estimate.run(M, TrainSetup(lora_rank=8, lora_targets="qkv_proj"))
+    r = estimate.run(M, TrainSetup(lora_rank=8, lora_targets="q,qkv_proj"))
+    assert r.meta["lora_unmatched"] == ["qkv_proj"]
+    assert r.gpu.peak_bytes == estimate.run(M, TrainSetup(lora_rank=8, lora_targets="q")).gpu.peak_bytes
+    from helpers import report
+
+    assert "LoRA: qkv_proj match no module of llama-3-8b" in report.table(r)
 
 
 def test_cli_takes_lora_targets(capsys):

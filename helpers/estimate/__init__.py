@@ -78,5 +78,6 @@ def run(model, setup: TrainSetup | None = None, **options) -> Result:
                 "phases": [p for p in phases if set(PHASE_MOMENTS[p]) & i.moments], "why": i.why,
                 "pinned": i.pinned} for i in its],
         meta={"date": datetime.date.today().isoformat(), "versioned": versions.applied(setup, m),
-              "fsdp2_padding": states.fsdp2_padding(parallel.rank_model(m, setup.tensor_parallel), setup)},
+              "fsdp2_padding": states.fsdp2_padding(parallel.rank_model(m, setup.tensor_parallel), setup),
+              "lora_unmatched": m.lora_unmatched(setup.lora_targets) if setup.lora_rank else []},
     )
