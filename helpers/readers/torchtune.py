@@ -86,7 +86,16 @@ def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported
     if "policy_model" in data:
         raise ConfigError(path, "a torchtune PPO config (policy_model, reward_and_value_model) is not read: "
                                 "preference and RL runs are not modelled yet")
-    if not isinstance(data.get("model"), dict) or "optimizer" not in data or "batch_size" not in data:
+    missing = [k for k in ("model", "optimizer", "batch_size") if k not in data or (k == "model" and not isinstance(
+        data.get("model"), dict))]
+    import difflib
+
+    near = {k: difflib.get_close_matches(k, [str(x) for x in data], n=1, cutoff=0.75) for k in missing}
+    if any(near.values()):                   # a misspelt key, not another kind of config
+        said = "; ".join(f"{k}" + (f" (is {near[k][0]} meant?)" if near[k] else "") for k in missing)
+        raise ConfigError(path, f"a torchtune fine-tuning config without {said}: the full_finetune_* and "
+                                f"lora_finetune_* recipes read model, optimizer and batch_size")
+    if missing:
         raise ConfigError(path, "not a torchtune fine-tuning config (no model, optimizer or batch_size: an "
                                 "evaluation, generation or quantization config?): only the configs of the "
                                 "full_finetune_* and lora_finetune_* recipes are read")
