@@ -380,8 +380,13 @@ def _rank() -> int:
 def _command(a: argparse.Namespace) -> int:
     try:
         rank = _rank()
+        world = os.environ.get("WORLD_SIZE", "").strip()
+        launched = world.isdigit() and int(world) > rank          # a launcher sets RANK and WORLD_SIZE together
         if rank != 0 and a.command in ("estimate", "fit", "fixes"):
-            return 0                                   # under a launcher, rank 0 answers (arithmetic: the same)
+            if launched:
+                return 0                               # under a launcher, rank 0 answers (arithmetic: the same)
+            print(f"note: RANK={rank} without a WORLD_SIZE above it: not under a launcher, so this process answers "
+                  f"(unset RANK to silence this)", file=sys.stderr)
         if getattr(a, "gpu", None) is not None:
             from helpers import gpus
 
@@ -405,7 +410,7 @@ def _command(a: argparse.Namespace) -> int:
     except MeasurementError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if rank != 0:                                      # under a launcher, rank 0 reports
+    if rank != 0 and launched:                         # under a launcher, rank 0 reports
         return 0
     from helpers import evidence, report
 

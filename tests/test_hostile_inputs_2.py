@@ -247,8 +247,18 @@ def test_rank_not_a_number(monkeypatch, capsys):
 @pytest.mark.parametrize("command", ["estimate", "fit", "fixes"])
 def test_only_rank_0_answers(monkeypatch, capsys, command):
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
     assert main([command, "--model", "llama-3-8b", "--gpu", "a100-80gb"]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_a_leftover_rank_is_said_and_answered(monkeypatch, capsys):
+    """RANK without a WORLD_SIZE above it (a SLURM or container shell's leftover): not a launcher's rank."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["estimate", "--model", "llama-3-8b", "--gpu", "a100-80gb"]) == 0
+    out = capsys.readouterr()
+    assert "llama-3-8b" in out.out and "note: RANK=1 without a WORLD_SIZE" in out.err
 
 
 # -- 5. the Python API ----------------------------------------------------------------------------------------------------
