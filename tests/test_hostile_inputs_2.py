@@ -645,3 +645,13 @@ def test_axolotl_lora_target_parameters_is_read_and_said(tmp_path):
 def test_a_long_version_is_cut(capsys):
     assert main(["estimate", "--model", "mixtral-8x7b", "--versions", "transformers=" + ".".join(["1"] * 3000)]) == 2
     assert len(capsys.readouterr().err) < 300
+
+
+@pytest.mark.parametrize("script,gpus", [
+    ("CUDA_VISIBLE_DEVICES=0,1 " + OPENRLHF.format(launcher="", stage=2, mb=1), 2),
+    ("export CUDA_VISIBLE_DEVICES=0,1,2\n" + OPENRLHF.format(launcher="", stage=2, mb=1), 3),
+    ("CUDA_VISIBLE_DEVICES=0,1 " + OPENRLHF.format(launcher="--num_gpus 4 ", stage=2, mb=1), 4),
+])
+def test_deepspeed_takes_cuda_visible_devices_as_its_include(tmp_path, script, gpus):
+    """launcher/runner.py: CUDA_VISIBLE_DEVICES becomes --include localhost:<them>, unless a count or filter is given."""
+    assert read([write(tmp_path, "a.sh", script)]).setup.gpus == gpus

@@ -454,6 +454,12 @@ def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, 
         return None
     per_node = value("--num_gpus", "--num-gpus", "--nproc_per_node", "--nproc-per-node")
     include = value("--include", "-i")
+    visible = next((w.split("=", 1)[1] for w in launcher if w.startswith("CUDA_VISIBLE_DEVICES=")), None)
+    if visible is None:
+        visible = _variables(_strip_comments(script)).get("CUDA_VISIBLE_DEVICES")
+    if ("deepspeed" in words and visible and not isinstance(visible, Unknown) and per_node is None and not include
+            and not value("--exclude", "-e") and value("--num_nodes", "--num-nodes") is None):
+        include = f"localhost:{visible}"   # launcher/runner.py: CUDA_VISIBLE_DEVICES becomes --include localhost:...
     nodes = value("--num_nodes", "--num-nodes", "--nnodes")
     given = value("--num_gpus", "--num-gpus") or value("--num_nodes", "--num-nodes")
     if "deepspeed" in words and given is not None and (include or value("--exclude", "-e")):
