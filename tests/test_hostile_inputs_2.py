@@ -655,3 +655,12 @@ def test_a_long_version_is_cut(capsys):
 def test_deepspeed_takes_cuda_visible_devices_as_its_include(tmp_path, script, gpus):
     """launcher/runner.py: CUDA_VISIBLE_DEVICES becomes --include localhost:<them>, unless a count or filter is given."""
     assert read([write(tmp_path, "a.sh", script)]).setup.gpus == gpus
+
+
+@pytest.mark.parametrize("launcher,gpus", [
+    ("deepspeed --num_gpu 4 --module", 4), ("deepspeed --inc localhost:0,1 --module", 2),
+    ("torchrun --nproc_per 4 -m", 4),
+])
+def test_launcher_flags_abbreviated_as_their_argparse_takes_them(tmp_path, launcher, gpus):
+    text = f"{launcher} openrlhf.cli.train_sft --pretrain meta-llama/Llama-3.1-8B --bf16\n"
+    assert read([write(tmp_path, "a.sh", text)]).setup.gpus == gpus

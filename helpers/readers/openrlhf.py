@@ -433,6 +433,41 @@ def _canonical(flag: str) -> str | None:
     return None
 
 
+@functools.cache
+def _launcher_flags(which: str) -> frozenset[str]:
+    """The flags of the installed launcher's own argparse parser: deepspeed's (launcher/runner.py, read from its
+    source) or torchrun's (torch.distributed.run.get_args_parser)."""
+    if which == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        return frozenset(k for k in get_args_parser()._option_string_actions if k.startswith("--"))
+    import inspect
+
+    import deepspeed.launcher.runner as runner
+
+    src = inspect.getsource(runner)
+    return frozenset(re.findall(r'"(--[\w-]+)"', "\n".join(re.findall(r"add_argument\(([^)]*)", src))))
+
+
+def _unabbreviated(words: list[str]) -> list[str]:
+    """The launcher's words with each abbreviated flag written whole, as its argparse (allow_abbrev) reads it:
+    `deepspeed --num_gpu 4` is --num_gpus 4, `torchrun --nproc_per 4` is --nproc_per_node 4."""
+    which = "deepspeed" if "deepspeed" in words else "torchrun" if any(
+        w in ("torchrun", "torch.distributed.run") for w in words) else None
+    if which is None:
+        return words
+    known = _launcher_flags(which)
+    out = []
+    for w in words:
+        name, eq, rest = w.partition("=")
+        if name.startswith("--") and name not in known:
+            matches = [k for k in known if k.startswith(name)]
+            if len({m.replace("-", "_") for m in matches}) == 1:
+                w = matches[0] + eq + rest
+        out.append(w)
+    return out
+
+
 def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, str]:
     """World size from the launcher's own flags (deepspeed --num_gpus/--num_nodes/--include, torchrun
     --nproc_per_node/--nnodes), also on a separate `deepspeed --module $cmd` line of the script."""
@@ -443,6 +478,8 @@ def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, 
                 words += shlex.split(line, comments=True)
             except ValueError:
                 pass
+
+    words = _unabbreviated(words)
 
     def value(*names):
         for k, w in enumerate(words):
