@@ -664,3 +664,9 @@ def test_deepspeed_takes_cuda_visible_devices_as_its_include(tmp_path, script, g
 def test_launcher_flags_abbreviated_as_their_argparse_takes_them(tmp_path, launcher, gpus):
     text = f"{launcher} openrlhf.cli.train_sft --pretrain meta-llama/Llama-3.1-8B --bf16\n"
     assert read([write(tmp_path, "a.sh", text)]).setup.gpus == gpus
+
+
+@pytest.mark.parametrize("value", ["${MB:0:1}", "${#MB}", "$((MB+1))"])
+def test_a_bash_expansion_not_evaluated_is_named(tmp_path, value):
+    refused([write(tmp_path, "a.sh", "MB=42\n" + OPENRLHF.format(launcher="", stage=2, mb=value))],
+            "a bash expansion not evaluated here")

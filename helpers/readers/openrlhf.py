@@ -421,9 +421,12 @@ def _expand(value: str, variables: dict[str, str]) -> str:
     value = re.sub(r"\$\{([A-Za-z_]\w*|\d+)(:?[-=])([^}]*)\}", default, value)     # (${1:-4}: a script argument)
 
     def plain(m):
-        have = settled(m.group(1))
+        have = settled(m.group(1) or m.group(2))
         return m.group(0) if have is None else have
-    return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", plain, value)
+    if re.search(r"\$\{(?![A-Za-z_]\w*\})", value) or "$((" in value:
+        raise Unsettled(f"{value[:60]!r} uses a bash expansion not evaluated here (a substring, a length, "
+                        f"arithmetic, a case change)")
+    return re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", plain, value)
 
 
 def _canonical(flag: str) -> str | None:
