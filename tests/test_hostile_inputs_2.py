@@ -670,3 +670,10 @@ def test_launcher_flags_abbreviated_as_their_argparse_takes_them(tmp_path, launc
 def test_a_bash_expansion_not_evaluated_is_named(tmp_path, value):
     refused([write(tmp_path, "a.sh", "MB=42\n" + OPENRLHF.format(launcher="", stage=2, mb=value))],
             "a bash expansion not evaluated here")
+
+
+def test_llamafactory_quantised_base_without_lora_is_said_in_its_terms(tmp_path):
+    lf = "model_name_or_path: meta-llama/Meta-Llama-3-8B\nstage: sft\nfinetuning_type: oft\nquantization_bit: 4\n"
+    imp = read([write(tmp_path, "a.yaml", lf)])
+    assert imp.setup.base_weights is None
+    assert any(n.key == "quantization_bit" and "finetuning_type is not lora" in n.why for n in imp.not_modelled)

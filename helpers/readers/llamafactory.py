@@ -187,7 +187,14 @@ class _Reader(collect.TrainerYaml):
             if qtype not in ("fp4", "nf4"):
                 raise ConfigError(path, f"quantization_type must be fp4 or nf4, got {qtype!r}")
             double = take("double_quantization")
-            if bits == 4 and method == "bnb" and qtype == "nf4":
+            lora = self.c.fields.get("lora_rank") is not None
+            if not lora:
+                c.unmodelled("quantization_bit", bits, "a quantised base is modelled with LoRA (QLoRA) only; "
+                                                       "finetuning_type is not lora here: estimated with the base in "
+                                                       "the compute dtype")
+                if double is not None:
+                    c.ignore("double_quantization", double)
+            elif bits == 4 and method == "bnb" and qtype == "nf4":
                 weights = "nf4-dq" if double is None or c.flag("double_quantization", double) else "nf4"
                 c.set("quantization_bit", bits, f"base_weights={weights} (bitsandbytes 4-bit NF4 base, QLoRA)",
                       base_weights=weights)
