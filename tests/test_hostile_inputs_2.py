@@ -677,3 +677,9 @@ def test_llamafactory_quantised_base_without_lora_is_said_in_its_terms(tmp_path)
     imp = read([write(tmp_path, "a.yaml", lf)])
     assert imp.setup.base_weights is None
     assert any(n.key == "quantization_bit" and "finetuning_type is not lora" in n.why for n in imp.not_modelled)
+
+
+def test_a_command_run_by_bash_c_is_read(tmp_path):
+    text = ('MB=2\nsrun --nodes 1 bash -c "deepspeed --module openrlhf.cli.train_sft --pretrain '
+            'meta-llama/Llama-3.1-8B --bf16 --micro_train_batch_size $MB"\n')
+    assert read([write(tmp_path, "a.sh", text)]).setup.batch == 2

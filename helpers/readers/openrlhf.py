@@ -260,6 +260,10 @@ def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]
             if not any(MODULE_RE.search(w) for w in words) or words[0] in ("echo", "printf", "cat"):
                 continue                               # another command of the line, or one that prints it
             at = next((i for i, w in enumerate(words) if MODULE_RE.match(w)), None)
+            inner = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "-c" and i and
+                          words[i - 1].rsplit("/", 1)[-1] in ("bash", "sh") and MODULE_RE.search(words[i + 1])), None)
+            if at is None and inner is not None:      # srun ... bash -c "deepspeed --module openrlhf..." : its command
+                return _tokens(path, "\n".join(lines[:index] + [inner]))
             if at is None:
                 raise ConfigError(path, f"the openrlhf module is not a word of its own in {line.strip()[:80]!r} "
                                         f"(expected e.g. `deepspeed --module openrlhf.cli.train_sft ...`)")
