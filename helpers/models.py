@@ -446,7 +446,7 @@ class ModelSpec:
                              + (f" (and the experts' transformers 4 names peft converts: {', '.join(v4)})" if v4 else "")
                              + " (or give all-linear)")
         most = self.max_lora_rank_for(targets)
-        if rank > most:
+        if most and rank > most:                          # (0: only a router or one-output gate, which bound nothing)
             raise InputError(f"lora_rank must be at most {most} for {self.name} (the smallest dimension "
                              f"of its adapted linear layers), got {rank}")
 

@@ -683,3 +683,27 @@ def test_a_command_run_by_bash_c_is_read(tmp_path):
     text = ('MB=2\nsrun --nodes 1 bash -c "deepspeed --module openrlhf.cli.train_sft --pretrain '
             'meta-llama/Llama-3.1-8B --bf16 --micro_train_batch_size $MB"\n')
     assert read([write(tmp_path, "a.sh", text)]).setup.batch == 2
+
+
+def test_pass_five_reads(tmp_path):
+    """Third hostile pass: a router alone bounds no rank; deepspeed's own launcher spellings; short LoRA names in a
+    file refused (peft matches names as written); LLaMA-Factory's stage identifies its file; accelerate's
+    distributed_type names; a continuation at the very end of a script."""
+    from helpers import estimate
+    from helpers.training import TrainSetup
+
+    estimate.run("mixtral-8x7b", TrainSetup(lora_rank=8, lora_targets="gate", seq=256))
+    ds = "deepspeed {} --module openrlhf.cli.train_sft --pretrain meta-llama/Llama-3.1-8B --bf16\n"
+    assert read([write(tmp_path, "a.sh", ds.format("--num_accelerators 4"))]).setup.gpus == 4
+    refused([write(tmp_path, "b.sh", ds.format("--num-gpus 4"))], "no flag --num-gpus", "did you mean --num_gpus")
+    refused([write(tmp_path, "c.yaml", "base_model: meta-llama/Llama-3.2-1B\nadapter: lora\nlora_r: 8\n"
+                                       "lora_target_modules: [q, v]\n")], "names 'q', 'v'", "write q_proj")
+    refused([write(tmp_path, "d.sh", ds.format("").rstrip() + " --lora_rank 8 --target_modules q v\n")], "names 'q'")
+    lf = read([write(tmp_path, "e.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nstage: sft\n"
+                                         "per_device_train_batch_size: 1\n")])
+    assert lf.setup.lora_rank == 8                      # LLaMA-Factory's default finetuning_type lora, not TRL's full
+    refused([write(tmp_path, "f.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\n"),
+             write(tmp_path, "acc.yaml", "distributed_type: multi_gpu\nnum_processes: 2\n")],
+            "distributed_type 'multi_gpu' is none of accelerate's", "did you mean 'MULTI_GPU'")
+    eof = write(tmp_path, "g.sh", "deepspeed --module openrlhf.cli.train_sft --pretrain meta-llama/Llama-3.1-8B \\")
+    assert read([eof]).setup.batch == 8

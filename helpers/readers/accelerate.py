@@ -72,6 +72,15 @@ def apply(path: Path, data, lines: dict[str, int], given: list[Path], trainer: d
                                 f"{kind!r}{hint}")
     if "distributed_type" not in data:
         c.default(TOOL, "distributed_type", "NO", "accelerate config_args.py", "strategy=single", strategy="single")
+    from accelerate.utils import DistributedType
+
+    names = [d.value for d in DistributedType]
+    if kind not in names:                        # accelerate's config loader refuses it (DistributedType(value))
+        import difflib
+
+        near = difflib.get_close_matches(kind.upper(), names, n=1, cutoff=0.6)
+        raise ConfigError(path, f"distributed_type {kind!r} is none of accelerate's ({', '.join(names)}): its config "
+                                f"loader refuses it" + (f"; did you mean {near[0]!r}?" if near else ""))
     if kind not in KINDS and kind.startswith("MULTI_"):
         c.unmodelled("distributed_type", kind, f"{kind}: data parallel on another accelerator; estimated as DDP on "
                                                f"GPUs")

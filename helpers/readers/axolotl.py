@@ -22,7 +22,7 @@ from pathlib import Path
 from helpers import strategies
 from helpers.models import LINEAR_NAMES
 from helpers.readers import collect, hf_names, model_ref
-from helpers.readers.base import ConfigError, Imported, companion, load_json, probability
+from helpers.readers.base import ConfigError, Imported, companion, load_json, peft_names, probability
 from helpers.readers.provenance import Record, boolean, model_from, positive_int
 
 NAME = "axolotl"
@@ -457,7 +457,7 @@ class _Reader:
                 d.fields["lora_targets"] = "all-linear"
             else:
                 d.setting(f, self.line("lora_target_modules"), "lora_target_modules", targets,
-                          lora_targets=",".join(names))
+                          lora_targets=peft_names(f, "lora_target_modules", ",".join(names)))
         elif self.data.get("lora_target_parameters"):
             d.fields["lora_targets"] = "all-linear"
         else:

@@ -473,3 +473,18 @@ def fused_ce_where_modelled(fields: dict, settings: list[Setting], defaults: lis
         defaults.remove(d)
         out.append(NotModelled(d.source, None, d.key, d.value, why))
     return out
+
+
+SHORT_NAMES = ("q", "k", "v", "o", "up", "down")     # this package's --lora-targets shorthand (models.LORA_ALIASES)
+
+
+def peft_names(path, key: str, joined: str) -> str:
+    """A file's LoRA target names, which peft matches as written: a short name (q, v, ...) is this package's own
+    --lora-targets shorthand, and peft finds no module called q in a decoder (it fails when no name matches); refused
+    with the name peft needs. ('gate' is a real module name: an MoE's router.)"""
+    short = [n for n in joined.split(",") if n.strip() in SHORT_NAMES]
+    if short:
+        raise ConfigError(path, f"{key} names {', '.join(map(repr, short))}: peft matches module names as written, and "
+                                f"the projections are called q_proj, k_proj, v_proj, o_proj, up_proj, down_proj (q is "
+                                f"only this package's --lora-targets shorthand); write {short[0]}_proj")
+    return joined

@@ -89,10 +89,14 @@ NOT_MODELLED = {
 }
 
 
+STAGES = ("pt", "sft", "rm", "ppo", "dpo", "kto")     # finetuning_args.py `stage`: a LLaMA-Factory file's own key
+
+
 def claims(path: Path, data) -> bool:
     """A YAML mapping with keys only LLaMA-Factory has (finetuning_type, cutoff_len, template, ...)."""
     return (Path(path).suffix.lower() in (".yaml", ".yml") and isinstance(data, dict)
-            and bool((OWN_KEYS - {"stage"}) & set(data)) and not {"base_model", "datasets"} & set(data))
+            and bool((OWN_KEYS - {"stage"}) & set(data) or data.get("stage") in STAGES)
+            and not {"base_model", "datasets"} & set(data))
 
 
 def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
@@ -165,7 +169,8 @@ class _Reader(collect.TrainerYaml):
                 else:
                     c.set("lora_target", target, says, lora_targets=targets)
             else:
-                targets = ",".join(t.strip() for t in str(target).split(",") if t.strip())
+                targets = base.peft_names(path, "lora_target", ",".join(t.strip() for t in str(target).split(",")
+                                                                     if t.strip()))
                 c.set("lora_target", target, f"lora_targets={targets}", lora_targets=targets)
         else:
             for key, value in (("lora_rank", rank), ("lora_target", target), ("lora_dropout", dropout)):

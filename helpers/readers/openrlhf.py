@@ -28,7 +28,7 @@ from pathlib import Path
 
 from helpers.models import DATA_DIR
 from helpers.readers import hf_names
-from helpers.readers.base import ConfigError, Imported, probability
+from helpers.readers.base import ConfigError, Imported, peft_names, probability
 from helpers.readers.provenance import Record, model_from, positive_int
 
 NAME = "openrlhf"
@@ -250,7 +250,7 @@ def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]
     """(module, the launcher's tokens before it, the flag tokens after it, shell variables) of the first command that
     runs an openrlhf.cli module. Line continuations are joined; a heredoc's lines (read -r -d '' cmd <<EOF) are read as
     part of the command they build; bash arrays used as "${NAME[@]}" are expanded in place."""
-    code = _drop_heredocs(_strip_comments(text))
+    code = _drop_heredocs(_strip_comments(text)) + "\n"     # (a continuation at the file's very end ends there)
     lines = re.sub(r"\\\r?\n", " ", code).splitlines()
     for index, line in enumerate(lines):
         m = MODULE_RE.search(line)
@@ -487,6 +487,16 @@ def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, 
                 pass
 
     words = _unabbreviated(words)
+    if "deepspeed" in launcher:                    # deepspeed's own argparse stops at a flag it does not have
+        known = _launcher_flags("deepspeed")
+        for w in _unabbreviated(list(launcher)):
+            name = w.partition("=")[0]
+            if name.startswith("--") and name not in known:
+                import difflib
+
+                near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.7)
+                raise ConfigError(path, f"the deepspeed launcher has no flag {name} (its argparse stops: "
+                                        f"'unrecognized arguments')" + (f"; did you mean {near[0]}?" if near else ""))
 
     def value(*names):
         for k, w in enumerate(words):
@@ -496,7 +506,8 @@ def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, 
                 if w.startswith(n + "="):
                     return w.split("=", 1)[1]
         return None
-    per_node = value("--num_gpus", "--num-gpus", "--nproc_per_node", "--nproc-per-node")
+    per_node = (value("--num_gpus", "--num_accelerators") if "deepspeed" in words else         # (deepspeed's own
+                value("--nproc_per_node", "--nproc-per-node"))                                 # spellings, runner.py)
     include = value("--include", "-i")
     visible = next((w.split("=", 1)[1] for w in launcher if w.startswith("CUDA_VISIBLE_DEVICES=")), None)
     if visible is None:
@@ -505,7 +516,7 @@ def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, 
             and not value("--exclude", "-e") and value("--num_nodes", "--num-nodes") is None):
         include = f"localhost:{visible}"   # launcher/runner.py: CUDA_VISIBLE_DEVICES becomes --include localhost:...
     nodes = value("--num_nodes", "--num-nodes", "--nnodes")
-    given = value("--num_gpus", "--num-gpus") or value("--num_nodes", "--num-nodes")
+    given = value("--num_gpus", "--num_accelerators") or value("--num_nodes")
     if "deepspeed" in words and given is not None and (include or value("--exclude", "-e")):
         raise ConfigError(path, "the deepspeed launcher is given --num_gpus/--num_nodes and --include/--exclude: it "
                                 "refuses the pair ('Cannot specify num_nodes/gpus with include/exclude', "
@@ -873,7 +884,7 @@ class _Reader:
         kt, targets = self.get("target_modules")
         if kt and rank:
             targets = targets if isinstance(targets, list) else [targets]
-            joined = "all-linear" if targets == ["all-linear"] else ",".join(targets)
+            joined = "all-linear" if targets == ["all-linear"] else peft_names(f, kt, ",".join(targets))
             d.setting(f, self.line(kt), kt, targets, lora_targets=joined)
         elif kt:
             d.ignored_at(f, self.line(kt), kt, targets)

@@ -328,6 +328,8 @@ class _Reader(collect.TrainerYaml):
                 if isinstance(targets, str):
                     targets = [t for t in targets.split(",")] if targets != "all-linear" else ["all-linear"]
                 joined = ",".join(str(t).strip() for t in targets)
+                if joined != "all-linear":
+                    joined = base.peft_names(path, "lora_target_modules", joined)
                 c.set("lora_target_modules", targets, f"lora_targets={joined}", lora_targets=joined)
         elif peft is not None or rank is not None or targets is not None:
             for key, value in (("use_peft", peft), ("lora_r", rank), ("lora_target_modules", targets),
