@@ -542,6 +542,9 @@ def test_torchrun_every_gpu_is_no_count(tmp_path):
             "meta-llama/Llama-3.1-8B --bf16\n")
     imp = read([write(tmp_path, "a.sh", text)])
     assert imp.setup.gpus == 1 and any(d.key == "gpus" for d in imp.defaults)
+    assert any(n.key == "--nproc-per-node" and "give --gpus" in n.why for n in imp.not_modelled)
+    ex = read([write(tmp_path, "b.sh", OPENRLHF.format(launcher="--exclude localhost:0 ", stage=2, mb=1))])
+    assert ex.setup.gpus == 1 and any(n.key == "--exclude" for n in ex.not_modelled)
 
 
 def test_deepspeed_launcher_refuses_a_count_beside_a_filter(tmp_path):

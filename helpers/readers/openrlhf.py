@@ -475,7 +475,7 @@ def _unabbreviated(words: list[str]) -> list[str]:
     return out
 
 
-def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, str]:
+def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, object]:
     """World size from the launcher's own flags (deepspeed --num_gpus/--num_nodes/--include, torchrun
     --nproc_per_node/--nnodes), also on a separate `deepspeed --module $cmd` line of the script."""
     words = list(launcher)
@@ -541,9 +541,13 @@ def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, 
                                      f"({', '.join(map(str, counts))})")
             per_node = str(counts[0])
     if per_node is None:
-        return None, ""
+        excluded = value("--exclude", "-e")
+        return None, (("--exclude", excluded, "the GPUs left are the machine's less these, and the script does not "
+                       "say how many the machine has") if excluded else "")
     if per_node in ("gpu", "auto", "cpu", "xpu") or (nodes and ":" in nodes):
-        return None, ""       # torchrun's "every GPU of the node" or an elastic node range: no count the script says
+        return None, (("--nproc-per-node", per_node, "every GPU of the node (or an elastic node range), a count the "
+                       "script does not say") if per_node in ("gpu", "auto") else
+                      ("--nnodes", nodes, "an elastic node range, a count the script does not say"))
     n = positive_int(path, "the launcher's GPUs per node", per_node)
     m = positive_int(path, "the launcher's nodes", nodes) if nodes else 1
     return n * m, f"launcher: {n} GPU{'' if n == 1 else 's'} per node" + (f" x {m} nodes" if nodes else "")
@@ -659,6 +663,9 @@ class _Reader:
             return nodes * per
         gpus, how = _launcher_gpus(f, self.launcher, self.text)
         if gpus is None:
+            if how:
+                key, value, why = how
+                d.unmodelled_at(f, self.line(key), key, value, f"{why}: estimated on gpus=1; give --gpus")
             d.gpus_unknown()
             return 1
         d.setting(f, None, "launcher", how, gpus=gpus)
