@@ -710,3 +710,13 @@ def test_pass_five_reads(tmp_path):
             "distributed_type 'multi_gpu' is none of accelerate's", "did you mean 'MULTI_GPU'")
     eof = write(tmp_path, "g.sh", "deepspeed --module openrlhf.cli.train_sft --pretrain meta-llama/Llama-3.1-8B \\")
     assert read([eof]).setup.batch == 8
+
+
+def test_torchtune_interpolations_resolve_as_omegaconf_does(tmp_path):
+    src = (Path(__file__).parent / "data" / "configs_upstream" / "torchtune" / "recipes" / "configs" / "llama3_2" /
+           "1B_lora_single_device.yaml").read_text()
+    assert "  lora_rank: 64" in src
+    imp = read([write(tmp_path, "a.yaml", src.replace("  lora_rank: 64", "  lora_rank: ${batch_size}"))])
+    assert imp.setup.lora_rank == imp.setup.batch == 4
+    refused([write(tmp_path, "b.yaml", src.replace("  lora_rank: 64", "  lora_rank: ${oc.env:RANK_R}"))],
+            "an OmegaConf interpolation not resolved here")

@@ -82,7 +82,37 @@ def claims(path: Path, data) -> bool:
     return any(isinstance(v, dict) and str(v.get("_component_", "")).startswith("torchtune.") for v in data.values())
 
 
+INTERPOLATION = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
+
+
+def resolved(data: dict) -> dict:
+    """`data` with each value that is a whole OmegaConf interpolation of another key (`lora_rank: ${batch_size}`)
+    replaced by that key's value, as OmegaConf resolves it when the recipe reads it (absolute dotted paths; a resolver
+    such as ${oc.env:X}, a relative path or an interpolation inside a longer text stays as written, and is named where
+    a count or a switch is read)."""
+    def lookup(key: str, seen: tuple):
+        node = data
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return walk(node, seen + (key,)) if key not in seen else None
+
+    def walk(value, seen=()):
+        if isinstance(value, dict):
+            return {k: walk(v, seen) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, seen) for v in value]
+        m = INTERPOLATION.fullmatch(value) if isinstance(value, str) else None
+        if m:
+            got = lookup(m.group(1), seen)
+            return value if got is None else got
+        return value
+    return walk(data)
+
+
 def read(path: Path, data, lines: dict[str, int], given: list[Path]) -> Imported:
+    data = resolved(data) if isinstance(data, dict) else data
     if "policy_model" in data:
         raise ConfigError(path, "a torchtune PPO config (policy_model, reward_and_value_model) is not read: "
                                 "preference and RL runs are not modelled yet")
@@ -145,6 +175,9 @@ def _omegaconf_bool(f, key: str, value) -> bool:
 def _number(f, key: str, value, allow_minus_one: bool = False) -> int:
     """A torchtune count: a YAML number. OmegaConf keeps a quoted '4' a string, which the recipe uses as a number and
     fails on (a batch size, a range), so it is refused here rather than read as 4."""
+    if isinstance(value, str) and "${" in value:
+        raise ConfigError(f, f"{key} is {value!r}: an OmegaConf interpolation not resolved here (a resolver or a "
+                             f"relative path); write the number")
     if isinstance(value, str):
         raise ConfigError(f, f"{key} is the string {value!r}: torchtune keeps quoted YAML a string (OmegaConf) and the "
                              f"recipe fails on it; write the number unquoted")
