@@ -100,7 +100,7 @@ def test_target_lists_adapt_what_peft_adapts(kind, targets, tmp_path):
 
 
 @pytest.mark.parametrize("kind,targets", [("mixtral", "all-linear-names"), ("deepseek_v2", "all-linear-names"),
-                                          ("qwen3_moe", "down_proj"), ("mixtral", "w1,w3,w2")])
+                                          ("qwen3_moe", "down_proj"), ("mixtral", "w1,w3,w2"), ("mixtral", "q_proj,gate")])
 def test_lora_dropout_on_target_lists_is_refused_where_peft_refuses_it(kind, targets, tmp_path):
     m = _tiny(kind, tmp_path)
     s = TrainSetup(lora_rank=4, lora_targets=targets, lora_dropout=0.05)

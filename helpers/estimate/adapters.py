@@ -75,11 +75,12 @@ def check(m: ModelSpec, setup) -> None:
             f"lora_targets {setup.lora_targets!r} on {m.name}: peft {peft} refuses {', '.join(sorted(named & fused))} "
             f"without {', '.join(sorted(fused - named))}, both fused into the experts' gate_up_proj "
             f"(transformers_weight_conversion.py: 'Cannot convert PEFT target(s)'); name both or neither")
-    if setup.lora_dropout and experts_adapted(m, setup):
+    if setup.lora_dropout and any(not t.linear for t in targets(m, setup)):     # the experts or the router
         raise InputError(
             f"lora_dropout {setup.lora_dropout} with lora_targets {_shown(setup.lora_targets)} on {m.name}: peft "
-            f"{peft} adapts its experts' 3-D weights there (ParamWrapper), which refuses lora_dropout != 0 (peft "
-            f"tuners/lora/layer.py: 'does not work with lora_dropout != 0'); give lora_dropout 0, or name only "
+            f"{peft} adapts its experts' 3-D weights or its router there (ParamWrapper), which refuses "
+            f"lora_dropout != 0 (peft tuners/lora/layer.py: 'does not work with lora_dropout != 0'); give "
+            f"lora_dropout 0, or name only "
             f"linear modules without {', '.join(sorted(named))} (e.g. q,k,v,o)"
             + ("" if setup.lora_targets != "all-linear" else ", or a peft before 0.19 (versions peft=0.18.1)"))
 
