@@ -22,7 +22,7 @@ from pathlib import Path
 from helpers import strategies
 from helpers.models import LINEAR_NAMES
 from helpers.readers import collect, hf_names, model_ref
-from helpers.readers.base import ConfigError, Imported, companion, load_json, peft_names, probability
+from helpers.readers.base import ConfigError, Imported, companion, did_you_mean, load_json, peft_names, probability
 from helpers.readers.provenance import Record, boolean, model_from, positive_int
 
 NAME = "axolotl"
@@ -419,12 +419,9 @@ class _Reader:
                                "is not trained by axolotl; not modelled")
             return
         if adapter not in ("lora", "qlora", "llama-adapter") and not self.data.get("plugins"):
-            import difflib
-
-            near = difflib.get_close_matches(str(adapter), ["lora", "qlora", "llama-adapter"], n=1, cutoff=0.5)
             raise ConfigError(f, f"adapter {adapter!r} is none of axolotl's (lora, qlora, llama-adapter; others come "
                                  f"from plugins, and this file loads none: loaders/adapter.py load_adapter)"
-                                 + (f"; did you mean {near[0]}?" if near else ""))
+                                 + did_you_mean(adapter, ["lora", "qlora", "llama-adapter"], 0.5))
         if adapter not in ("lora", "qlora"):
             d.unmodelled_at(f, self.line("adapter"), "adapter", adapter, f"adapter {adapter!r} is not modelled: "
                                                                         f"estimated as full fine-tuning")

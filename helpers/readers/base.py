@@ -488,3 +488,11 @@ def peft_names(path, key: str, joined: str) -> str:
                                 f"the projections are called q_proj, k_proj, v_proj, o_proj, up_proj, down_proj (q is "
                                 f"only this package's --lora-targets shorthand); write {short[0]}_proj")
     return joined
+
+
+def did_you_mean(name, options, cutoff: float = 0.6, prefix: str = "") -> str:
+    """'; did you mean PREFIX+OPTION?' for the option nearest `name` (difflib, at least `cutoff` alike), or ''."""
+    import difflib
+
+    near = difflib.get_close_matches(str(name), list(options), n=1, cutoff=cutoff)
+    return f"; did you mean {prefix}{near[0]}?" if near else ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers.readers import base, hf_names
-from helpers.readers.base import ConfigError
+from helpers.readers.base import ConfigError, did_you_mean
 from helpers.readers.provenance import Record
 
 
@@ -94,11 +94,8 @@ def take_optimizer(c: Record, take, strategy: str, origin: str) -> None:
 
         names = [o.value for o in OptimizerNames]
         if isinstance(optim, str) and optim not in names:       # TrainingArguments refuses it (an enum field)
-            import difflib
-
-            near = difflib.get_close_matches(optim, names, n=1, cutoff=0.6)
             raise ConfigError(c.path, f"optim {optim!r} is not one of transformers' optimizers (TrainingArguments "
-                                      f"refuses it: OptimizerNames)" + (f"; did you mean {near[0]}?" if near else ""))
+                                      f"refuses it: OptimizerNames)" + did_you_mean(optim, names))
         optimizer(c, "optim", optim, strategy)
 
 

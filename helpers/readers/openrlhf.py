@@ -19,7 +19,6 @@ fused linear cross-entropy never runs).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import re
@@ -27,8 +26,8 @@ import shlex
 from pathlib import Path
 
 from helpers.models import DATA_DIR
-from helpers.readers import hf_names
-from helpers.readers.base import ConfigError, Imported, peft_names, probability
+from helpers.readers import hf_names, launchers, shell
+from helpers.readers.base import ConfigError, Imported, did_you_mean, peft_names, probability
 from helpers.readers.provenance import Record, model_from, positive_int
 
 NAME = "openrlhf"
@@ -104,159 +103,21 @@ MAX_TOKENS_PER_GPU = 16192                  # train_ppo_ray.py @3c3be623: --trai
 
 def claims(path: Path, data) -> bool:
     """A shell script or text whose command runs an openrlhf.cli.train_* module."""
-    return isinstance(data, str) and bool(MODULE_RE.search(_strip_comments(data)))
-
-
-def _strip_comments(text: str) -> str:
-    """Comment lines emptied, not removed: in bash a comment line ends a command continued onto it (`\\`), and the
-    lines after it are commands of their own."""
-    return "\n".join("" if line.lstrip().startswith("#") else line for line in text.splitlines())
-
-
-class Unset(str):
-    """A word that is only a variable the script never assigns: bash expands it to no word at all."""
-
-
-class Unsettled(Exception):
-    """A flag's value uses a variable the script does not settle (its Unknown's reason)."""
-
-
-class Unknown(str):
-    """A shell variable whose value the script does not settle before the command (assigned inside an if/case/loop
-    block, or from a command's output), or a flag's value that uses one: the text as written, and `why`. The reader
-    refuses it where it reads the flag, and lists it as written where it ignores the flag."""
-    why: str = ""
-
-
-def unknown(text: str, why: str) -> Unknown:
-    u = Unknown(text)
-    u.why = why
-    return u
-
-
-OPENERS, CLOSERS = {"if", "case", "for", "while", "until", "select"}, {"fi", "esac", "done"}
-ASSIGN_RE = re.compile(r"([A-Za-z_]\w*)(\+?)=(.*)", re.S)
-
-
-def _commands(line: str) -> list[tuple[str, list[str]]]:
-    """The simple commands of one line of shell, each as (the separator before it: '', ';', '&&', '||', '&', '|', ...,
-    its words: quotes removed, comments dropped)."""
-    lex = shlex.shlex(line, posix=True, punctuation_chars=";&|")
-    lex.whitespace_split, lex.commenters = True, "#"
-    try:
-        words = list(lex)
-    except ValueError:                       # an unterminated quote: the line is not read
-        return []
-    out, current, before = [], [], ""
-    for w in words:
-        if w and set(w) <= set(";&|"):
-            out.append((before, current))
-            current, before = [], w
-        else:
-            current.append(w)
-    out.append((before, current))
-    return [(b, c) for b, c in out if c]
-
-
-HEREDOC_RE = re.compile(r"^\s*(?::|cat)(?=[\s<])[^<]*<<-?\s*(['\"]?)(\w+)\1")
-MAX_VALUE = 10_000                           # characters: longer than any flag value (a doubling bomb stops here)
-
-
-def _drop_heredocs(code: str) -> str:
-    """Code with the bodies of `: <<'END'` and `cat <<EOF` heredocs emptied: text, not commands bash runs (a heredoc
-    read into a variable, `read -r -d '' cmd <<EOF`, is kept: the command it builds runs)."""
-    out, end = [], None
-    for line in code.splitlines():
-        if end is not None:
-            out.append("")
-            if line.strip() == end:
-                end = None
-            continue
-        m = HEREDOC_RE.match(line)
-        if m:
-            end = m.group(2)
-        out.append(line)
-    return "\n".join(out)
-
-
-def _variables(text: str) -> dict[str, str]:
-    """Shell assignments before the command (NAME=value, NAME+=value, several on a line, export/declare/local/readonly
-    NAME=value, unset NAME), in order as bash runs them, for expanding $NAME in flag values. NAME=value before a command
-    is that command's alone and is not kept. A value bash would compute (a command's output, arithmetic), one assigned
-    inside an if/case/loop block, a function or a { } group (also on one line: `if ...; then MB=8; fi`), after && or ||,
-    or one past 10,000 characters, is an Unknown naming why."""
-    out: dict[str, str] = {}
-    depth = 0
-    for line in text.splitlines():
-        for before, words in _commands(line):
-            while words and (words[0] in OPENERS | CLOSERS | {"then", "else", "elif", "do", "{", "}", "function"}
-                             or words[0].endswith("()")):
-                first = words[0]
-                depth += (first in OPENERS or first == "{") - ((first in CLOSERS or first == "}") and depth > 0)
-                words = words[1:]
-            if words and words[0] == "unset":
-                for name in words[1:]:
-                    out.pop(name, None)
-                continue
-            if words and words[0] in ("export", "declare", "local", "readonly", "typeset"):
-                words = [w for w in words[1:] if not w.startswith("-")]
-            assigns = [ASSIGN_RE.fullmatch(w) for w in words]
-            if not words or not all(assigns):        # a command (with its own NAME=value prefix, if any)
-                continue
-            for m in assigns:
-                name, plus, value = m.group(1), m.group(2), m.group(3)
-                if value.startswith("("):
-                    continue                          # an array: _arrays
-                if depth or before in ("&&", "||"):
-                    where = "after && or ||" if not depth else "inside an if/case/loop block, a function or a group"
-                    out[name] = unknown(f"${name}", f"{name}={value!r} is {where}, so ${name} depends on how the "
-                                                    f"script runs")
-                elif "$((" in value:
-                    out[name] = unknown(f"${name}", f"${name} is shell arithmetic ({name}={value[:60]!r})")
-                elif "$(" in value or "`" in value:
-                    out[name] = unknown(f"${name}", f"${name} is a command's output ({name}={value[:60]!r})")
-                else:
-                    try:
-                        got = _expand(value, out) if "$" in value else value
-                    except Unsettled as e:
-                        out[name] = unknown(f"${name}", f"${name} is built from {e}")
-                        continue
-                    if plus and isinstance(out.get(name), Unknown):
-                        continue
-                    got = (out.get(name) or "") + got if plus else got
-                    out[name] = got if len(got) <= MAX_VALUE else unknown(
-                        f"${name}", f"${name} grows past {MAX_VALUE:,} characters")
-    return out
-
-
-ARRAY_RE = re.compile(r"^[ \t]*([A-Za-z_]\w*)(\+?)=\((.*?)\)[ \t]*$", re.S | re.M)
-
-
-def _arrays(code: str) -> dict[str, str]:
-    """Bash arrays of flags (NAME=( --flag value ... ), one or many lines, and NAME+=( ... ) appending to one), as
-    their words joined by spaces, for expanding ${NAME[@]} where the command uses them (OpenRLHF's newer scripts build
-    their command so)."""
-    out: dict[str, str] = {}
-    for m in ARRAY_RE.finditer(code):
-        try:
-            words = shlex.join(shlex.split(m.group(3), comments=True))     # an element's `# ...` comment
-        except ValueError:
-            words = " ".join(m.group(3).split())
-        out[m.group(1)] = f"{out[m.group(1)]} {words}".strip() if m.group(2) and m.group(1) in out else words
-    return out
+    return isinstance(data, str) and bool(MODULE_RE.search(shell.strip_comments(data)))
 
 
 def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]:
     """(module, the launcher's tokens before it, the flag tokens after it, shell variables) of the first command that
-    runs an openrlhf.cli module. Line continuations are joined; a heredoc's lines (read -r -d '' cmd <<EOF) are read as
-    part of the command they build; bash arrays used as "${NAME[@]}" are expanded in place."""
-    code = _drop_heredocs(_strip_comments(text)) + "\n"     # (a continuation at the file's very end ends there)
+    runs an openrlhf.cli module, read as bash runs the script (`helpers.readers.shell`): line continuations joined,
+    comment lines and the text of `:`/`cat` heredocs dropped, the command found among the others of its line or inside
+    `bash -c "..."`, bash arrays used as "${NAME[@]}" expanded with what was assigned before it."""
+    code = shell.drop_heredocs(shell.strip_comments(text)) + "\n"     # (a continuation at the file's very end ends there)
     lines = re.sub(r"\\\r?\n", " ", code).splitlines()
     for index, line in enumerate(lines):
         m = MODULE_RE.search(line)
         if not m:
             continue
-        for _, words in _commands(line):
+        for _, words in shell.commands(line):
             if not any(MODULE_RE.search(w) for w in words) or words[0] in ("echo", "printf", "cat"):
                 continue                               # another command of the line, or one that prints it
             at = next((i for i, w in enumerate(words) if MODULE_RE.match(w)), None)
@@ -269,7 +130,7 @@ def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]
                                         f"(expected e.g. `deepspeed --module openrlhf.cli.train_sft ...`)")
             # bash expands the command with the values (and arrays) assigned before it, not with later ones
             before = "\n".join(lines[:index])
-            arrays = _arrays(before)
+            arrays = shell.arrays(before)
             expanded = []
             for w in words:
                 a = re.fullmatch(r"\$\{([A-Za-z_]\w*)\[[@*]\]\}", w)
@@ -279,7 +140,7 @@ def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]
                 if w.startswith((">", "2>", "<")):
                     break
                 after.append(w)
-            return m.group(1), expanded[:at], after, _variables(ARRAY_RE.sub("", before))
+            return m.group(1), expanded[:at], after, shell.assignments(shell.ARRAY_RE.sub("", before))
     raise ConfigError(path, "no openrlhf.cli.train_* command found (expected e.g. `deepspeed --module "
                             "openrlhf.cli.train_sft --pretrain ...`)")
 
@@ -318,9 +179,8 @@ def _resolve(path, written: str, known: dict | None, module: str) -> str:
         raise ConfigError(path, f"{written} is an ambiguous abbreviation for openrlhf.cli.{module}'s argparse "
                                 f"('ambiguous option: {written} could match {', '.join(matches[:6])}'): write the "
                                 f"whole flag")
-    near = difflib.get_close_matches(written, list(known), 1, 0.75)
     raise ConfigError(path, f"{written} is not a flag of openrlhf.cli.{module}: its argparse parser stops the run "
-                            f"('unrecognized arguments: {written}')" + (f"; did you mean {near[0]}?" if near else ""))
+                            f"('unrecognized arguments: {written}')" + did_you_mean(written, known, 0.75))
 
 
 def _parse_flags(path, words: list[str], variables: dict[str, str], known: dict | None = None,
@@ -331,35 +191,27 @@ def _parse_flags(path, words: list[str], variables: dict[str, str], known: dict 
     no flag takes (the `false` of `--bf16 false`), a flag without its value."""
     def expand(word):
         try:
-            return _expand(word, variables)
-        except Unsettled as e:
-            return unknown(word, str(e))
-    expand.variables = variables
-    return _flags(path, words, expand, known, module)
+            return shell.expand(word, variables)
+        except shell.Unsettled as e:
+            return shell.unknown(word, str(e))
 
-
-def variables_of(expand) -> dict:
-    return getattr(expand, "variables", {})
-
-
-def _flags(path, words, expand, known, module):
     flags: dict[str, object] = {}
     spelled: dict[str, str] = {}
     split: list[str] = []
     for w in words:                           # an unquoted $VAR holding several words splits into them
         value = expand(w) if "$" in w and w not in SHELL_ARGS else w
         plain = re.fullmatch(r"\$\{?([A-Za-z_]\w*)\}?", w)
-        if plain and value == w and plain.group(1) not in variables_of(expand):
-            split.append(Unset(w))     # unset in the script: no word in bash (a flag's value is named where read)
+        if plain and value == w and plain.group(1) not in variables:
+            split.append(shell.Unset(w))     # unset in the script: no word in bash (a flag's value is named where read)
             continue
-        whole = value != w and not isinstance(value, Unknown) and plain
+        whole = value != w and not isinstance(value, shell.Unknown) and plain
         split += shlex.split(value) if whole else [w]       # (an empty one is no word at all)
     words = split
     i, after_switch = 0, None
     while i < len(words):
         w = words[i]
         if not w.startswith("--"):
-            if w in SHELL_ARGS or known is None or isinstance(w, Unset):
+            if w in SHELL_ARGS or known is None or isinstance(w, shell.Unset):
                 i += 1                                                  # the script's own arguments, passed on
                 continue
             why = (f"{after_switch} is a switch (store_true) and takes no value" if after_switch else
@@ -403,154 +255,11 @@ def _flags(path, words, expand, known, module):
         i = j
     return flags, spelled
 
-
-def _expand(value: str, variables: dict[str, str]) -> str:
-    """$NAME, ${NAME} and bash's defaults ${NAME:-word} / ${NAME-word} (and := / =, which assign it too) expanded
-    with the script's own assignments; a variable it never assigns stays as written (the reader then names it);
-    Unsettled where one is assigned but not settled (an Unknown)."""
-    def settled(name):
-        have = variables.get(name)
-        if isinstance(have, Unknown):
-            raise Unsettled(have.why)
-        return have
-
-    def default(m):
-        name, op, word = m.group(1), m.group(2), m.group(3)
-        have = settled(name)
-        if have is None or (op.startswith(":") and have == ""):
-            if op.endswith("="):
-                variables[name] = word
-            return word
-        return have
-    value = re.sub(r"\$\{([A-Za-z_]\w*|\d+)(:?[-=])([^}]*)\}", default, value)     # (${1:-4}: a script argument)
-
-    def plain(m):
-        have = settled(m.group(1) or m.group(2))
-        return m.group(0) if have is None else have
-    if re.search(r"\$\{(?![A-Za-z_]\w*\})", value) or "$((" in value:
-        raise Unsettled(f"{value[:60]!r} uses a bash expansion not evaluated here (a substring, a length, "
-                        f"arithmetic, a case change)")
-    return re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", plain, value)
-
-
 def _canonical(flag: str) -> str | None:
     for name, spellings in FLAGS.items():
         if flag in spellings:
             return name
     return None
-
-
-@functools.cache
-def _launcher_flags(which: str) -> frozenset[str]:
-    """The flags of the installed launcher's own argparse parser: deepspeed's (launcher/runner.py, read from its
-    source) or torchrun's (torch.distributed.run.get_args_parser)."""
-    if which == "torchrun":
-        from torch.distributed.run import get_args_parser
-
-        return frozenset(k for k in get_args_parser()._option_string_actions if k.startswith("--"))
-    import inspect
-
-    import deepspeed.launcher.runner as runner
-
-    src = inspect.getsource(runner)
-    return frozenset(re.findall(r'"(--[\w-]+)"', "\n".join(re.findall(r"add_argument\(([^)]*)", src))))
-
-
-def _unabbreviated(words: list[str]) -> list[str]:
-    """The launcher's words with each abbreviated flag written whole, as its argparse (allow_abbrev) reads it:
-    `deepspeed --num_gpu 4` is --num_gpus 4, `torchrun --nproc_per 4` is --nproc_per_node 4."""
-    which = "deepspeed" if "deepspeed" in words else "torchrun" if any(
-        w in ("torchrun", "torch.distributed.run") for w in words) else None
-    if which is None:
-        return words
-    known = _launcher_flags(which)
-    out = []
-    for w in words:
-        name, eq, rest = w.partition("=")
-        if name.startswith("--") and name not in known:
-            matches = [k for k in known if k.startswith(name)]
-            if len({m.replace("-", "_") for m in matches}) == 1:
-                w = matches[0] + eq + rest
-        out.append(w)
-    return out
-
-
-def _launcher_gpus(path, launcher: list[str], script: str) -> tuple[int | None, object]:
-    """World size from the launcher's own flags (deepspeed --num_gpus/--num_nodes/--include, torchrun
-    --nproc_per_node/--nnodes), also on a separate `deepspeed --module $cmd` line of the script."""
-    words = list(launcher)
-    for line in re.sub(r"\\\r?\n", " ", _strip_comments(script)).splitlines():
-        if re.match(r"\s*(deepspeed|torchrun)\b", line) and "$" in line:
-            try:
-                words += shlex.split(line, comments=True)
-            except ValueError:
-                pass
-
-    words = _unabbreviated(words)
-    if "deepspeed" in launcher:                    # deepspeed's own argparse stops at a flag it does not have
-        known = _launcher_flags("deepspeed")
-        for w in _unabbreviated(list(launcher)):
-            name = w.partition("=")[0]
-            if name.startswith("--") and name not in known:
-                import difflib
-
-                near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.7)
-                raise ConfigError(path, f"the deepspeed launcher has no flag {name} (its argparse stops: "
-                                        f"'unrecognized arguments')" + (f"; did you mean {near[0]}?" if near else ""))
-
-    def value(*names):
-        for k, w in enumerate(words):
-            for n in names:
-                if w == n and k + 1 < len(words):
-                    return words[k + 1]
-                if w.startswith(n + "="):
-                    return w.split("=", 1)[1]
-        return None
-    per_node = (value("--num_gpus", "--num_accelerators") if "deepspeed" in words else         # (deepspeed's own
-                value("--nproc_per_node", "--nproc-per-node"))                                 # spellings, runner.py)
-    include = value("--include", "-i")
-    visible = next((w.split("=", 1)[1] for w in launcher if w.startswith("CUDA_VISIBLE_DEVICES=")), None)
-    if visible is None:
-        visible = _variables(_strip_comments(script)).get("CUDA_VISIBLE_DEVICES")
-    if ("deepspeed" in words and visible and not isinstance(visible, Unknown) and per_node is None and not include
-            and not value("--exclude", "-e") and value("--num_nodes", "--num-nodes") is None):
-        include = f"localhost:{visible}"   # launcher/runner.py: CUDA_VISIBLE_DEVICES becomes --include localhost:...
-    nodes = value("--num_nodes", "--num-nodes", "--nnodes")
-    given = value("--num_gpus", "--num_accelerators") or value("--num_nodes")
-    if "deepspeed" in words and given is not None and (include or value("--exclude", "-e")):
-        raise ConfigError(path, "the deepspeed launcher is given --num_gpus/--num_nodes and --include/--exclude: it "
-                                "refuses the pair ('Cannot specify num_nodes/gpus with include/exclude', "
-                                "launcher/runner.py); keep one")
-    if per_node is None and include:              # localhost:0,1,2,3, or host1:0,1@host2:0,1,2 (DeepSpeed's hostfile
-        hosts = include.split("@")                  # filter: every GPU it names, on each host it names)
-        if all(":" in h for h in hosts):
-            slots: dict[str, set[int]] = {}     # launcher/runner.py parse_node_config_list: int slots, merged per host
-            for h in hosts:
-                name, _, listed = h.partition(":")
-                for g in listed.split(","):
-                    try:
-                        slots.setdefault(name, set()).add(int(g))
-                    except ValueError:
-                        raise ConfigError(path, f"--include {include}: DeepSpeed's launcher reads each GPU of a host "
-                                                f"as a number (launcher/runner.py parse_node_config: int(slot)), so "
-                                                f"{g!r} stops it; list them, e.g. localhost:0,1,2,3") from None
-            counts = [len(v) for v in slots.values()]
-            hosts = list(slots)
-            if len(hosts) > 1:
-                return sum(counts), (f"launcher: --include names {sum(counts)} GPUs on {len(hosts)} hosts "
-                                     f"({', '.join(map(str, counts))})")
-            per_node = str(counts[0])
-    if per_node is None:
-        excluded = value("--exclude", "-e")
-        return None, (("--exclude", excluded, "the GPUs left are the machine's less these, and the script does not "
-                       "say how many the machine has") if excluded else "")
-    if per_node in ("gpu", "auto", "cpu", "xpu") or (nodes and ":" in nodes):
-        return None, (("--nproc-per-node", per_node, "every GPU of the node (or an elastic node range), a count the "
-                       "script does not say") if per_node in ("gpu", "auto") else
-                      ("--nnodes", nodes, "an elastic node range, a count the script does not say"))
-    n = positive_int(path, "the launcher's GPUs per node", per_node)
-    m = positive_int(path, "the launcher's nodes", nodes) if nodes else 1
-    return n * m, f"launcher: {n} GPU{'' if n == 1 else 's'} per node" + (f" x {m} nodes" if nodes else "")
 
 
 class _Reader:
@@ -585,11 +294,11 @@ class _Reader:
                 value = self.flags[spelled]
                 for v in value if isinstance(value, list) else [value]:
                     unset = re.search(r"\$\{?([A-Za-z_]\w*)", v) if isinstance(v, str) else None
-                    if unset and not isinstance(v, Unknown):
+                    if unset and not isinstance(v, shell.Unknown):
                         raise ConfigError(self.path, f"{spelled} {v}: ${unset.group(1)} is not assigned in the script "
                                                      f"before the command (it would come from the environment); "
                                                      f"assign it there, or write the flag's value")
-                    if isinstance(v, Unknown):
+                    if isinstance(v, shell.Unknown):
                         raise ConfigError(self.path, f"{spelled} {v}: the script does not settle its value before "
                                                      f"the command ({v.why}); assign it plainly before the command, "
                                                      f"or write the flag's value")
@@ -661,7 +370,7 @@ class _Reader:
                                    lambda n, p: f"gpus={n * p}, gpus_per_node={p} (actor)",
                                    fields=lambda n, p: {"gpus": n * p, "gpus_per_node": p})
             return nodes * per
-        gpus, how = _launcher_gpus(f, self.launcher, self.text)
+        gpus, how = launchers.world_size(f, self.launcher, self.text)
         if gpus is None:
             if how:
                 key, value, why = how

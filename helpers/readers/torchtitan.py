@@ -17,7 +17,7 @@ import functools
 import json
 from pathlib import Path
 
-from helpers.readers.base import ConfigError, Imported, get, leaves
+from helpers.readers.base import ConfigError, Imported, did_you_mean, get, leaves
 from helpers.readers.provenance import Record, boolean, positive_int
 
 NAME = "torchtitan"
@@ -88,7 +88,6 @@ def check_fields(path: Path, data: dict) -> None:
     keys, ALIASES' older spellings, or its [float8]/[mx] tables) is not checked: its config_manager.py (ccfc02be8871)
     merged the TOML into its argparse defaults and kept any key. With experimental.custom_args_module a job adds fields
     of its own (also [job] custom_config_module): not checked either."""
-    import difflib
 
     if any(isinstance(data.get(section), dict) and data[section].get(key) for section, key in
            (("experimental", "custom_args_module"), ("job", "custom_config_module"))):
@@ -101,10 +100,9 @@ def check_fields(path: Path, data: dict) -> None:
             dotted = f"{prefix}.{key}" if prefix else str(key)
             kind = fields.get(key)
             if kind is None:
-                near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.7)
                 raise ConfigError(path, f"{dotted} is not a torchtitan setting: its ConfigManager refuses the file "
                                         f"('Invalid field names', JobConfig @238fa99)"
-                                  + (f"; did you mean {(prefix + '.') if prefix else ''}{near[0]}?" if near else ""))
+                                  + did_you_mean(key, fields, 0.7, f"{prefix}." if prefix else ""))
             if isinstance(kind, dict):
                 if isinstance(value, dict):
                     walk(value, kind, dotted)

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 
 from helpers.readers import model_ref
-from helpers.readers.base import ConfigError, Imported, leaves, lookup, probability
+from helpers.readers.base import ConfigError, Imported, did_you_mean, leaves, lookup, probability
 from helpers.readers.provenance import Record, boolean, positive_int
 
 NAME = "torchtune"
@@ -205,12 +205,8 @@ def _check_kwargs(path, section: str, component: str, values) -> None:
     allowed = [n for n in params if n != "params"]
     for key in values:
         if key != "_component_" and key not in allowed:
-            import difflib
-
-            near = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
             raise ConfigError(path, f"{section}.{key}: {cls} takes no argument {key!r} (torchtune's instantiate "
-                                    f"passes it on, and the run stops)" + (f"; did you mean {section}.{near[0]}?"
-                                                                            if near else ""))
+                                    f"passes it on, and the run stops)" + did_you_mean(key, allowed, prefix=f"{section}."))
 
 
 class _Reader:
