@@ -1,6 +1,7 @@
 """The result format: totals are sums of categories, JSON round-trips, saves are atomic."""
 
 import json
+from pathlib import Path
 
 from helpers import cases, estimate
 from helpers.results import Result
@@ -73,3 +74,12 @@ def test_dryrun_vs_estimate_file_is_what_the_code_gives_now():
         for dev in ("gpu", "host"):
             for phase, stored in row["dry_run"][dev]["phases"].items():
                 assert again[dev]["phases"][phase] == pytest.approx(stored, rel=1e-3, abs=1024), (row["model"], dev, phase)
+
+
+def test_the_readme_quotes_the_grid_file():
+    """The README's count of dry-run set-ups and its largest phase difference are the recorded file's."""
+    root = Path(__file__).resolve().parent.parent
+    rows = json.loads((root / "data" / "results" / "dryrun_vs_estimate.json").read_text())["rows"]
+    readme = " ".join((root / "README.md").read_text().split())
+    worst = max(r["worst_phase_rel_diff"] for r in rows)
+    assert f"on {len(rows)} set-ups (" in readme and f"phase difference {worst:.2%})" in readme
