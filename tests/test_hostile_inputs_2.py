@@ -564,7 +564,15 @@ def test_heredocs_unset_and_appends_as_bash_runs_them(tmp_path, script, batch):
     assert read([write(tmp_path, "a.sh", text)]).setup.batch == batch
 
 
-@pytest.mark.parametrize("script", ["false && MB=16\n", "f() {\n  MB=16\n}\n"])
+@pytest.mark.parametrize("script,batch", [("false && MB=16\n", 3), ("true && MB=16\n", 16),
+                                          ("f() {\n  MB=16\n}\n", 3), ("f() {\n  MB=16\n}\nf\n", 16)])
+def test_an_assignment_bash_skips_is_skipped(tmp_path, script, batch):
+    """bash skips `false && MB=16` and an uncalled function's body, and runs a called one."""
+    text = "MB=3\n" + script + OPENRLHF.format(launcher="", stage=2, mb="$MB")
+    assert read([write(tmp_path, "a.sh", text)]).setup.batch == batch
+
+
+@pytest.mark.parametrize("script", ["mkdir -p out && MB=16\n", "[ -n \"$BIG\" ] && MB=16\n"])
 def test_an_assignment_bash_may_skip_is_named(tmp_path, script):
     refused([write(tmp_path, "a.sh", "MB=3\n" + script + OPENRLHF.format(launcher="", stage=2, mb="$MB"))],
             "depends on how the script runs")
@@ -669,10 +677,17 @@ def test_launcher_flags_abbreviated_as_their_argparse_takes_them(tmp_path, launc
     assert read([write(tmp_path, "a.sh", text)]).setup.gpus == gpus
 
 
-@pytest.mark.parametrize("value", ["${MB:0:1}", "${#MB}", "$((MB+1))"])
+@pytest.mark.parametrize("value,batch", [("${MB:0:1}", 4), ("${#MB}", 2), ("$((MB+1))", 43), ("${MB: -1}", 2),
+                                         ("${MB%2}", 4), ("${X:-${MB}}", 42), ("$(( (MB + 6) / 8 ))", 6)])
+def test_bash_expansions_are_evaluated_as_bash_does(tmp_path, value, batch):
+    text = "MB=42\n" + OPENRLHF.format(launcher="", stage=2, mb=value)
+    assert read([write(tmp_path, "a.sh", text)]).setup.batch == batch
+
+
+@pytest.mark.parametrize("value", ["${MB/4/8}", "${!MB}", "$((MB++))"])
 def test_a_bash_expansion_not_evaluated_is_named(tmp_path, value):
     refused([write(tmp_path, "a.sh", "MB=42\n" + OPENRLHF.format(launcher="", stage=2, mb=value))],
-            "a bash expansion not evaluated here")
+            "not evaluated here")
 
 
 def test_llamafactory_quantised_base_without_lora_is_said_in_its_terms(tmp_path):

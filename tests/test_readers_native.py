@@ -183,8 +183,8 @@ def test_litgpt_devices_choose_litgpt_engines(tmp_path):
 
 
 TT_MIN = ("model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n  lora_attn_modules: {modules}\n"
-          "batch_size: 2\ngradient_accumulation_steps: 1\ndtype: {dtype}\noptimizer:\n  _component_: "
-          "torch.optim.AdamW\n")
+          "batch_size: 2\ngradient_accumulation_steps: 1\nresume_from_checkpoint: False\ndtype: {dtype}\n"
+          "optimizer:\n  _component_: torch.optim.AdamW\n")
 
 
 @pytest.mark.parametrize("modules, dtype, words", [

@@ -157,7 +157,7 @@ def as_deepspeed_reads(path, data: dict) -> dict:
         if not isinstance(raw, dict):
             raise ConfigError(path, f"{section} must be an object, got {raw!r}")
         if section == "zero_optimization" and raw.get("stage", "auto") != "auto":
-            _stage(path, "zero_optimization.stage", raw["stage"])       # (stricter: true is no stage here)
+            _stage(path, "zero_optimization.stage", raw["stage"])
         try:
             checked = model(**raw)
         except ValidationError as e:
@@ -586,8 +586,10 @@ def _defaults():
 
 def _stage(path, key: str, value) -> int:
     """A ZeRO stage 0-3. DeepSpeed validates it with pydantic in lax mode (runtime/zero/config.py `stage:
-    ZeroStageEnum`), which also takes "3" and 3.0 -- so do we; True/False (which pydantic would take as 1/0) and any
-    other value are refused."""
+    ZeroStageEnum`), which also takes "3", 3.0, and true/false as 1/0 (checked: DeepSpeedZeroConfig(stage=True).stage
+    is 1 in 0.19.8) -- so do we; any other value is refused."""
+    if isinstance(value, bool):
+        value = int(value)
     if isinstance(value, str) and value.strip() in ("0", "1", "2", "3"):
         value = int(value)
     elif isinstance(value, float) and value in (0, 1, 2, 3):

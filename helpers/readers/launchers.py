@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import re
-import shlex
 
 from helpers.readers import shell
 from helpers.readers.base import ConfigError, did_you_mean
@@ -29,16 +28,27 @@ def flags_of(which: str) -> frozenset[str]:
     return frozenset(re.findall(r'"(--[\w-]+)"', "\n".join(re.findall(r"add_argument\(([^)]*)", src))))
 
 
+def launcher_of(words: list[str]) -> tuple[str | None, int]:
+    """('deepspeed' or 'torchrun', the index of its word) of the launcher among a command's words (also as
+    `python -m deepspeed.launcher.runner` / `torch.distributed.run` and by path), or (None, -1)."""
+    for k, w in enumerate(words):
+        base = str(w).rsplit("/", 1)[-1]
+        if base == "deepspeed" or base == "deepspeed.launcher.runner":
+            return "deepspeed", k
+        if base in ("torchrun", "torch.distributed.run", "torch.distributed.launch"):
+            return "torchrun", k
+    return None, -1
+
+
 def unabbreviated(words: list[str]) -> list[str]:
     """The launcher's words with each abbreviated flag written whole, as its argparse (allow_abbrev) reads it:
     `deepspeed --num_gpu 4` is --num_gpus 4, `torchrun --nproc_per 4` is --nproc_per_node 4."""
-    which = "deepspeed" if "deepspeed" in words else "torchrun" if any(
-        w in ("torchrun", "torch.distributed.run") for w in words) else None
+    which, at = launcher_of(words)
     if which is None:
         return words
     known = flags_of(which)
-    out = []
-    for w in words:
+    out = list(words[:at + 1])
+    for w in words[at + 1:]:
         name, eq, rest = w.partition("=")
         if name.startswith("--") and name not in known:
             matches = [k for k in known if k.startswith(name)]
@@ -48,21 +58,15 @@ def unabbreviated(words: list[str]) -> list[str]:
     return out
 
 
-def world_size(path, launcher: list[str], script: str) -> tuple[int | None, object]:
-    """World size from the launcher's own flags (deepspeed --num_gpus/--num_nodes/--include, torchrun
-    --nproc_per_node/--nnodes), also on a separate `deepspeed --module $cmd` line of the script."""
-    words = list(launcher)
-    for line in re.sub(r"\\\r?\n", " ", shell.strip_comments(script)).splitlines():
-        if re.match(r"\s*(deepspeed|torchrun)\b", line) and "$" in line:
-            try:
-                words += shlex.split(line, comments=True)
-            except ValueError:
-                pass
-
-    words = unabbreviated(words)
-    if "deepspeed" in launcher:                    # deepspeed's own argparse stops at a flag it does not have
+def world_size(path, launcher: list[str], env: dict) -> tuple[int | None, object]:
+    """World size from the launcher's own flags (deepspeed --num_gpus/--num_nodes/--include/--exclude and
+    CUDA_VISIBLE_DEVICES as its runner reads them, torchrun --nproc_per_node/--nnodes); `launcher` is the command's
+    words before the module, as bash expands them, and `env` what the command sees of the environment."""
+    which, at = launcher_of(launcher)
+    words = unabbreviated(list(launcher))[at + 1:] if which else []
+    if which == "deepspeed":                       # deepspeed's own argparse stops at a flag it does not have
         known = flags_of("deepspeed")
-        for w in unabbreviated(list(launcher)):
+        for w in words:
             name = w.partition("=")[0]
             if name.startswith("--") and name not in known:
                 raise ConfigError(path, f"the deepspeed launcher has no flag {name} (its argparse stops: "
@@ -71,26 +75,40 @@ def world_size(path, launcher: list[str], script: str) -> tuple[int | None, obje
     def value(*names):
         for k, w in enumerate(words):
             for n in names:
-                if w == n and k + 1 < len(words):
-                    return words[k + 1]
-                if w.startswith(n + "="):
-                    return w.split("=", 1)[1]
+                got = words[k + 1] if w == n and k + 1 < len(words) else w if w.startswith(n + "=") else None
+                if isinstance(got, (shell.Unknown, shell.Unset)):
+                    raise ConfigError(path, f"the launcher's {n} {got!s}: {got.why}, so its GPU count is not known "
+                                            f"here; assign it plainly before the command, or give --gpus")
+                if got is not None:
+                    return got if w == n else w.split("=", 1)[1]
         return None
-    per_node = (value("--num_gpus", "--num_accelerators") if "deepspeed" in words else         # (deepspeed's own
-                value("--nproc_per_node", "--nproc-per-node"))                                 # spellings, runner.py)
-    include = value("--include", "-i")
-    visible = next((w.split("=", 1)[1] for w in launcher if w.startswith("CUDA_VISIBLE_DEVICES=")), None)
-    if visible is None:
-        visible = shell.assignments(shell.strip_comments(script)).get("CUDA_VISIBLE_DEVICES")
-    if ("deepspeed" in words and visible and not isinstance(visible, shell.Unknown) and per_node is None and not include
-            and not value("--exclude", "-e") and value("--num_nodes", "--num-nodes") is None):
-        include = f"localhost:{visible}"   # launcher/runner.py: CUDA_VISIBLE_DEVICES becomes --include localhost:...
+    deepspeed = which == "deepspeed"
+    per_node = (value("--num_gpus", "--num_accelerators") if deepspeed else
+                value("--nproc_per_node", "--nproc-per-node"))                                 # (runner.py's spellings)
+    include, exclude = value("--include", "-i"), value("--exclude", "-e")
     nodes = value("--num_nodes", "--num-nodes", "--nnodes")
+    visible = next((w.split("=", 1)[1] for w in launcher if w.startswith("CUDA_VISIBLE_DEVICES=")),
+                   env.get("CUDA_VISIBLE_DEVICES"))
+    source = "--include"
+    if deepspeed and visible is not None:
+        if isinstance(visible, shell.Unknown):
+            raise ConfigError(path, f"CUDA_VISIBLE_DEVICES, which the deepspeed launcher reads: {visible.why}; "
+                                    f"assign it plainly, or give --gpus")
+        def number(v):
+            try:
+                return int(v)
+            except (TypeError, ValueError):
+                return None
+        # launcher/runner.py main(): a non-empty CUDA_VISIBLE_DEVICES becomes --include localhost:<it>, unless
+        # --include/--exclude, --num_nodes > 1 or --num_gpus > 0 is given (then it is ignored)
+        if len(visible) and not (include or exclude or (number(nodes) or 0) > 1 or (number(per_node) or 0) > 0):
+            include, source = f"localhost:{visible}", f"CUDA_VISIBLE_DEVICES={visible} (which DeepSpeed's launcher " \
+                                                      f"turns into --include localhost:{visible})"
     given = value("--num_gpus", "--num_accelerators") or value("--num_nodes")
-    if "deepspeed" in words and given is not None and (include or value("--exclude", "-e")):
-        raise ConfigError(path, "the deepspeed launcher is given --num_gpus/--num_nodes and --include/--exclude: it "
-                                "refuses the pair ('Cannot specify num_nodes/gpus with include/exclude', "
-                                "launcher/runner.py); keep one")
+    if deepspeed and given is not None and (include or exclude):
+        raise ConfigError(path, f"the deepspeed launcher is given --num_gpus/--num_nodes and "
+                                f"{'--include/--exclude' if source == '--include' else source}: it refuses the pair "
+                                f"('Cannot specify num_nodes/gpus with include/exclude', launcher/runner.py); keep one")
     if per_node is None and include:              # localhost:0,1,2,3, or host1:0,1@host2:0,1,2 (DeepSpeed's hostfile
         hosts = include.split("@")                  # filter: every GPU it names, on each host it names)
         if all(":" in h for h in hosts):
@@ -99,11 +117,17 @@ def world_size(path, launcher: list[str], script: str) -> tuple[int | None, obje
                 name, _, listed = h.partition(":")
                 for g in listed.split(","):
                     try:
-                        slots.setdefault(name, set()).add(int(g))
+                        slot = int(g)
                     except ValueError:
-                        raise ConfigError(path, f"--include {include}: DeepSpeed's launcher reads each GPU of a host "
-                                                f"as a number (launcher/runner.py parse_node_config: int(slot)), so "
-                                                f"{g!r} stops it; list them, e.g. localhost:0,1,2,3") from None
+                        raise ConfigError(path, f"{source if source != '--include' else '--include ' + include}: "
+                                                f"DeepSpeed's launcher reads each GPU of a host as a number "
+                                                f"(launcher/runner.py parse_node_config: int(slot)), so {g!r} stops "
+                                                f"it; list them, e.g. localhost:0,1,2,3") from None
+                    if slot < 0:
+                        raise ConfigError(path, f"{source if source != '--include' else '--include ' + include}: "
+                                                f"GPU {slot} is no GPU of {name} (DeepSpeed's launcher: 'No slot "
+                                                f"{slot!r} specified on host')")
+                    slots.setdefault(name, set()).add(slot)
             counts = [len(v) for v in slots.values()]
             hosts = list(slots)
             if len(hosts) > 1:
@@ -111,7 +135,7 @@ def world_size(path, launcher: list[str], script: str) -> tuple[int | None, obje
                                      f"({', '.join(map(str, counts))})")
             per_node = str(counts[0])
     if per_node is None:
-        excluded = value("--exclude", "-e")
+        excluded = exclude
         return None, (("--exclude", excluded, "the GPUs left are the machine's less these, and the script does not "
                        "say how many the machine has") if excluded else "")
     if per_node in ("gpu", "auto", "cpu", "xpu") or (nodes and ":" in nodes):

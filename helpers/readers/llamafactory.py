@@ -54,9 +54,27 @@ def _refuse_unknown(path, key) -> None:
     known = known_keys()
     if str(key) in known:
         return
+    if str(key) in MEGATRON_KEYS:
+        raise ConfigError(path, f"{key} is a Megatron setting: LLaMA-Factory takes it only when run with USE_MCA=1 or "
+                                f"USE_MEGATRON_BRIDGE=1 (hparams/parser.py get_train_args), its Megatron-Core "
+                                f"trainers, which this package does not model; without them its parser refuses the "
+                                f"key")
     near = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
     raise ConfigError(path, f"unknown key {key!r}" + (f": did you mean {near[0]!r}?" if near else "") + " (LLaMA-Factory "
                             "refuses keys its arguments do not have, unless ALLOW_EXTRA_ARGS=1 is set)")
+# The Megatron trainers' keys (hparams/megatron_bridge_args.py MegatronBridgeArguments, and examples/megatron/*.yaml
+# for mcore_adapter's, at ff6d4d1): LLaMA-Factory's own parser takes them only under USE_MCA / USE_MEGATRON_BRIDGE.
+MEGATRON_KEYS = frozenset((
+    "tensor_model_parallel_size pipeline_model_parallel_size expert_model_parallel_size context_parallel_size "
+    "virtual_pipeline_model_parallel_size sequence_parallel recompute_granularity recompute_method "
+    "recompute_num_layers account_for_embedding_in_pipeline_split account_for_loss_in_pipeline_split "
+    "bias_activation_fusion apply_rope_fusion masked_softmax_fusion cross_entropy_loss_fusion moe_grouped_gemm "
+    "moe_token_dispatcher_type calculate_per_token_loss use_distributed_optimizer overlap_param_gather "
+    "overlap_grad_reduce use_packed_sequences mixed_precision megatron_pretrained_checkpoint export_hf_on_finish "
+    "extra_config").split())
+# LLaMA-Factory's v1 trainer (examples/v1/*.yaml at ff6d4d1): its own format, keys the v0 parser does not have
+V1_KEYS = {"model", "model_class", "dist_config", "kernel_config", "train_dataset", "micro_batch_size",
+           "sample_backend", "peft_config", "quant_config", "batching_strategy", "init_config", "optim_config"}
 TOOL = "LLaMA-Factory 0.9.6.dev0 (commit ff6d4d1)"
 QUANTIZATION_METHODS = ("bnb", "gptq", "awq", "aqlm", "quanto", "eetq", "hqq", "mxfp4", "fp8")   # extras/constants.py
 SRC = "github:hiyouga/LLaMA-Factory@ff6d4d1 src/llamafactory/hparams/"
@@ -113,6 +131,14 @@ class _Reader(collect.TrainerYaml):
     def model_named(self) -> None:
         """The model the config names."""
         c, take, path = self.c, self.take, self.path
+        v1 = sorted(V1_KEYS & set(self.data))
+        if "model_name_or_path" not in self.data and len(v1) >= 2:
+            raise ConfigError(path, f"a LLaMA-Factory v1 config ({', '.join(v1[:4])}: its examples/v1 trainer), "
+                                    f"which this package does not read; the v0 format (model_name_or_path, "
+                                    f"finetuning_type, per_device_train_batch_size, ...) is read")
+        for key in self.data:                     # a misspelt key before a missing one: LLaMA-Factory names it so
+            if key not in known_keys():
+                _refuse_unknown(path, key)
         named = take("model_name_or_path")
         if named is None:
             raise ConfigError(path, "model_name_or_path is missing (LLaMA-Factory requires it)")

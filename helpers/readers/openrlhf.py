@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import shlex
 from pathlib import Path
 
 from helpers.models import DATA_DIR
@@ -106,43 +105,42 @@ def claims(path: Path, data) -> bool:
     return isinstance(data, str) and bool(MODULE_RE.search(shell.strip_comments(data)))
 
 
-def _tokens(path, text: str) -> tuple[str, list[str], list[str], dict[str, str]]:
-    """(module, the launcher's tokens before it, the flag tokens after it, shell variables) of the first command that
-    runs an openrlhf.cli module, read as bash runs the script (`helpers.readers.shell`): line continuations joined,
-    comment lines and the text of `:`/`cat` heredocs dropped, the command found among the others of its line or inside
-    `bash -c "..."`, bash arrays used as "${NAME[@]}" expanded with what was assigned before it."""
-    code = shell.drop_heredocs(shell.strip_comments(text)) + "\n"     # (a continuation at the file's very end ends there)
-    lines = re.sub(r"\\\r?\n", " ", code).splitlines()
-    for index, line in enumerate(lines):
-        m = MODULE_RE.search(line)
-        if not m:
-            continue
-        for _, words in shell.commands(line):
-            if not any(MODULE_RE.search(w) for w in words) or words[0] in ("echo", "printf", "cat"):
-                continue                               # another command of the line, or one that prints it
-            at = next((i for i, w in enumerate(words) if MODULE_RE.match(w)), None)
-            inner = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "-c" and i and
-                          words[i - 1].rsplit("/", 1)[-1] in ("bash", "sh") and MODULE_RE.search(words[i + 1])), None)
-            if at is None and inner is not None:      # srun ... bash -c "deepspeed --module openrlhf..." : its command
-                return _tokens(path, "\n".join(lines[:index] + [inner]))
-            if at is None:
-                raise ConfigError(path, f"the openrlhf module is not a word of its own in {line.strip()[:80]!r} "
-                                        f"(expected e.g. `deepspeed --module openrlhf.cli.train_sft ...`)")
-            # bash expands the command with the values (and arrays) assigned before it, not with later ones
-            before = "\n".join(lines[:index])
-            arrays = shell.arrays(before)
-            expanded = []
-            for w in words:
-                a = re.fullmatch(r"\$\{([A-Za-z_]\w*)\[[@*]\]\}", w)
-                expanded += shlex.split(arrays[a.group(1)]) if a and a.group(1) in arrays else [w]
-            after = []
-            for w in expanded[at + 1:]:
-                if w.startswith((">", "2>", "<")):
-                    break
-                after.append(w)
-            return m.group(1), expanded[:at], after, shell.assignments(shell.ARRAY_RE.sub("", before))
-    raise ConfigError(path, "no openrlhf.cli.train_* command found (expected e.g. `deepspeed --module "
-                            "openrlhf.cli.train_sft --pretrain ...`)")
+def _tokens(path, text: str) -> tuple[str, list[str], list[str], shell.Command, set[int]]:
+    """(module, the launcher's words before it, the flag words after it, the command, the script's dead lines) of the
+    command that runs an openrlhf.cli module, from the script evaluated as bash runs it (`helpers.readers.shell`):
+    its words expanded with what was assigned before it (quotes, arrays, defaults, "$@"), the command found among
+    the others of its line, inside `bash -c "..."`, `eval` or a function it calls. Several openrlhf commands where
+    one may not run (an if/case block, a loop, after && or ||) are refused: which runs is decided when the script
+    runs."""
+    try:
+        script = shell.run(text)
+    except shell.ShellError as e:
+        raise ConfigError(path, f"bash would not read the script this way, or this package cannot: {e}") from None
+    found, loose = [], None
+    for c in script.commands:
+        if not c.words or c.words[0] in ("echo", "printf", "cat", "print"):
+            continue                                   # a command that prints the module's name
+        at = next((i for i, w in enumerate(c.words) if MODULE_RE.fullmatch(w)), None)
+        if at is not None:
+            found.append((c, at))
+        elif loose is None and any(MODULE_RE.search(w) for w in c.words):
+            loose = c
+    if not found:
+        if loose is not None:
+            raise ConfigError(path, f"line {loose.line}: the openrlhf module is not a word of its own in "
+                                    f"{' '.join(loose.words)[:80]!r} (expected e.g. `deepspeed --module "
+                                    f"openrlhf.cli.train_sft ...`)")
+        raise ConfigError(path, "no openrlhf.cli.train_* command that the script runs (expected e.g. `deepspeed "
+                                "--module openrlhf.cli.train_sft --pretrain ...`; a command in a heredoc, a comment "
+                                "or an echo is text)")
+    if len(found) > 1:
+        lines = ", ".join(str(c.line) for c, _ in found)
+        why = next((f"; one runs only {c.cond}" for c, _ in found if c.cond), "")
+        raise ConfigError(path, f"the script runs {len(found)} openrlhf commands (lines {lines}), each a training run "
+                                f"of its own{why}; give a script with the one to estimate")
+    c, at = found[0]
+    m = MODULE_RE.fullmatch(c.words[at])
+    return m.group(1), c.words[:at], c.words[at + 1:], c, script.dead_lines
 
 
 @functools.cache
@@ -164,7 +162,6 @@ def argparse_flags(module: str, style: str) -> dict[str, dict] | None:
     return out
 
 
-SHELL_ARGS = ("$@", "${@}", "$*", "${*}")
 
 
 def _resolve(path, written: str, known: dict | None, module: str) -> str:
@@ -179,41 +176,38 @@ def _resolve(path, written: str, known: dict | None, module: str) -> str:
         raise ConfigError(path, f"{written} is an ambiguous abbreviation for openrlhf.cli.{module}'s argparse "
                                 f"('ambiguous option: {written} could match {', '.join(matches[:6])}'): write the "
                                 f"whole flag")
+    if " " in written:
+        raise ConfigError(path, f"{written!r} is one word (bash does not split a quoted \"$VAR\" or \"${{ARGS[*]}}\"), "
+                                f"and no flag of openrlhf.cli.{module}: its argparse parser stops the run; leave the "
+                                f"variable unquoted, or use an array as \"${{ARGS[@]}}\"")
     raise ConfigError(path, f"{written} is not a flag of openrlhf.cli.{module}: its argparse parser stops the run "
                             f"('unrecognized arguments: {written}')" + did_you_mean(written, known, 0.75))
 
 
-def _parse_flags(path, words: list[str], variables: dict[str, str], known: dict | None = None,
+def _parse_flags(path, words: list[str], known: dict | None = None,
                  module: str = "") -> tuple[dict[str, object], dict[str, str]]:
     """(flags, how each was written) as argparse parses them: --flag value / --flag (a switch) / --flag=value, in
-    order, an abbreviation taken for the one flag it starts, a flag given twice keeping its last value. With the
-    module's argparse table (`known`), what argparse refuses is a ConfigError: an unknown or ambiguous flag, a word
-    no flag takes (the `false` of `--bf16 false`), a flag without its value."""
-    def expand(word):
-        try:
-            return shell.expand(word, variables)
-        except shell.Unsettled as e:
-            return shell.unknown(word, str(e))
-
+    order, an abbreviation taken for the one flag it starts, a flag given twice keeping its last value. `words` are
+    bash's (`helpers.readers.shell`): a word the script leaves to its run (Unknown) or to the environment or its own
+    arguments (Unset) is kept, and named where a flag that matters reads it. With the module's argparse table
+    (`known`), what argparse refuses is a ConfigError: an unknown or ambiguous flag, a word no flag takes (the
+    `false` of `--bf16 false`), a flag without its value."""
     flags: dict[str, object] = {}
     spelled: dict[str, str] = {}
-    split: list[str] = []
-    for w in words:                           # an unquoted $VAR holding several words splits into them
-        value = expand(w) if "$" in w and w not in SHELL_ARGS else w
-        plain = re.fullmatch(r"\$\{?([A-Za-z_]\w*)\}?", w)
-        if plain and value == w and plain.group(1) not in variables:
-            split.append(shell.Unset(w))     # unset in the script: no word in bash (a flag's value is named where read)
-            continue
-        whole = value != w and not isinstance(value, shell.Unknown) and plain
-        split += shlex.split(value) if whole else [w]       # (an empty one is no word at all)
-    words = split
+    lines: dict[str, int] = {}
     i, after_switch = 0, None
     while i < len(words):
         w = words[i]
+        if isinstance(w, shell.Unknown) and w.startswith("--") and "=" in w:
+            name, _, value = w.partition("=")
+            w = shell.unknown(name + "=" + value, w.why, w.line)
         if not w.startswith("--"):
-            if w in SHELL_ARGS or known is None or isinstance(w, shell.Unset):
-                i += 1                                                  # the script's own arguments, passed on
+            if known is None or isinstance(w, shell.Unset):
+                i += 1                                     # the environment's or the script's own arguments
                 continue
+            if isinstance(w, shell.Unknown):
+                raise ConfigError(path, f"{w!s} in the openrlhf command: the script does not settle it before the "
+                                        f"command ({w.why}), so the flags it holds are not known here")
             why = (f"{after_switch} is a switch (store_true) and takes no value" if after_switch else
                    "no flag before it takes it")
             raise ConfigError(path, f"{w!r} in the openrlhf command: {why}; argparse stops the run "
@@ -223,15 +217,18 @@ def _parse_flags(path, words: list[str], variables: dict[str, str], known: dict 
         full = _resolve(path, name, known, module)
         spec = (known or {}).get(full)
         spelled[full] = name
+        if getattr(w, "line", None):
+            lines[full] = w.line
         after_switch = None
         if eq:
-            flags[full] = expand(value)
+            flags[full] = (shell.unknown(w, w.why) if isinstance(w, (shell.Unknown, shell.Unset)) else
+                           shell.text(value, getattr(w, "line", None)))
             i += 1
             continue
         values = []
         j = i + 1
-        while j < len(words) and not words[j].startswith("--"):
-            values.append(expand(words[j]))
+        while j < len(words) and not (words[j].startswith("--") and not isinstance(words[j], shell.Unset)):
+            values.append(words[j])
             j += 1
         nargs = spec["nargs"] if spec else None
         if (spec["switch"] if spec else w in OTHER_SWITCHES or _canonical(w) in SWITCHES):
@@ -253,7 +250,7 @@ def _parse_flags(path, words: list[str], variables: dict[str, str], known: dict 
         else:
             flags[full] = values[0] if len(values) == 1 and spec is None else values
         i = j
-    return flags, spelled
+    return flags, spelled, lines
 
 def _canonical(flag: str) -> str | None:
     for name, spellings in FLAGS.items():
@@ -265,11 +262,11 @@ def _canonical(flag: str) -> str | None:
 class _Reader:
     def __init__(self, path: Path, text: str, flag_lines: dict[str, int] | None = None):
         self.path, self.text = Path(path), text
-        self.module, launcher, words, variables = _tokens(path, text)
+        self.module, launcher, words, self.command, self.dead = _tokens(path, text)
         self.style = "dotted" if any(w.startswith(("--ds.", "--train.", "--data.", "--model.", "--ckpt."))
                                      for w in words) else "classic"
-        self.flags, self.spelled = _parse_flags(path, words, variables, argparse_flags(self.module, self.style),
-                                                self.module)
+        self.flags, self.spelled, self.flag_lines = _parse_flags(path, words, argparse_flags(self.module, self.style),
+                                                                 self.module)
         self.launcher = launcher
         newer = any(f in self.flags for f in ("--param_dtype", "--attn_implementation"))
         self.tool = DOTTED if self.style == "dotted" else (CLASSIC_NEW if newer else CLASSIC)
@@ -279,10 +276,14 @@ class _Reader:
         self.used: set[str] = set()
 
     def line(self, flag: str) -> int | None:
+        """The line the flag is written on: its word's own where the command writes it, else (a flag from a variable
+        or an array) the first line of live code that holds it."""
+        if flag in self.flag_lines:
+            return self.flag_lines[flag]
         flag = self.spelled.get(flag, flag)                     # an abbreviation is found as written
         pattern = re.compile(rf"(?<![\w.-]){re.escape(flag)}(?![\w.-])")
         for n, raw in enumerate(self.text.splitlines(), 1):
-            if not raw.lstrip().startswith("#") and pattern.search(raw):
+            if n not in self.dead and not raw.lstrip().startswith("#") and pattern.search(raw):
                 return n
         return None
 
@@ -293,11 +294,9 @@ class _Reader:
                 self.used.add(spelled)
                 value = self.flags[spelled]
                 for v in value if isinstance(value, list) else [value]:
-                    unset = re.search(r"\$\{?([A-Za-z_]\w*)", v) if isinstance(v, str) else None
-                    if unset and not isinstance(v, shell.Unknown):
-                        raise ConfigError(self.path, f"{spelled} {v}: ${unset.group(1)} is not assigned in the script "
-                                                     f"before the command (it would come from the environment); "
-                                                     f"assign it there, or write the flag's value")
+                    if isinstance(v, shell.Unset):
+                        raise ConfigError(self.path, f"{spelled} {v}: {v.why}; assign it in the script before the "
+                                                     f"command, or write the flag's value")
                     if isinstance(v, shell.Unknown):
                         raise ConfigError(self.path, f"{spelled} {v}: the script does not settle its value before "
                                                      f"the command ({v.why}); assign it plainly before the command, "
@@ -370,7 +369,7 @@ class _Reader:
                                    lambda n, p: f"gpus={n * p}, gpus_per_node={p} (actor)",
                                    fields=lambda n, p: {"gpus": n * p, "gpus_per_node": p})
             return nodes * per
-        gpus, how = launchers.world_size(f, self.launcher, self.text)
+        gpus, how = launchers.world_size(f, self.launcher, self.command.env)
         if gpus is None:
             if how:
                 key, value, why = how

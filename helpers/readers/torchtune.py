@@ -218,6 +218,15 @@ class _Reader:
         """(present, value): the file's value of a dotted key, or the recipe's default."""
         return lookup(self.data, key, default)
 
+    def required(self, key: str, example: str) -> None:
+        """The fine-tuning recipes read `key` as an attribute (cfg.dtype, cfg.gradient_accumulation_steps,
+        cfg.resume_from_checkpoint in recipes/{lora,full}_finetune_{single_device,distributed}.py @bd2a0fc), and
+        OmegaConf raises on a missing key, so a file without it stops the run at start-up (the dev GRPO recipe's
+        files, with max_seq_length, are read otherwise)."""
+        if key not in self.data and "max_seq_length" not in self.data:
+            raise ConfigError(self.path, f"no {key}: torchtune's fine-tuning recipes read cfg.{key}, and OmegaConf "
+                                         f"stops the run on a missing key ('Missing key {key}'); write e.g. {example}")
+
     def read(self) -> Imported:
         model, named = self.model()
         self.run_kind()
@@ -335,6 +344,7 @@ class _Reader:
         if not present:
             raise ConfigError(f, "no batch_size: the recipes read cfg.batch_size")
         d.set("batch_size", batch, batch=_number(f, "batch_size", batch))
+        self.required("gradient_accumulation_steps", "gradient_accumulation_steps: 1")
         present, accum = self.value("gradient_accumulation_steps", 1)
         accum = _number(f, "gradient_accumulation_steps", accum)
         (d.set("gradient_accumulation_steps", accum, grad_accum=accum) if present else
@@ -357,6 +367,7 @@ class _Reader:
 
     def precision(self) -> None:
         d, f = self.d, self.path
+        self.required("dtype", "dtype: bf16")
         present, dtype = self.value("dtype", None)
         if dtype not in ("bf16", "fp32", None):
             raise ConfigError(f, f"dtype must be bf16 or fp32 (torchtune refuses fp16 training), got {dtype!r}")
@@ -424,6 +435,7 @@ class _Reader:
                 d.unmodelled(key, v, why)
             elif present:
                 d.set(key, v, sets="off (as modelled)")
+        self.required("resume_from_checkpoint", "resume_from_checkpoint: False")
         present, resume = self.value("resume_from_checkpoint", False)
         if present and _omegaconf_bool(f, "resume_from_checkpoint", resume):
             d.set("resume_from_checkpoint", resume, resume=True)
