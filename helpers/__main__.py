@@ -198,7 +198,10 @@ def imported_from(a: argparse.Namespace):
     if unknown_world and typed.get("gpus", 1) > 1 and imp.setup.strategy == "single" and "strategy" not in typed:
         # files that name no launcher, run on N GPUs: N data-parallel processes (accelerate launch / torchrun), or
         # the tool's own distributed engine (torchtune's distributed recipes: FSDP2)
-        imp.setup = imp.setup.replace(strategy=imp.more_gpus)
+        from helpers import strategies
+
+        kept = imp.setup.adapter_dtype if strategies.get(imp.more_gpus).adapter_dtype else None
+        imp.setup = imp.setup.replace(strategy=imp.more_gpus, adapter_dtype=kept)   # (under FSDP2 the engine's)
         overrides.append({"flag": _flag_of(a, "gpus"), "field": "strategy", "value": imp.more_gpus,
                           "replaced": "single",
                           "from": "the files name no launcher or engine: on N GPUs the Trainer runs as N DDP "

@@ -81,9 +81,16 @@ def fits(result: Result, gpu: str | None = None) -> tuple[bool, str]:
 
     if result.oom["device"] is not None:
         return False, report.verdict(result)
-    if gpu is not None:
+    saved = result.meta.get("gpu_preset")
+    if gpu is not None:                        # for this call only: the result keeps the preset it was made with
         result.meta["gpu_preset"] = gpu
-    total = report.device_total_oom(result)
+    try:
+        total = report.device_total_oom(result)
+    finally:
+        if saved is None:
+            result.meta.pop("gpu_preset", None)
+        else:
+            result.meta["gpu_preset"] = saved
     return (False, total) if total else (True, report.verdict(result))
 
 

@@ -221,6 +221,11 @@ def memory_curve(result: Result, overlay: Result | None = None, reported: list[d
     """A MemoryCurve of `result`, with a measurement overlaid and the case's reported figures marked
     (stars at a phase, dotted lines otherwise), their `source` written under the figure."""
     _check_results([result] + ([overlay] if overlay is not None else []), "memory_curve needs a Result")
+    _check_title(title, "memory_curve")
+    if reported is not None and (not isinstance(reported, (list, tuple)) or
+                                 not all(isinstance(x, dict) for x in reported)):
+        raise InputError(f"memory_curve: reported must be a list of dicts (a figure each, with its unit), got "
+                         f"{type(reported).__name__}")
     return MemoryCurve(result, title, source=source, overlay=overlay, reported=reported)
 
 
@@ -234,6 +239,8 @@ def compare_bars(results: dict[str, Result], device: str = "gpu", title: str = "
     """Before/after: each result's peak on `device`, stacked by category, with its capacity line; the axis in GiB, or
     MiB when every peak is under 1 GiB; the kind of evidence under the title."""
     _check_results(results.values() if isinstance(results, dict) else None, "compare_bars needs a {label: Result} dict")
+    _check_title(title or "", "compare_bars")
+    title = title or ""
     width = min(WIDTH_IN, max(6.0, 1.6 + 1.5 * len(results)))
     fig, ax = plt.subplots(figsize=(width, 4.6), layout="constrained")
     fit_canvas(fig)
@@ -354,6 +361,11 @@ def _check_results(results, what: str) -> None:
     results = list(results)
     if not results:
         raise InputError(f"{what} with at least one result, got none")
-    bad = next((r for r in results if not isinstance(r, Result)), None)
-    if bad is not None:
-        raise InputError(f"{what}: each value must be a helpers.results.Result, got {type(bad).__name__}")
+    bad = [r for r in results if not isinstance(r, Result)]
+    if bad:
+        raise InputError(f"{what}: each value must be a helpers.results.Result, got {type(bad[0]).__name__}")
+
+
+def _check_title(title, what: str) -> None:
+    if title is not None and not isinstance(title, str):
+        raise InputError(f"{what}: title must be text, got {type(title).__name__}")

@@ -735,3 +735,92 @@ def test_torchtune_interpolations_resolve_as_omegaconf_does(tmp_path):
     assert imp.setup.lora_rank == imp.setup.batch == 4
     refused([write(tmp_path, "b.yaml", src.replace("  lora_rank: 64", "  lora_rank: ${oc.env:RANK_R}"))],
             "an OmegaConf interpolation not resolved here")
+
+
+# -- pass six (non-shell surfaces) ----------------------------------------------------------------------------------
+
+TRL_MIN = "model_name_or_path: meta-llama/Llama-3.2-1B\nper_device_train_batch_size: 2\nmax_length: 1024\nbf16: true\n"
+ACC_FSDP = "distributed_type: FSDP\nnum_processes: 4\nnum_machines: 1\nmixed_precision: bf16\nfsdp_config:\n"
+
+
+@pytest.mark.parametrize("value,strategy", [(3, "ddp"), ("NO_SHARD", "ddp"), ("no_shard", "ddp"), (1, "fsdp1"),
+                                            ("'1'", "fsdp1")])
+def test_accelerate_sharding_strategy_as_accelerate_reads_it(tmp_path, value, strategy):
+    """accelerate: a number is torch's ShardingStrategy value (3 is NO_SHARD), a name in any case."""
+    acc = write(tmp_path, "acc.yaml", ACC_FSDP + f"  fsdp_sharding_strategy: {value}\n")
+    assert read([write(tmp_path, "t.yaml", TRL_MIN), acc]).setup.strategy == strategy
+
+
+@pytest.mark.parametrize("value", [9, "SHARD_ALL", 0])
+def test_accelerate_refuses_a_sharding_strategy_it_does_not_have(tmp_path, value):
+    acc = write(tmp_path, "acc.yaml", ACC_FSDP + f"  fsdp_sharding_strategy: {value}\n")
+    refused([write(tmp_path, "t.yaml", TRL_MIN), acc], "fsdp_sharding_strategy", "3 NO_SHARD")
+
+
+def test_transformers_fsdp_option_defaults_to_fsdp2_and_refuses_unknown_words(tmp_path):
+    imp = read([write(tmp_path, "a.yaml", TRL_MIN + "fsdp: full_shard auto_wrap\n")])
+    assert imp.setup.strategy == "fsdp2" and any(d.key == "fsdp_config.version" for d in imp.defaults)
+    assert read([write(tmp_path, "b.yaml", TRL_MIN + "fsdp: full_shard\nfsdp_config:\n  version: 1\n")]
+                ).setup.strategy == "fsdp1"
+    refused([write(tmp_path, "c.yaml", TRL_MIN + "fsdp: shard_everything\n")], "'shard_everything'",
+            "Unknown `fsdp` option")
+    refused([write(tmp_path, "d.yaml", TRL_MIN + "fsdp: hybrid_shard\n")], "only available with FSDP1")
+
+
+def test_pairs_the_tools_refuse(tmp_path):
+    lf = "model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\nfinetuning_type: lora\n"
+    refused([write(tmp_path, "a.yaml", lf + "bf16: true\nfp16: true\n")], "bf16 and fp16 both true")
+    refused([write(tmp_path, "b.yaml", TRL_MIN + "load_in_4bit: true\nload_in_8bit: true\n")],
+            "4 bit precision at the same time")
+    ax = "base_model: meta-llama/Llama-3.2-1B\nadapter: qlora\nlora_r: 8\nlora_target_linear: true\n"
+    refused([write(tmp_path, "c.yaml", ax)], "Require cfg.load_in_4bit")
+    refused([write(tmp_path, "d.yaml", ax + "load_in_8bit: true\n")], "Can't load qlora in 8bit")
+
+
+def test_llamafactory_megatron_keys_v1_files_and_typos_are_named(tmp_path):
+    lf = "model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\nfinetuning_type: full\n"
+    refused([write(tmp_path, "a.yaml", lf + "tensor_model_parallel_size: 2\n")], "Megatron setting", "USE_MCA=1")
+    refused([write(tmp_path, "b.yaml", lf.replace("model_name_or_path", "model_name_or_pat"))],
+            "'model_name_or_pat'", "did you mean 'model_name_or_path'")
+    v1 = "model: Qwen/Qwen3-0.6B\nmodel_class: llm\ndist_config:\n  name: fsdp2\nmicro_batch_size: 2\ncutoff_len: 2048\n"
+    refused([write(tmp_path, "c.yaml", v1)], "LLaMA-Factory v1 config")
+
+
+@pytest.mark.parametrize("key", ["dtype", "gradient_accumulation_steps", "resume_from_checkpoint"])
+def test_torchtune_keys_its_recipes_read_as_attributes_are_required(tmp_path, key):
+    src = (Path(__file__).parent / "data" / "configs_upstream" / "torchtune" / "recipes" / "configs" / "llama3_2" /
+           "1B_lora_single_device.yaml").read_text()
+    lines = [ln for ln in src.splitlines() if not ln.startswith(key + ":")]
+    assert len(lines) == len(src.splitlines()) - 1
+    refused([write(tmp_path, "a.yaml", "\n".join(lines) + "\n")], f"no {key}", "Missing key")
+
+
+def test_a_torchtune_lora_file_on_several_gpus(capsys):
+    f = (Path(__file__).parent / "data" / "configs_upstream" / "torchtune" / "recipes" / "configs" / "llama3_2" /
+         "1B_lora_single_device.yaml")
+    assert main(["estimate", "--from", str(f), "--gpus", "2", "--offline"]) == 0
+    assert "fsdp2 on 2 GPU(s)" in capsys.readouterr().out
+
+
+def test_fits_with_a_gpu_leaves_the_result_as_it_was():
+    from helpers import estimate, fit
+    from helpers.training import TrainSetup
+
+    r = estimate.run("llama-3.2-1b", TrainSetup(gpu_gib=80, seq=256))
+    before = dict(r.meta)
+    with pytest.raises(InputError):
+        fit.fits(r, "nope-gpu")
+    fit.fits(r, "h100-80gb")
+    assert r.meta == before and fit.fits(r)[0]
+
+
+def test_plots_name_a_missing_result_or_a_wrong_title():
+    from helpers import estimate, plots
+    from helpers.training import TrainSetup
+
+    r = estimate.run("llama-3.2-1b", TrainSetup(seq=256))
+    for call in (lambda: plots.memory_curve(None), lambda: plots.memory_curve(r, title=5),
+                 lambda: plots.memory_curve(r, reported="x"), lambda: plots.compare_bars({"a": None}),
+                 lambda: plots.sweep([1, 2], [r, None], "batch")):
+        with pytest.raises(InputError):
+            call()

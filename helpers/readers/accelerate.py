@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.readers import base, collect
-from helpers.readers.base import ConfigError, Imported
+from helpers.readers.base import ConfigError, Imported, did_you_mean
 from helpers.readers.provenance import Record
 
 NAME = "accelerate"
@@ -25,6 +25,30 @@ SRC = "accelerate 1.15.0 utils/dataclasses.py"
 KINDS = {"NO": "single", "MULTI_GPU": "ddp", "DEEPSPEED": None, "FSDP": None}
 FULL = {"FULL_SHARD", "1", True, "true", 1}
 
+
+
+def _sharding_strategy(path, key: str, value) -> str:
+    """fsdp_sharding_strategy as accelerate reads it (utils/dataclasses.py FullyShardedDataParallelPlugin): a name of
+    FSDP_SHARDING_STRATEGY in any case, or a number that is torch's ShardingStrategy value (1 FULL_SHARD,
+    2 SHARD_GRAD_OP, 3 NO_SHARD, 4 HYBRID_SHARD, 5 _HYBRID_SHARD_ZERO2); anything else stops accelerate."""
+    from accelerate.utils.constants import FSDP_SHARDING_STRATEGY
+    from torch.distributed.fsdp import ShardingStrategy
+
+    allowed = ", ".join(f"{s.value} {s.name.lstrip('_')}" for s in ShardingStrategy)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(path, f"{key} must be a sharding strategy ({allowed}), got {value!r}")
+    if isinstance(value, str) and value.upper() in FSDP_SHARDING_STRATEGY:
+        return value.upper()
+    if isinstance(value, int) or value.isdigit():
+        try:
+            return ShardingStrategy(int(value)).name.lstrip("_")
+        except ValueError:
+            raise ConfigError(path, f"{key} {value!r} is no torch ShardingStrategy ({allowed}): accelerate stops on "
+                                    f"it") from None
+    if value.upper() in ShardingStrategy.__members__:
+        return value.upper()
+    raise ConfigError(path, f"{key} {value!r} is none of accelerate's sharding strategies ({allowed})"
+                      + did_you_mean(value.upper(), list(FSDP_SHARDING_STRATEGY), 0.6))
 
 def claims(path: Path, data) -> bool:
     """A YAML mapping with accelerate's own keys (distributed_type, compute_environment)."""
@@ -251,6 +275,8 @@ def _fsdp(c: Record, fsdp: dict) -> None:
         c.set(p + "fsdp_version", 1, "strategy=fsdp1", strategy="fsdp1")
     shard_key = p + ("fsdp_reshard_after_forward" if "fsdp_reshard_after_forward" in fsdp else "fsdp_sharding_strategy")
     shard = fsdp.get(shard_key[len(p):])
+    if shard is not None and shard_key.endswith("fsdp_sharding_strategy"):
+        shard = _sharding_strategy(c.path, shard_key, shard)
     if shard is not None:
         if shard in FULL or str(shard).upper() == "FULL_SHARD":
             c.set(shard_key, shard, "parameters, gradients and optimizer states sharded (full shard)")

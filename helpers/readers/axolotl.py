@@ -426,6 +426,13 @@ class _Reader:
             d.unmodelled_at(f, self.line("adapter"), "adapter", adapter, f"adapter {adapter!r} is not modelled: "
                                                                         f"estimated as full fine-tuning")
             return
+        if adapter == "qlora" and not self.data.get("merge_lora"):   # schemas/peft.py validate_qlora (training)
+            if eight:
+                raise ConfigError(f, "adapter qlora with load_in_8bit: axolotl refuses it ('Can't load qlora in "
+                                     "8bit', schemas/peft.py); QLoRA loads the base in 4-bit: load_in_4bit: true")
+            if not four:
+                raise ConfigError(f, "adapter qlora without load_in_4bit: true: axolotl refuses it ('Require "
+                                     "cfg.load_in_4bit to be True for qlora', schemas/peft.py)")
         rank = positive_int(f, "lora_r", self.take("lora_r"))
         d.setting(f, self.line("adapter"), "adapter", adapter, sets="LoRA adapters on a frozen base")
         d.setting(f, self.line("lora_r"), "lora_r", rank, lora_rank=rank)

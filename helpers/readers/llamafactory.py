@@ -271,6 +271,9 @@ class _Reader(collect.TrainerYaml):
         for key, value in (("bf16", bf16), ("fp16", fp16), ("pure_bf16", pure)):
             if value is not None:
                 c.flag(key, value)
+        if fp16 and c.flag("fp16", fp16) and bf16 and c.flag("bf16", bf16):
+            raise ConfigError(path, "bf16 and fp16 both true: transformers' TrainingArguments refuses the pair ('At "
+                                    "most one of fp16 and bf16 can be True', training_args.py); keep one")
         if pure:
             c.set("pure_bf16", True, "precision=bf16 (weights, gradients and Adam states in bf16, no fp32 master)",
                   precision="bf16")

@@ -342,6 +342,10 @@ class _Reader(collect.TrainerYaml):
         c, take = self.c, self.take
         q4, q8 = (None if v is None else boolean(self.path, k, v)
                   for k, v in (("load_in_4bit", take("load_in_4bit")), ("load_in_8bit", take("load_in_8bit"))))
+        if q4 and q8:
+            raise ConfigError(self.path, "load_in_4bit and load_in_8bit both true: TRL refuses the pair ('You can't use "
+                                         "8 bit and 4 bit precision at the same time', trainer/model_config.py); keep "
+                                         "one")
         if q4:
             given_type = "bnb_4bit_quant_type" in self.data
             qtype = take("bnb_4bit_quant_type", "nf4")
@@ -465,7 +469,21 @@ def _fsdp(c: Record, fsdp, config: dict) -> None:
     words = fsdp.split() if isinstance(fsdp, str) else list(fsdp)
     if not isinstance(config, dict):
         raise ConfigError(c.path, f"fsdp_config must be a mapping, got {config!r}")
-    version = config.get("version", config.get("fsdp_version", 1))
+    strategies = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+    for w in words:                         # transformers 5.23 training_args.py (_process_fsdp_args): these or an error
+        if w.upper() not in strategies and w not in ("offload", "auto_wrap"):
+            raise ConfigError(c.path, f"fsdp option {w!r} is none of transformers' (full_shard, shard_grad_op, "
+                                      f"no_shard, hybrid_shard, hybrid_shard_zero2, offload, auto_wrap): its "
+                                      f"TrainingArguments stop on it ('Unknown `fsdp` option')")
+    version = config.get("version", config.get("fsdp_version"))
+    if version is None:
+        version = 2
+        c.default("transformers 5.23.0", "fsdp_config.version", 2, "training_args.py: int(fsdp_config.get('version', "
+                  "2)): FSDP2 unless the file asks for version 1")
+    if version == 2 and any(w.upper() in strategies[2:] for w in words):
+        raise ConfigError(c.path, f"fsdp {fsdp!r} under FSDP2 (fsdp_config version 2, transformers' default): only "
+                                  f"full_shard and shard_grad_op exist there, and transformers stops ('only available "
+                                  f"with FSDP1'); set fsdp_config version: 1 or use full_shard")
     if "full_shard" not in words:
         c.unmodelled("fsdp", fsdp, "FSDP sharding other than full_shard is not modelled: estimated as full shard")
     if version == 2:
