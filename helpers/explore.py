@@ -91,10 +91,19 @@ class Explorer:
         """Move controls as a reader would (each change redraws), to a field's value (None included: the control's
         'none' is chosen); grad_checkpointing=True/False moves the checkpointing control to 'full'/'none'."""
         if "grad_checkpointing" in values:
-            values["checkpointing"] = "full" if values.pop("grad_checkpointing") else "none"
+            on = values.pop("grad_checkpointing")
+            if not isinstance(on, bool):
+                raise InputError(f"grad_checkpointing must be True or False, got {on!r}")
+            values["checkpointing"] = "full" if on else "none"
         unknown = sorted(set(values) - set(self.controls))
         if unknown:
             raise InputError(f"no control {unknown[0]!r}: the explorer's controls are {', '.join(self.controls)}")
+        try:                                        # a value the set-up refuses, whether or not a control shows it
+            given = {k: v for k, v in values.items() if k in FACES}
+            with_applicable(dataclasses.replace(self.setup, **given), keep=given).validate()
+        except InputError as exc:
+            self._invalid(str(exc))
+            return
         for k, v in values.items():                 # a value no control can show is said, never clamped to a slider
             if k in FACES:
                 problem = self._unshowable(k, v)

@@ -74,10 +74,23 @@ class Fit:
                 + f"   [{self.estimates} estimates, {self.seconds * 1000:.0f} ms]")
 
 
+def _result(result, what: str) -> None:
+    if not isinstance(result, Result):
+        raise InputError(f"{what} needs a helpers.results.Result (from estimate.run or a dry run), got "
+                         f"{type(result).__name__}")
+
+
+def _found(found, what: str) -> None:
+    if not isinstance(found, dict) or not all(isinstance(f, Fit) for f in found.values()):
+        raise InputError(f"{what} needs the {{vary: Fit}} dict that fit.search returns, got {type(found).__name__}")
+
+
 def fits(result: Result, gpu: str | None = None) -> tuple[bool, str]:
     """(fits, the verdict line): the report's verdict (no phase over its device's capacity), and with a GPU preset
     also the device total (tensors + CUDA context + NCCL buffers) within the GPU's capacity."""
     from helpers import report
+
+    _result(result, "fits")
 
     if result.oom["device"] is not None:
         return False, report.verdict(result)
@@ -98,6 +111,7 @@ def too_big(result: Result) -> str:
     """What does not fit: the verdict and the largest category at that device's failing phase, in GiB."""
     from helpers import report
 
+    _result(result, "too_big")
     dev = result.oom["device"] or "gpu"
     d = result.device(dev)
     phase = result.oom["phase"] or d.peak_phase
@@ -178,6 +192,7 @@ def largest(model, setup: TrainSetup, vary: str = "batch", gpu: str | None = Non
 def show(found: dict, gpu: str | None = None) -> None:
     """Print each answer of `found` ({vary: Fit}): the largest value with its verdict, and the next value's (`gpu`: the
     preset the verdicts count). Introduced in notebooks/07."""
+    _found(found, "show")
     for vary, f in found.items():
         line = fits(f.result, gpu)[1] if f.result else "even the smallest does not fit"
         print(f"largest {vary}: {f.value}: {line}")
@@ -186,6 +201,7 @@ def show(found: dict, gpu: str | None = None) -> None:
 
 def check(found: dict, gpu: str | None = None) -> None:
     """Assert that each answer of `found` fits and that one step more does not. Introduced in notebooks/07."""
+    _found(found, "check")
     for vary, f in found.items():
         assert f.value == 0 or fits(f.result, gpu)[0], f"{vary} {f.value} does not fit"
         assert f.next_result is None or not fits(f.next_result, gpu)[0], f"{vary} {f.next_value} fits too"
@@ -193,6 +209,8 @@ def check(found: dict, gpu: str | None = None) -> None:
 
 def table(f: Fit) -> str:
     """The answer as text: the line, and the GPU/host peaks of the answer and of the next value, in GiB."""
+    if not isinstance(f, Fit):
+        raise InputError(f"table needs a Fit (an answer of fit.search), got {type(f).__name__}")
     lines = [f.line()]
     for label, value, r in (("answer", f.value, f.result), ("next", f.next_value, f.next_result)):
         if r is not None:

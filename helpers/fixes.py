@@ -54,6 +54,8 @@ class WayOut:
 
 def pinned_bytes(r: Result) -> int:
     """Page-locked host bytes at the host's peak phase: pinned buffers and the pinned allocator's rounding."""
+    if not isinstance(r, Result):
+        raise InputError(f"pinned_bytes needs a helpers.results.Result, got {type(r).__name__}")
     phase = r.host.peak_phase
     return sum(i["bytes"] for i in r.items if i["device"] == "host" and phase in i["phases"]
                and (i.get("pinned") or i["category"] == "pinned_overhead"))
@@ -110,6 +112,9 @@ def ways_out(model, setup: TrainSetup, gpu: str | None = None, skipped: list | N
     (name, reason) for each change the set-up's strategy does not allow."""
     setup = checked(setup)
     fit.needs_capacity(setup, "fixes")
+    if skipped is not None and not isinstance(skipped, list):
+        raise InputError(f"skipped must be a list (it receives the changes not allowed, with why), got "
+                         f"{type(skipped).__name__}")
     skipped = [] if skipped is None else skipped
     base = estimate.run(model, setup)
     ways: list[WayOut] = []
@@ -246,6 +251,8 @@ def _more_gpus(model, setup, base, gpu, skipped):
 def table(ways: list[WayOut]) -> str:
     """The ranked ways out as text: peak per GPU, fits, host and pinned GiB added per node, seconds added per step
     (GiB = 2^30 bytes), each with its cost basis on the next line."""
+    if not isinstance(ways, (list, tuple)) or not all(isinstance(w, WayOut) for w in ways):
+        raise InputError(f"table needs the list of WayOut that fixes.ways_out returns, got {type(ways).__name__}")
     lines = [f"{'#':>2s}  {'change':38s}{'peak GiB':>9s}  {'fits':5s}{'+host GiB':>10s}{'+pinned':>9s}{'+s/step':>9s}"]
     for n, w in enumerate(ways, 1):
         secs = "-" if w.step_seconds_added is None else f"{w.step_seconds_added:.3f}"

@@ -144,6 +144,9 @@ def config_path(model: str | Path) -> Path:
     if not isinstance(model, (str, Path)):
         raise InputError(f"model must be a catalogue name ({', '.join(catalogue())}) or the path of a config.json, "
                          f"got {type(model).__name__} {model!r}")
+    if not str(model).strip():
+        raise InputError("model is empty: give a catalogue name (e.g. llama-3.2-1b), a hub id or the path of a "
+                         "config.json")
     if str(model) in catalogue():
         return MODELS_DIR / f"{model}.json"
     if str(model).lower() in hub_ids():
@@ -438,6 +441,12 @@ class ModelSpec:
         if rank is None:
             return
         names = None if targets == LINEAR_NAMES else self.lora_names(targets)
+        outside = sorted((names or set()) & OUTSIDE_LAYERS)
+        if outside:
+            raise InputError(f"lora_targets {targets!r} names {', '.join(outside)}: peft adapts it (the input "
+                             f"embedding with lora_embedding_A/B, the output head as a linear, whose adapter adds a "
+                             f"logits-sized output), but LoRA outside the decoder layers is not modelled here, so the "
+                             f"estimate would be low; leave it out to estimate the rest")
         unknown = sorted((names or set()) - set(self.linear_names()) - set(self.peft_expert_names()))
         if unknown and set(unknown) == set(names or ()):      # peft fails only where no name matches a module
             v4 = self.peft_expert_names()
@@ -490,6 +499,8 @@ PEFT_MOE_PATTERN = {"mixtral": "mixtral", "minimax": "mixtral", "minimax_m2": "m
 # (model/model_utils/misc.py find_all_linear_modules) hand peft. The list holds no router or fused expert (not
 # nn.Linear on transformers 5), but does hold a dense MLP's gate_proj/up_proj/down_proj, which peft converts.
 LINEAR_NAMES = "all-linear-names"
+# modules outside the decoder layers that peft adapts when a target list names them (transformers' names)
+OUTSIDE_LAYERS = frozenset({"embed_tokens", "lm_head"})
 
 # LitGPT-style short names for the usual projections (`--lora-targets q,v` is LitGPT's default: query and value).
 LORA_ALIASES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",

@@ -667,3 +667,22 @@ def with_applicable(setup: TrainSetup, keep=()) -> TrainSetup:
             if FACES[name].applies is not None and name not in keep and not FACES[name].applies(values)
             and values[name] != f.default}
     return dataclasses.replace(setup, **back) if back else setup
+
+
+_DATACLASS_INIT = TrainSetup.__init__
+
+
+def _init(self, *args, **kwargs):
+    """TrainSetup(...) naming an option it does not have: one InputError with the nearest, like the CLI (a
+    dataclass's own TypeError otherwise)."""
+    unknown = [k for k in kwargs if k not in TrainSetup.__dataclass_fields__]
+    if unknown:
+        import difflib
+
+        near = difflib.get_close_matches(unknown[0], list(TrainSetup.__dataclass_fields__), n=1, cutoff=0.6)
+        raise InputError(f"TrainSetup has no option {unknown[0]!r}" + (f": did you mean {near[0]!r}?" if near else
+                         " (its options: help(helpers.training.TrainSetup))"))
+    _DATACLASS_INIT(self, *args, **kwargs)
+
+
+TrainSetup.__init__ = _init

@@ -824,3 +824,84 @@ def test_plots_name_a_missing_result_or_a_wrong_title():
                  lambda: plots.sweep([1, 2], [r, None], "batch")):
         with pytest.raises(InputError):
             call()
+
+
+def test_llamafactory_quantisation_it_refuses(tmp_path):
+    lf = "model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\n"
+    refused([write(tmp_path, "a.yaml", lf + "finetuning_type: full\nquantization_bit: 4\n")],
+            "only compatible with the LoRA or OFT method")
+    refused([write(tmp_path, "b.yaml", lf + "finetuning_type: lora\nquantization_bit: 3\n")],
+            "Bitsandbytes only accepts 4-bit or 8-bit")
+
+
+def test_one_string_target_is_a_regular_expression_to_peft(tmp_path):
+    """peft full-matches one string against whole module names: 'q_proj' matches nothing; TRL turns a one-name list
+    into that string (ModelConfig.__post_init__)."""
+    ax = "base_model: meta-llama/Llama-3.2-1B\nadapter: lora\nlora_r: 8\n"
+    refused([write(tmp_path, "a.yaml", ax + "lora_target_modules: q_proj\n")], "one string 'q_proj'",
+            "NoMatchingPeftModuleError")
+    trl = TRL_MIN + "use_peft: true\n"
+    refused([write(tmp_path, "b.yaml", trl + "lora_target_modules: [q_proj]\n")], "TRL turns a one-name list")
+    imp = read([write(tmp_path, "c.yaml", trl + "lora_target_modules: '.*(q_proj|v_proj)'\n")])
+    assert imp.setup.lora_targets == "q_proj,v_proj"
+
+
+@pytest.mark.parametrize("targets", ["lm_head", "embed_tokens,q_proj"])
+def test_lora_outside_the_decoder_layers_is_said_not_modelled(targets):
+    from helpers import estimate
+    from helpers.training import TrainSetup
+
+    with pytest.raises(InputError, match="outside the decoder layers is not modelled"):
+        estimate.run("llama-3.2-1b", TrainSetup(lora_rank=8, lora_targets=targets, seq=256))
+
+
+def test_components_the_tools_cannot_build_are_refused(tmp_path):
+    src = (Path(__file__).parent / "data" / "configs_upstream" / "torchtune" / "recipes" / "configs" / "llama3_2" /
+           "1B_lora_single_device.yaml").read_text()
+    assert "_component_: torch.optim.AdamW" in src
+    refused([write(tmp_path, "a.yaml", src.replace("torch.optim.AdamW", "torch.optim.AdamWW"))],
+            "torch.optim has no AdamWW", "did you mean torch.optim.AdamW")
+    refused([write(tmp_path, "b.yaml", TRL_MIN + "attn_implementation: flashy\n")], "'flashy' is none transformers")
+    refused([write(tmp_path, "c.yaml", "base_model: meta-llama/Llama-3.2-1B\ngradient_checkpointing: unsloth\n")],
+            "'unsloth' was axolotl v0.6's")
+    titan = (Path(__file__).parent / "data" / "configs_upstream" / "torchtitan")
+    toml = next(p for p in sorted(titan.rglob("*.toml")) if 'name = "AdamW"' in p.read_text())
+    refused([write(tmp_path, "d.toml", toml.read_text().replace('name = "AdamW"', 'name = "Lion"'))],
+            "torchtitan builds Adam or AdamW only")
+
+
+def test_messages_name_the_value(tmp_path, capsys):
+    refused([write(tmp_path, "a.yaml", "checkpoint_dir: checkpoints/meta-llama/Llama-3.2-1B\nprecision: bf16-true\n"
+                                       "lora_r: 8\ntrain: 5\n")], "train must be a mapping")
+    assert main(["estimate", "--model", ""]) == 2 and "model is empty" in capsys.readouterr().err
+    src = (Path(__file__).parent / "data" / "configs_upstream" / "torchtune" / "recipes" / "configs" / "llama3_2" /
+           "1B_lora_single_device.yaml").read_text()
+    refused([write(tmp_path, "t.yaml", src.replace("batch_size: 4", "batch_size: ${nope}", 1))],
+            "interpolates nope, which the file does not have")
+
+
+def test_the_notebook_api_names_wrong_arguments():
+    from helpers import estimate, fit, fixes
+    from helpers.training import TrainSetup
+
+    for call in (lambda: fit.fits(None), lambda: fit.too_big("x"), lambda: fit.show({"a": 1}),
+                 lambda: fit.check({"a": 1}), lambda: fit.table(None), lambda: fixes.table(None),
+                 lambda: fixes.table(["x"]), lambda: fixes.pinned_bytes("x"), lambda: TrainSetup(tp=2),
+                 lambda: fixes.ways_out("llama-3.2-1b", TrainSetup(gpu_gib=8), None, "x")):
+        with pytest.raises(InputError):
+            call()
+    estimate.run("llama-3.2-1b", TrainSetup(seq=256))
+
+
+def test_the_explorer_says_a_value_it_cannot_take():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers import explore
+    from helpers.training import TrainSetup
+
+    ex = explore.explorer("llama-3.2-1b", TrainSetup(gpu_gib=80, seq=256))
+    ex.set(offload_ratio=2)
+    assert "offload_ratio" in ex.verdict_text and ex.setup.offload_ratio is None
+    with pytest.raises(InputError, match="grad_checkpointing must be True or False"):
+        ex.set(grad_checkpointing="yes")

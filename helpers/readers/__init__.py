@@ -91,6 +91,8 @@ def read(paths, model: str | None = None) -> Imported:
     paths = [Path(p) for p in paths]
     if not paths:
         raise InputError("read needs at least one config file")
+    if model is not None and (not isinstance(model, (str, Path)) or not str(model).strip()):
+        raise InputError(f"model must be a catalogue name, a hub id or a config.json path, got {model!r:.80}")
     from helpers.readers import model_ref
 
     token = model_ref.MODEL_GIVEN.set(model)

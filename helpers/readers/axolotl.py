@@ -11,7 +11,7 @@ prefix; `_resolve_fsdp_version`: 1 when neither fsdp_version nor fsdp_config.fsd
 `src/axolotl/loaders/adapter.py` (LoRA targets: lora_target_modules plus every linear layer with lora_target_linear),
 `integrations/liger/args.py` (liger_fused_linear_cross_entropy), `integrations/cut_cross_entropy/args.py`
 (cut_cross_entropy, default true once the plugin is on), `deepspeed_configs/zero3_bf16.json`. The older "unsloth"
-value of gradient_checkpointing is from v0.6.0's schema (`utils/config/models/input/v0_4_1`).
+value of gradient_checkpointing (v0.6.0's schema, `utils/config/models/input/v0_4_1`) is refused, as 0.18 refuses it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,16 @@ from pathlib import Path
 from helpers import strategies
 from helpers.models import LINEAR_NAMES
 from helpers.readers import collect, hf_names, model_ref
-from helpers.readers.base import ConfigError, Imported, companion, did_you_mean, load_json, peft_names, probability
+from helpers.readers.base import (
+    ConfigError,
+    Imported,
+    companion,
+    did_you_mean,
+    load_json,
+    peft_names,
+    peft_regex,
+    probability,
+)
 from helpers.readers.provenance import Record, boolean, model_from, positive_int
 
 NAME = "axolotl"
@@ -150,6 +159,7 @@ class _Reader:
     def read(self) -> Imported:
         d = self.d
         model, named = self.model()
+        self.catalogue_model = model
         self.sizes()
         self.precision()
         strategy = self.parallel()
@@ -359,14 +369,18 @@ class _Reader:
             elif v is False:
                 d.setting(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v,
                           **({} if d.fields.get("checkpointing") == "full" else {"checkpointing": "none"}))
-            elif v in ("unsloth", "offload", "offload_disk"):
+            elif v == "unsloth":
+                raise ConfigError(f, "gradient_checkpointing 'unsloth' was axolotl v0.6's; the 0.18 schema takes true, "
+                                     "false, offload or offload_disk (schemas/config.py) and refuses it: offload is "
+                                     "its successor")
+            elif v in ("offload", "offload_disk"):
                 d.setting(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v, checkpointing="full")
                 d.unmodelled_at(f, self.line("gradient_checkpointing"), "gradient_checkpointing", v,
                                "the checkpointed layer inputs are offloaded to the CPU" + (" (to disk)" if v ==
                                "offload_disk" else "") + ": not modelled, estimated as full checkpointing on the GPU "
                                "(an upper bound)")
             else:
-                raise ConfigError(f, f"gradient_checkpointing must be true, false, offload, offload_disk or unsloth, "
+                raise ConfigError(f, f"gradient_checkpointing must be true, false, offload or offload_disk, "
                                      f"got {v!r}")
         for key in ("activation_offloading", "layer_offloading", "selective_checkpointing"):
             if self.has(key) and self.data[key]:
@@ -381,6 +395,11 @@ class _Reader:
         if impl is not None and not isinstance(impl, str):
             raise ConfigError(f, f"attn_implementation must be a name such as flash_attention_2 or sdpa, got {impl!r}")
         if impl is not None:
+            allowed = hf_names.attention_known(impl)
+            if allowed:
+                raise ConfigError(f, f"attn_implementation {impl!r} is none transformers takes ({', '.join(allowed)}, "
+                                     f"or a hub kernel org/name): it stops loading the model"
+                                  + did_you_mean(impl, allowed))
             if impl not in ATTENTION:
                 d.unmodelled_at(f, self.line("attn_implementation"), "attn_implementation", impl,
                                f"attention {impl!r} is not modelled: estimated as sdpa")
@@ -453,6 +472,10 @@ class _Reader:
                 d.setting(f, self.line("lora_target_modules"), "lora_target_modules", targets,
                           "added to that list by axolotl; a name that is no linear layer of the model (the output "
                           "head, an embedding) is not modelled")
+        elif isinstance(targets, str) and targets != "all-linear":   # handed to peft as the string (adapter.py)
+            joined = peft_regex(f, "lora_target_modules", targets, self.catalogue_model)
+            d.setting(f, self.line("lora_target_modules"), "lora_target_modules", targets,
+                      f"a regular expression to peft, matching {joined} (in every layer)", lora_targets=joined)
         elif targets:
             names = targets if isinstance(targets, list) else [targets]
             if not all(isinstance(n, str) and n.isidentifier() for n in names):

@@ -490,6 +490,35 @@ def peft_names(path, key: str, joined: str) -> str:
     return joined
 
 
+def peft_regex(path, key: str, pattern: str, model: str | None, note: str = "") -> str:
+    """A target_modules that reaches peft as one string (not "all-linear"): peft full-matches it, as a regular
+    expression, against each module's whole name (peft tuners_utils.py check_target_module_exists:
+    re.fullmatch(target_modules, key)), so 'q_proj' alone matches nothing and peft stops (NoMatchingPeftModuleError).
+    The linear modules of `model` whose decoder-layer name (model.layers.0.self_attn.NAME, model.layers.0.mlp.NAME) the
+    pattern matches, comma-joined (estimated in every layer: a pattern that picks some layers only is over-counted);
+    ConfigError where it matches none."""
+    from helpers import models
+
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(path, f"{key} {pattern!r} reaches peft as a regular expression, and it is not one ({e})"
+                          ) from None
+    spec = models.spec(model) if model else None
+    if spec is None:
+        raise ConfigError(path, f"{key} {pattern!r} reaches peft as a regular expression over module names; "
+                                f"without a model the catalogue knows it is not read here: pass --model")
+    names = [n for n in spec.linear_names()
+             if any(rx.fullmatch(f"model.layers.0.{parent}.{n}") for parent in ("self_attn", "mlp"))]
+    if not names:
+        raise ConfigError(path, f"{key} is the one string {pattern!r}{note}: peft reads one string as a regular "
+                                f"expression it full-matches against each module's whole name "
+                                f"(model.layers.0.self_attn.q_proj), so it matches no module and peft stops "
+                                f"(NoMatchingPeftModuleError); write a list of names, or a pattern such as "
+                                f"'.*(q_proj|v_proj)'")
+    return ",".join(names)
+
+
 def did_you_mean(name, options, cutoff: float = 0.6, prefix: str = "") -> str:
     """'; did you mean PREFIX+OPTION?' for the option nearest `name` (difflib, at least `cutoff` alike), or ''."""
     import difflib

@@ -27,3 +27,15 @@ ATTENTION: dict[str, str] = {
     "kernels-community/vllm-flash-attn3": "flash",
 }
 """`attn_implementation` -> attention (the hub kernels are FlashAttention builds)."""
+
+
+def attention_known(name: str) -> list[str] | None:
+    """None where transformers takes `name` as an attn_implementation (eager, the registered kernels of
+    ALL_ATTENTION_FUNCTIONS, a hub kernel "org/repo"); else the names it takes, for the message (transformers
+    modeling_utils.py stops a model load on another: 'Specified attn_implementation ... is not supported')."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    names = sorted({"eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()})
+    if name in names or name in ATTENTION or "/" in name:
+        return None
+    return names

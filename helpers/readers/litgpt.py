@@ -92,6 +92,11 @@ def _refuse_unknown(path: Path, data: dict) -> None:
     this reader, naming the nearest key (a misspelt lora_r never trains at its default)."""
     import difflib
 
+    for key in ("train", "eval", "data", "optimizer"):
+        if key in data and data[key] is not None and not isinstance(data[key], (dict, str)) or \
+                key == "train" and isinstance(data.get(key), str):
+            raise ConfigError(path, f"{key} must be a mapping of its settings (LitGPT's {key} arguments), got "
+                                    f"{data[key]!r}")
     for key, known, where in [(k, TOP_KEYS, "") for k in data] + \
             [(k, TRAIN_KEYS, "train.") for k in (data.get("train") or {}) if isinstance(data.get("train"), dict)]:
         if key not in known:

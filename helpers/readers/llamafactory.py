@@ -214,6 +214,15 @@ class _Reader(collect.TrainerYaml):
             if method not in QUANTIZATION_METHODS:
                 raise ConfigError(path, f"quantization_method must be one of {', '.join(QUANTIZATION_METHODS)} "
                                         f"(LLaMA-Factory's QuantizationMethod), got {method!r}")
+            kind = self.data.get("finetuning_type", "lora")
+            if kind not in ("lora", "oft"):
+                raise ConfigError(path, f"quantization_bit with finetuning_type {kind!r}: LLaMA-Factory refuses it "
+                                        f"('Quantization is only compatible with the LoRA or OFT method', "
+                                        f"hparams/parser.py)")
+            if method == "bnb" and bits not in (4, 8):
+                raise ConfigError(path, f"quantization_bit {bits} with bitsandbytes (quantization_method bnb, the "
+                                        f"default): LLaMA-Factory refuses it ('Bitsandbytes only accepts 4-bit or "
+                                        f"8-bit quantization', model/model_utils/quantization.py); 4 or 8")
             qtype = take("quantization_type", "nf4")
             if qtype not in ("fp4", "nf4"):
                 raise ConfigError(path, f"quantization_type must be fp4 or nf4, got {qtype!r}")

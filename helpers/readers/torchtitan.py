@@ -361,8 +361,10 @@ class _Reader:
     def optimizer(self):
         d, f = self.d, self.path
         k, name = self.find("optimizer.name")
-        if name not in ("AdamW", "Adam"):
-            d.unmodelled_at(f, self.line(k), k or "optimizer.name", name, "only AdamW/Adam is modelled")
+        if name not in ("AdamW", "Adam"):          # components/optimizer.py build_optimizers: these two or an error
+            raise ConfigError(f, f"{k or 'optimizer.name'} {name!r}: torchtitan builds Adam or AdamW only "
+                                 f"('Optimizer {name} not added.', components/optimizer.py)"
+                              + did_you_mean(name, ["Adam", "AdamW"], 0.6))
         elif k:
             d.setting(f, self.line(k), k, name, optimizer="adamw")
         old = get(self.data, "optimizer.fused", _MISSING)

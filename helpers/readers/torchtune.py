@@ -175,6 +175,10 @@ def _omegaconf_bool(f, key: str, value) -> bool:
 def _number(f, key: str, value, allow_minus_one: bool = False) -> int:
     """A torchtune count: a YAML number. OmegaConf keeps a quoted '4' a string, which the recipe uses as a number and
     fails on (a batch size, a range), so it is refused here rather than read as 4."""
+    plain = re.fullmatch(r"\$\{([A-Za-z_][\w.]*)\}", value) if isinstance(value, str) else None
+    if plain:                                      # (one that names a key of the file was resolved before: `resolved`)
+        raise ConfigError(f, f"{key} is {value!r}: it interpolates {plain.group(1)}, which the file does not have, "
+                             f"and OmegaConf stops the run (InterpolationKeyError); write the number")
     if isinstance(value, str) and "${" in value:
         raise ConfigError(f, f"{key} is {value!r}: an OmegaConf interpolation not resolved here (a resolver or a "
                              f"relative path); write the number")
@@ -191,14 +195,21 @@ def _check_kwargs(path, section: str, component: str, values) -> None:
     import importlib
     import inspect
 
-    if not isinstance(values, dict):
-        return
     module, _, cls = component.rpartition(".")
+    values = values if isinstance(values, dict) else {}
     if not module.startswith(("torch.optim", "bitsandbytes.optim")):
         return
     try:
-        params = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
-    except (ImportError, AttributeError, ValueError, TypeError):
+        found = importlib.import_module(module)
+    except ImportError:
+        return
+    if not hasattr(found, cls):
+        raise ConfigError(path, f"{section}._component_ {component!r}: {module} has no {cls} (torchtune's instantiate "
+                                f"cannot import it, and the run stops)"
+                          + did_you_mean(cls, [n for n in dir(found) if n[:1].isupper()], prefix=f"{module}."))
+    try:
+        params = inspect.signature(getattr(found, cls)).parameters
+    except (ValueError, TypeError):
         return
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return

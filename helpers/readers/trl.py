@@ -296,6 +296,11 @@ class _Reader(collect.TrainerYaml):
                                     f"got {attn!r}")
         elif attn in ATTENTION:
             c.set("attn_implementation", attn, f"attention={ATTENTION[str(attn)]}", attention=ATTENTION[str(attn)])
+        elif hf_names.attention_known(attn):
+            allowed = hf_names.attention_known(attn)
+            raise ConfigError(path, f"attn_implementation {attn!r} is none transformers takes ({', '.join(allowed)}, "
+                                    f"or a hub kernel org/name): it stops loading the model"
+                              + base.did_you_mean(attn, allowed))
         else:
             c.unmodelled("attn_implementation", attn, "attention kernel not modelled: estimated as sdpa")
 
@@ -325,9 +330,16 @@ class _Reader(collect.TrainerYaml):
                                                          and all(isinstance(t, str) for t in targets)):
                     raise ConfigError(path, f"lora_target_modules must be module names (a list or comma-separated) or "
                                             f"all-linear, got {targets!r}")
-                if isinstance(targets, str):
-                    targets = [t for t in targets.split(",")] if targets != "all-linear" else ["all-linear"]
-                joined = ",".join(str(t).strip() for t in targets)
+                one = targets[0] if isinstance(targets, list) and len(targets) == 1 else targets
+                if isinstance(one, str) and one != "all-linear":
+                    # model_config.py ModelConfig.__post_init__: a one-name list becomes that string, and peft reads
+                    # one string as a regular expression over whole module names
+                    note = " (TRL turns a one-name list into the string)" if isinstance(targets, list) else ""
+                    joined = base.peft_regex(path, "lora_target_modules", one, self.model, note)
+                    c.set("lora_target_modules", targets, f"a regular expression to peft, matching {joined} (in "
+                                                          f"every layer)", lora_targets=joined)
+                    return
+                joined = "all-linear" if one == "all-linear" else ",".join(str(t).strip() for t in targets)
                 if joined != "all-linear":
                     joined = base.peft_names(path, "lora_target_modules", joined)
                 c.set("lora_target_modules", targets, f"lora_targets={joined}", lora_targets=joined)
