@@ -905,3 +905,18 @@ def test_the_explorer_says_a_value_it_cannot_take():
     assert "offload_ratio" in ex.verdict_text and ex.setup.offload_ratio is None
     with pytest.raises(InputError, match="grad_checkpointing must be True or False"):
         ex.set(grad_checkpointing="yes")
+
+
+def test_torchtitan_selective_op_on_an_moe_is_estimated_as_an_upper_bound(tmp_path):
+    src = (Path(__file__).parent / "data" / "configs_upstream" / "torchtitan" / "torchtitan" / "models" / "deepseek_v3" /
+           "train_configs" / "deepseek_v3_16b.toml").read_text()
+    assert 'flavor = "16B"' in src and "selective_ac_option = 'op'" in src
+    imp = read([write(tmp_path, "a.toml", src.replace('flavor = "16B"', 'flavor = "671B"'))])
+    assert imp.setup.checkpointing == "none"
+    assert any(n.key == "activation_checkpoint.selective_ac_option" and "upper bound" in n.why
+               for n in imp.not_modelled)
+
+
+def test_a_torchtitan_section_from_a_job_module_says_where_it_is_named(tmp_path):
+    toml = '[job]\ndump_folder = "x"\n[model]\nname = "llama3"\nflavor = "8B"\n[hf_transformers]\nmodel = "x"\n'
+    refused([write(tmp_path, "a.toml", toml)], "hf_transformers is not a torchtitan setting", "custom_config_module")

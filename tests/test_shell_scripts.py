@@ -169,3 +169,9 @@ def test_flags_are_placed_on_the_line_that_runs(tmp_path):
     imp = read([write(tmp_path, text)])
     assert imp.setup.batch == 4
     assert next(s.line for s in imp.settings if s.key == "--micro_train_batch_size") == 5
+
+
+def test_a_flag_takes_what_argparse_int_takes(tmp_path):
+    """argparse's type=int is Python's int(): another script's decimal digits are digits (Arabic-Indic four)."""
+    assert read([write(tmp_path, CMD + " \u0664\n")]).setup.batch == 4
+    refused(write(tmp_path, CMD + " \u00b2\n", "b.sh"), "positive integer")          # a superscript is not

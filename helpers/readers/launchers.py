@@ -9,7 +9,7 @@ import re
 
 from helpers.readers import shell
 from helpers.readers.base import ConfigError, did_you_mean
-from helpers.readers.provenance import positive_int
+from helpers.readers.provenance import argparse_int as positive_int
 
 
 @functools.cache

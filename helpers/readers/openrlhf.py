@@ -27,7 +27,8 @@ from pathlib import Path
 from helpers.models import DATA_DIR
 from helpers.readers import hf_names, launchers, shell
 from helpers.readers.base import ConfigError, Imported, did_you_mean, peft_names, probability
-from helpers.readers.provenance import Record, model_from, positive_int
+from helpers.readers.provenance import Record, model_from
+from helpers.readers.provenance import argparse_int as positive_int
 
 NAME = "openrlhf"
 MODULE_RE = re.compile(r"openrlhf\.cli\.(train_sft|train_dpo|train_rm|train_ppo_ray|train_kto|train_prm|train_kd)"

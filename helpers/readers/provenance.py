@@ -154,14 +154,25 @@ class Record:
                         per_world=self.per_world)
 
 
-def positive_int(file, key: str, value, allow_minus_one: bool = False) -> int:
-    """`value` as a positive integer; ConfigError naming the file and key otherwise."""
+def positive_int(file, key: str, value, allow_minus_one: bool = False, argparse: bool = False) -> int:
+    """`value` as a positive integer; ConfigError naming the file and key otherwise. `argparse`: a command-line value
+    that argparse's type=int converts, which is Python's int() (any script's decimal digits too, '٤' is 4)."""
     if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+(_[0-9]+)*\s*", value):
         value = int(value)                     # as argparse's int and pydantic's lax int take it: +4, 1_6
+    elif argparse and isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            pass
     if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and not (allow_minus_one and value == -1)):
         allowed = "a positive integer" + (" or -1" if allow_minus_one else "")
         raise ConfigError(file, f"{key} must be {allowed}, got {value!r}")
     return value
+
+
+def argparse_int(file, key: str, value, allow_minus_one: bool = False) -> int:
+    """A command-line flag's value as argparse's type=int reads it (Python's int()), as a positive integer."""
+    return positive_int(file, key, value, allow_minus_one, argparse=True)
 
 
 TRUE_WORDS, FALSE_WORDS = ("true", "t", "yes", "y", "1"), ("false", "f", "no", "n", "0")

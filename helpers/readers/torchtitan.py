@@ -100,9 +100,13 @@ def check_fields(path: Path, data: dict) -> None:
             dotted = f"{prefix}.{key}" if prefix else str(key)
             kind = fields.get(key)
             if kind is None:
+                near = did_you_mean(key, fields, 0.7, f"{prefix}." if prefix else "")
+                extra = "" if near or prefix else (
+                    f"; a job whose own config module adds [{key}] names it in the file as [job] "
+                    f"custom_config_module (on the command line, --job.custom_config_module, it is not in the file "
+                    f"and not read here)")
                 raise ConfigError(path, f"{dotted} is not a torchtitan setting: its ConfigManager refuses the file "
-                                        f"('Invalid field names', JobConfig @238fa99)"
-                                  + did_you_mean(key, fields, 0.7, f"{prefix}." if prefix else ""))
+                                        f"('Invalid field names', JobConfig @238fa99)" + (near or extra))
             if isinstance(kind, dict):
                 if isinstance(value, dict):
                     walk(value, kind, dotted)
@@ -148,6 +152,7 @@ class _Reader:
                 raise ConfigError(f, f"{section} must be a table ([{section}] with its settings below), as torchtitan's "
                                      f"JobConfig reads its sections, got {shape}")
         model, named = self.model()          # (a FLUX or VLM file is refused as such first: its job adds fields)
+        self.catalogue_model = model
         check_fields(f, self.data)
         self.sizes()
         dp_rep, dp_shard, tp, cp, pp, ep, world = self.degrees()
@@ -344,7 +349,14 @@ class _Reader:
             option = str(option)
             where = (lambda **kw: d.setting(f, self.line(ko), ko, option, **kw)) if ko else \
                 (lambda **kw: d.default(TOOL, "activation_checkpoint.selective_ac_option", option, SOURCE, **kw))
-            if option == "op":
+            moe = self.moe_layers()
+            if option == "op" and moe:
+                add(checkpointing="none", sets="checkpointing='none' (an upper bound)")
+                d.unmodelled_at(f, self.line(ko or k), ko or "activation_checkpoint.selective_ac_option", option,
+                                f"per-op selective checkpointing is modelled for dense decoder layers; "
+                                f"{self.catalogue_model} has {moe} mixture-of-experts layers: estimated without "
+                                f"checkpointing (an upper bound)")
+            elif option == "op":
                 add(sets="selective: see selective_ac_option")
                 where(checkpointing="selective")
             elif option.isascii() and option.isdigit() and int(option) == 1:
@@ -357,6 +369,13 @@ class _Reader:
             else:
                 raise ConfigError(f, f"activation_checkpoint.selective_ac_option must be 'op' or a positive integer "
                                      f"(every Nth layer), got {option!r}")
+
+    def moe_layers(self) -> int:
+        """The mixture-of-experts layers of the model the file names (0 where it is not in the catalogue)."""
+        from helpers import models
+
+        name = getattr(self, "catalogue_model", None)
+        return models.spec(name).moe_layers if name else 0
 
     def optimizer(self):
         d, f = self.d, self.path
