@@ -457,8 +457,8 @@ class _Parser:
             if tok[0] == "eof" or (tok[0] == "op" and tok[1] in stops) or (self.kw() in stops):
                 return out
             if tok[0] == "op" and tok[1] in (";", "&"):
-                self.k += 1
-                continue
+                raise ShellError(tok[2], f"'{tok[1]}' with no command before it (bash: syntax error near unexpected "
+                                         f"token)")
             if tok[0] == "op" and tok[1] in (")", ";;", ";&", ";;&"):
                 return out
             if self.kw() in ("then", "elif", "else", "fi", "do", "done", "esac", "}"):
@@ -773,7 +773,9 @@ class _Evaluator:
             a = st.arrays[name]
             if isinstance(a, Unknown):
                 raise _Undecided(a.why)
-            return a[0] if a else ""
+            if a and isinstance(a[0], (Unknown, Unset)):
+                raise _Undecided(a[0].why, unset_var=isinstance(a[0], Unset))
+            return a[0] if a else None                  # (an empty array's ${A} is unset: ${A-4} is 4)
         return None
 
     def must(self, name: str, raw: str) -> str:
@@ -827,9 +829,10 @@ class _Evaluator:
             items = self.elements(name)
             return items if name == "@" else " ".join(items)
         have = self.index(name, index, raw) if index is not None else self.value(name)
+        known = name in self.st.vars or name in self.st.arrays        # (an element it lacks is empty, not the env's)
         if not rest:
             if have is None:
-                return self.must(name, raw)
+                return "" if known else self.must(name, raw)
             return have
         op = re.match(r"(:?[-=+?])|(##?|%%?)|(\^\^?|,,?)|(//?|/#|/%)|(:)|(@)", rest)
         if not op:
@@ -853,7 +856,7 @@ class _Evaluator:
                     raise _Undecided(self.from_env_why(name) + f" (and bash stops there: {raw})", unset_var=True)
                 raise _Undecided(f"${name} is empty, so bash stops at {raw}")
             return have
-        value = self.must(name, raw) if have is None else have
+        value = ("" if known else self.must(name, raw)) if have is None else have
         if op.group(2):
             pattern = self.fragment(arg, line)
             return self.remove(value, pattern, op.group(2), raw)
