@@ -75,7 +75,7 @@ def statement(draw, depth=0):
         return f"f() {{ {body}; }}\n{call}"
     then = "\n  ".join(draw(st.lists(statement(depth + 1), min_size=1, max_size=2)))
     other = draw(st.one_of(st.none(), st.lists(statement(depth + 1), min_size=1, max_size=2)))
-    return (f"if {draw(condition)}; then\n  {then}\n" + (f"else\n  " + "\n  ".join(other) + "\n" if other else "")
+    return (f"if {draw(condition)}; then\n  {then}\n" + ("else\n  " + "\n  ".join(other) + "\n" if other else "")
             + "fi")
 
 
