@@ -82,7 +82,7 @@ def _result(result, what: str) -> None:
 
 def _found(found, what: str) -> None:
     if not isinstance(found, dict) or not all(isinstance(f, Fit) for f in found.values()):
-        raise InputError(f"{what} needs the {{vary: Fit}} dict that fit.search returns, got {type(found).__name__}")
+        raise InputError(f"{what} needs the {{vary: Fit}} dict that fit.largest returns, got {type(found).__name__}")
 
 
 def fits(result: Result, gpu: str | None = None) -> tuple[bool, str]:
@@ -124,6 +124,11 @@ def boundary(holds, lo: int, most: int) -> tuple[int, int | None]:
     """Where a monotone test stops holding: `holds(lo)` is known to be True, and once False it stays False above.
     Doubling from `lo` (capped at `most`), then bisecting the gap: (the largest k that holds, the smallest that does
     not, or None when every k up to `most` holds). `fit.largest` and `fixes`' "more GPUs" both search this way."""
+    if not callable(holds):
+        raise InputError(f"boundary needs a test to call on each k, got {type(holds).__name__}")
+    for name, v in (("lo", lo), ("most", most)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(f"boundary's {name} must be a positive integer, got {v!r}")
     hi, k = None, lo
     while hi is None and k < most:
         k = min(k * 2, most)
@@ -210,7 +215,7 @@ def check(found: dict, gpu: str | None = None) -> None:
 def table(f: Fit) -> str:
     """The answer as text: the line, and the GPU/host peaks of the answer and of the next value, in GiB."""
     if not isinstance(f, Fit):
-        raise InputError(f"table needs a Fit (an answer of fit.search), got {type(f).__name__}")
+        raise InputError(f"table needs a Fit (an answer of fit.largest), got {type(f).__name__}")
     lines = [f.line()]
     for label, value, r in (("answer", f.value, f.result), ("next", f.next_value, f.next_result)):
         if r is not None:

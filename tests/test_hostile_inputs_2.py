@@ -56,8 +56,12 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
 
 @pytest.mark.parametrize("word,four", [("'false'", False), ("'no'", False), ("'true'", True), ("'Yes'", True)])
 def test_axolotl_quoted_load_in_4bit(tmp_path, word, four):
-    imp = read([write(tmp_path, "q.yaml", AX.replace("load_in_4bit: true", f"load_in_4bit: {word}"))])
-    assert (imp.setup.base_weights is not None) == four
+    """A quoted 'false' is false: adapter qlora then stops axolotl ('Require cfg.load_in_4bit to be True for qlora')."""
+    f = write(tmp_path, "q.yaml", AX.replace("load_in_4bit: true", f"load_in_4bit: {word}"))
+    if four:
+        assert read([f]).setup.base_weights is not None
+    else:
+        refused([f], "Require cfg.load_in_4bit")
 
 
 def test_axolotl_quoted_lora_target_linear_false_takes_the_named_modules(tmp_path):
@@ -920,3 +924,68 @@ def test_torchtitan_selective_op_on_an_moe_is_estimated_as_an_upper_bound(tmp_pa
 def test_a_torchtitan_section_from_a_job_module_says_where_it_is_named(tmp_path):
     toml = '[job]\ndump_folder = "x"\n[model]\nname = "llama3"\nflavor = "8B"\n[hf_transformers]\nmodel = "x"\n'
     refused([write(tmp_path, "a.toml", toml)], "hf_transformers is not a torchtitan setting", "custom_config_module")
+
+
+# -- pass seven (non-shell surfaces) --------------------------------------------------------------------------------
+
+DS_BF16 = {"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 2}
+
+
+@pytest.mark.parametrize("zero,check", [
+    ({"stage": 2, "cpu_offload": True}, lambda s: s.offload_optimizer and s.strategy == "zero2"),
+    ({"stage": 3, "cpu_offload_param": True}, lambda s: s.offload_params),
+    ({"stage": 3, "prefetch_bucket_size": 2000}, lambda s: s.prefetch_bucket_size == 2000),
+    (True, lambda s: s.strategy == "zero1"),
+])
+def test_deepspeed_deprecated_and_own_names_read_as_deepspeed_reads_them(tmp_path, zero, check):
+    """runtime/zero/config.py: cpu_offload -> offload_optimizer on the CPU, cpu_offload_param -> offload_param, a
+    field's own name beside its stage3_ alias, and the legacy zero_optimization: true (stage 1)."""
+    ds = write(tmp_path, "ds.json", json.dumps(DS_BF16 | {"zero_optimization": zero}))
+    assert check(read([ds], model="llama-3.2-1b").setup)
+
+
+def test_a_deepspeed_field_and_its_alias_together_are_named(tmp_path):
+    ds = DS_BF16 | {"zero_optimization": {"stage": 3, "prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2}}
+    refused([write(tmp_path, "ds.json", json.dumps(ds))], "are one setting", "keep one")
+
+
+def test_accelerate_fsdp2_reads_reshard_after_forward_alone(tmp_path):
+    acc2 = ACC_FSDP + "  fsdp_version: 2\n"
+    s = read([write(tmp_path, "t.yaml", TRL_MIN), write(tmp_path, "a.yaml", acc2 + "  fsdp_sharding_strategy: "
+                                                                            "NO_SHARD\n")]).setup
+    assert s.strategy == "fsdp2"                          # accelerate ignores the FSDP1 key under FSDP2
+    refused([write(tmp_path, "t.yaml", TRL_MIN), write(tmp_path, "b.yaml", acc2 + "  fsdp_reshard_after_forward: "
+                                                                              "FULL_SHARD\n")], "invalid truth value")
+
+
+def test_accelerate_refuses_its_deepspeed_keys_beside_a_deepspeed_file(tmp_path):
+    write(tmp_path, "ds.json", json.dumps(DS_BF16 | {"zero_optimization": {"stage": 3}}))
+    acc = write(tmp_path, "a.yaml", "distributed_type: DEEPSPEED\nnum_processes: 4\ndeepspeed_config:\n"
+                                    "  deepspeed_config_file: ds.json\n  zero_stage: 3\n")
+    refused([write(tmp_path, "t.yaml", TRL_MIN), acc, tmp_path / "ds.json"], "deepspeed_config.zero_stage",
+            "When using `deepspeed_config_file`")
+
+
+def test_axolotl_values_its_schema_refuses(tmp_path):
+    ax = "base_model: meta-llama/Llama-3.2-1B\nmicro_batch_size: 2\n"
+    refused([write(tmp_path, "a.yaml", ax + "rl: dpoo\n")], "rl must be one of", "did you mean dpo")
+    refused([write(tmp_path, "b.yaml", ax + "optimizer: adamw_torch_fuse\n")], "did you mean adamw_torch_fused")
+    refused([write(tmp_path, "c.yaml", ax + "batch_size: 16\ngradient_accumulation_steps: 2\n")],
+            "only one of gradient_accumulation_steps or batch_size")
+    assert read([write(tmp_path, "d.yaml", ax + "optimizer: ao_adamw_8bit\n")]).setup is not None
+    refused([write(tmp_path, "e.yaml", TRL_MIN + "load_in_4bit: true\nuse_peft: true\nbnb_4bit_quant_type: nf3\n")],
+            "must be nf4 or fp4")
+
+
+def test_a_trainers_deepspeed_train_batch_size_gives_the_world_size(tmp_path):
+    write(tmp_path, "ds.json", json.dumps({"train_batch_size": 16, "zero_optimization": {"stage": 3}}))
+    ax = "base_model: meta-llama/Llama-3.2-1B\nmicro_batch_size: 2\ngradient_accumulation_steps: 1\nbf16: true\n"
+    assert read([write(tmp_path, "a.yaml", ax + "deepspeed: ds.json\n")]).setup.gpus == 8
+
+
+def test_fit_boundary_names_wrong_arguments():
+    from helpers import fit
+
+    for args in (("x", 1, 10), (lambda k: True, "a", 10), (lambda k: True, 0, 10)):
+        with pytest.raises(InputError):
+            fit.boundary(*args)

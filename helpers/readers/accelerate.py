@@ -27,6 +27,21 @@ FULL = {"FULL_SHARD", "1", True, "true", 1}
 
 
 
+def _truth(path, key: str, value) -> bool:
+    """A value accelerate reads with str_to_bool (utils/environment.py): y, yes, t, true, on, 1 or n, no, f, false,
+    off, 0 in any case; anything else stops it ('invalid truth value')."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).lower()
+    if word in ("y", "yes", "t", "true", "on", "1"):
+        return True
+    if word in ("n", "no", "f", "false", "off", "0"):
+        return False
+    raise ConfigError(path, f"{key} {value!r} is not true or false, which is what FSDP2 takes (accelerate's "
+                            f"str_to_bool stops: 'invalid truth value'); FULL_SHARD and the other strategy names are "
+                            f"FSDP1's")
+
+
 def _sharding_strategy(path, key: str, value) -> str:
     """fsdp_sharding_strategy as accelerate reads it (utils/dataclasses.py FullyShardedDataParallelPlugin): a name of
     FSDP_SHARDING_STRATEGY in any case, or a number that is torch's ShardingStrategy value (1 FULL_SHARD,
@@ -201,6 +216,13 @@ def _parallelism(c: Record, par) -> None:
             c.ignore(p + key, value)
 
 
+# deepspeed_config keys accelerate refuses beside a deepspeed_config_file (accelerate 1.15 utils/dataclasses.py
+# DeepSpeedPlugin._deepspeed_config_checks: they are read from ACCELERATE_CONFIG_DS_FIELDS)
+WITH_CONFIG_FILE = {"gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+                    "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path",
+                    "zero3_save_16bit_model", "mixed_precision"}
+
+
 def _deepspeed(c: Record, path: Path, ds: dict, given, trainer, hidden) -> list[str]:
     """accelerate's deepspeed_config: a DeepSpeed JSON (deepspeed_config_file) or its own few keys."""
     from helpers.readers import deepspeed
@@ -209,6 +231,11 @@ def _deepspeed(c: Record, path: Path, ds: dict, given, trainer, hidden) -> list[
         raise ConfigError(path, f"deepspeed_config must be a mapping, got {ds!r}")
     p = "deepspeed_config."
     ref = ds.get("deepspeed_config_file")
+    both = sorted(set(ds) & WITH_CONFIG_FILE) if ref else []
+    if both:                            # utils/dataclasses.py DeepSpeedPlugin._deepspeed_config_checks
+        raise ConfigError(path, f"deepspeed_config_file beside {', '.join(p + k for k in both)}: accelerate refuses "
+                                f"the pair ('When using `deepspeed_config_file`, the following accelerate config "
+                                f"variables will be ignored'); set them in the DeepSpeed file instead")
     if ref:
         ds_path = base.companion(str(ref), Path(path), given, what="DeepSpeed config")
         c.set(p + "deepspeed_config_file", ref, f"the DeepSpeed config {ds_path.name} (read below)")
@@ -273,10 +300,19 @@ def _fsdp(c: Record, fsdp: dict) -> None:
         c.set(p + "fsdp_version", 2, "strategy=fsdp2", strategy="fsdp2")
     else:
         c.set(p + "fsdp_version", 1, "strategy=fsdp1", strategy="fsdp1")
-    shard_key = p + ("fsdp_reshard_after_forward" if "fsdp_reshard_after_forward" in fsdp else "fsdp_sharding_strategy")
-    shard = fsdp.get(shard_key[len(p):])
-    if shard is not None and shard_key.endswith("fsdp_sharding_strategy"):
-        shard = _sharding_strategy(c.path, shard_key, shard)
+    if version == 2:                      # utils/dataclasses.py: FSDP2 reads reshard_after_forward alone, a bool
+        shard_key = p + "fsdp_reshard_after_forward"
+        shard = fsdp.get("fsdp_reshard_after_forward")
+        if shard is not None:
+            shard = _truth(c.path, shard_key, shard)
+        if "fsdp_sharding_strategy" in fsdp:
+            c.ignore(p + "fsdp_sharding_strategy", fsdp["fsdp_sharding_strategy"])   # (FSDP1's: deprecated, unread)
+    else:
+        shard_key = p + ("fsdp_reshard_after_forward" if "fsdp_reshard_after_forward" in fsdp
+                         else "fsdp_sharding_strategy")
+        shard = fsdp.get(shard_key[len(p):])
+        if shard is not None:
+            shard = _sharding_strategy(c.path, shard_key, shard)
     if shard is not None:
         if shard in FULL or str(shard).upper() == "FULL_SHARD":
             c.set(shard_key, shard, "parameters, gradients and optimizer states sharded (full shard)")

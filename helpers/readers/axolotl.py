@@ -40,6 +40,11 @@ SRC = "github:axolotl-ai-cloud/axolotl src/axolotl/utils/schemas/{file} @067b021
 LIGER = "axolotl.integrations.liger.LigerPlugin"
 CCE = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
 ATTENTION = hf_names.ATTENTION
+# schemas/enums.py @067b021c: RLType, and CustomSupportedOptimizers (axolotl's own, beside transformers' optim names)
+RL_TYPES = ("dpo", "gdpo", "grpo", "ipo", "orpo", "kto", "simpo", "ebft")
+CUSTOM_OPTIMIZERS = ("optimi_adamw", "ao_adamw_4bit", "ao_adamw_8bit", "ao_adamw_fp8", "adopt_adamw", "came_pytorch",
+                     "muon", "dion", "sinkgd", "flash_adamw", "flash_adam", "flash_sgd", "flash_sgdw", "flash_lion",
+                     "q_galore_adamw8bit")
 # keys a reader of memory needs: every one is read below; anything else is listed as ignored.
 FSDP_KEYS = ("offload_params", "activation_checkpointing", "sharding_strategy", "reshard_after_forward",
              "cpu_offload_pin_memory", "fsdp_version", "version")
@@ -207,6 +212,9 @@ class _Reader:
                 d.default(TOOL, key, default, SRC.format(file=src), **{field: default})
         self.micro = d.fields["batch"]
         if self.has("batch_size"):
+            if self.data.get("gradient_accumulation_steps"):     # schemas/validation.py check_gas_bsz
+                raise ConfigError(f, "batch_size beside gradient_accumulation_steps: axolotl refuses the pair ('please "
+                                     "set only one of gradient_accumulation_steps or batch_size'); keep one")
             v = positive_int(f, "batch_size", self.take("batch_size"))
             d.unmodelled_at(f, self.line("batch_size"), "batch_size", v, "the total batch (deprecated): axolotl "
                            "derives gradient_accumulation_steps from it and the world size; give "
@@ -539,6 +547,13 @@ class _Reader:
         if key_given and not isinstance(name, str):
             raise ConfigError(f, f"optimizer must be an optimizer name such as adamw_torch_fused, got {name!r}")
         name = name or "adamw_torch_fused"
+        from transformers.training_args import OptimizerNames
+
+        names = [o.value for o in OptimizerNames] + list(CUSTOM_OPTIMIZERS)
+        if name not in names:                # axolotl's own, else TrainingArguments' optim (OptimizerNames) refuses it
+            raise ConfigError(f, f"optimizer {name!r} is neither one of axolotl's own optimizers nor one of "
+                                 f"transformers' (TrainingArguments refuses it: OptimizerNames)"
+                              + did_you_mean(name, names))
         changes, sets, notes = collect.optimizer_effect(d, name, strategies.get(strategy))
         for why in notes:
             d.unmodelled_at(f, self.line("optimizer"), "optimizer", name, why)
@@ -580,6 +595,9 @@ class _Reader:
         rl = self.take("rl")
         if rl is None:
             return
+        if rl not in RL_TYPES:
+            raise ConfigError(f, f"rl must be one of axolotl's RL trainers ({', '.join(RL_TYPES)}), got {rl!r} (its "
+                                 f"schema refuses anything else: schemas/enums.py RLType)" + did_you_mean(rl, RL_TYPES))
         if rl in ("dpo", "ipo"):
             batch = d.fields.get("batch", 1)
             d.setting(f, self.line("rl"), "rl", rl, batch=2 * batch,

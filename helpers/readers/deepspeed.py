@@ -154,8 +154,14 @@ def as_deepspeed_reads(path, data: dict) -> dict:
         if section not in data:
             continue
         raw = data[section]
+        if section == "zero_optimization" and isinstance(raw, bool):
+            raw = {"stage": int(raw)}          # the legacy form: runtime/zero/config.py read_zero_config_deprecated
         if not isinstance(raw, dict):
             raise ConfigError(path, f"{section} must be an object, got {raw!r}")
+        for name, f in model.model_fields.items():
+            if f.alias and f.alias != name and name in raw and f.alias in raw:
+                raise ConfigError(path, f"{section}.{name} and {section}.{f.alias} are one setting ({f.alias} is its "
+                                        f"other name): DeepSpeed's config model refuses both; keep one")
         if section == "zero_optimization" and raw.get("stage", "auto") != "auto":
             _stage(path, "zero_optimization.stage", raw["stage"])
         try:
@@ -175,6 +181,24 @@ def as_deepspeed_reads(path, data: dict) -> dict:
             raise ConfigError(path, f"{where}: DeepSpeed's config model refuses " + (f"{got!r}: " if first["loc"]
                                     else "it: ") + first["msg"]) from None
         out[section] = _coerced(raw, checked)
+        if section == "zero_optimization":
+            out[section] = _modern(out[section], model)
+    return out
+
+
+def _modern(raw: dict, model) -> dict:
+    """zero_optimization as the reader reads it: each field given by its own name under the name the reader reads (its
+    alias: prefetch_bucket_size is stage3_prefetch_bucket_size), and the deprecated cpu_offload / cpu_offload_param
+    turned into what DeepSpeed turns them into (runtime/zero/config.py new_param_fn: offload_optimizer /
+    offload_param on the CPU)."""
+    out = dict(raw)
+    for name, f in model.model_fields.items():
+        if f.alias and f.alias != name and name in out:
+            out[f.alias] = out.pop(name)
+    for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
+        if out.get(old) is True and new not in out:
+            out.pop(old)
+            out[new] = {"device": "cpu"}
     return out
 
 
@@ -513,6 +537,19 @@ class _Reader:
                                                    f"/ (micro batch {micro} x world size), world size 1: with N GPUs "
                                                    f"it is {total}/({micro} x N))", grad_accum=steps)
                 out.per_world = {"field": "grad_accum", "total": total, "by": micro}
+            elif trainer is not None and "per_device_train_batch_size" in trainer:
+                # the HF Trainer's own sizes: it fills and matches train_batch_size = world size x micro batch x
+                # accumulation (integrations/deepspeed.py trainer_config_process / trainer_config_finalize refuses a
+                # mismatch), so the world size is what makes them agree
+                m = micro if micro is not None else trainer["per_device_train_batch_size"][0]
+                a = accum if accum is not None else trainer.get("gradient_accumulation_steps", (1, ""))[0]
+                if not isinstance(m, int) or not isinstance(a, int) or m < 1 or a < 1 or total % (m * a):
+                    raise ConfigError(path, f"train_batch_size {total} is not world size x micro batch {m} x "
+                                            f"accumulation {a}: the HF Trainer refuses that mismatch")
+                gpus = total // (m * a)
+                setting("train_batch_size", total, f"gpus={gpus} (= {total} / ({m} x {a}), the trainer's micro batch "
+                                                   f"and accumulation: train_batch_size = world size x micro batch x "
+                                                   f"accumulation)", gpus=gpus)
             else:
                 out.not_modelled.append(NotModelled(
                     f, line("train_batch_size"), "train_batch_size", total,

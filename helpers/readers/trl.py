@@ -361,6 +361,9 @@ class _Reader(collect.TrainerYaml):
         if q4:
             given_type = "bnb_4bit_quant_type" in self.data
             qtype = take("bnb_4bit_quant_type", "nf4")
+            if qtype not in ("nf4", "fp4"):          # bitsandbytes functional.py quantize_4bit: these two or an error
+                raise ConfigError(self.path, f"bnb_4bit_quant_type must be nf4 or fp4 (bitsandbytes stops on another "
+                                             f"when it quantizes the base), got {qtype!r}")
             nested = take("use_bnb_nested_quant")
             if given_type and qtype == "nf4":
                 c.set("bnb_4bit_quant_type", qtype, "NF4 codes (as modelled)")
