@@ -63,7 +63,8 @@ AXOLOTL = [
      dict(model="gemma-2-2b", batch=4, lora_rank=None, not_modelled={"reward_model"})),
     ("gemma3/gemma-3-4b-vision-qlora.yml",
      dict(model="gemma-3-4b", named="google/gemma-3-4b-it", base_weights="nf4-dq", lora_rank=32,
-          not_modelled={"base_model", "lora_target_modules"})),
+          lora_targets="down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj",     # its regex, as peft reads it
+          not_modelled={"base_model"})),
 ]
 
 

@@ -37,6 +37,24 @@ WORDS = [
     ("run 1\nexit 0\nrun 2\n", ["1"]),
     ("declare -a A=(p q)\nA+=(r)\nA[0]=z\nrun ${A[@]}\n", ["z", "q", "r"]),
     ("run --t \"a: {}\nb: \"\n", ["--t", "a: {}\nb: "]),
+    ("for MB in 1 2; do :; done\nrun $MB\n", ["2"]),
+    ("i=0\nwhile [ $i -lt 3 ]; do i=$((i + 1)); done\nrun $i\n", ["3"]),
+    ("M=0\n(( MB = 2 * 3 ))\nlet N=MB+1 M++\nrun $MB $N $M\n", ["6", "7", "1"]),
+    ("declare -i X=2\nX+=2\ndeclare -u U=abc\nrun $X $U\n", ["4", "ABC"]),
+    ("f() { local MB=9; }\nMB=4\nf\nrun $MB\n", ["4"]),
+    ("run $((2#100)) $((0x10)) $((010)) $[2*3]\n", ["4", "16", "8", "6"]),
+    ("case '*' in\n  \"*\") run lit ;&\n  x) run next ;;\n  *) run no ;;\nesac\n", ["next"]),
+    ("A=(4)\nA+=8\nrun ${A[0]}\n", ["48"]),
+    ("run --max_len={512,1024} {1..3}\n", ["--max_len=512", "--max_len=1024", "1", "2", "3"]),
+    ("run $'\\x41\\101\\u00e9'\n", ["AA\u00e9"]),
+    ("IFS=, read A B <<< 'x,y z'\nrun \"$A\" \"$B\"\n", ["x", "y z"]),
+    ("F='a b'\nIFS=\nrun $F\n", ["a b"]),
+    ("[[ 10 > 9 ]] && run str || run no\n", ["no"]),
+    ("[[ abc =~ ^a.c$ ]] && run re\n", ["re"]),
+    ("[ 1 = 1 -a 2 = 3 ] || run ao\n", ["ao"]),
+    ("read -n 2 X <<< 4567\nrun $X\n", ["45"]),
+    ("printf -v X '%s-%d' a 7\nrun $X\n", ["a-7"]),
+    ("run 1 | exit 3\nrun 2\n", ["2"]),
 ]
 
 
@@ -62,7 +80,7 @@ def test_the_expected_words_are_bashs(script, words):
     ("X=$(nproc)\nrun $X\n", "a command's output"),
     ("run $NOPE\n", "not assigned in the script"),
     ("run $1\n", "the script's argument 1"),
-    ("for MB in 1 2; do :; done\nrun $MB\n", "loop's variable"),
+    ("for MB in $(seq 2); do :; done\nrun $MB\n", "loop's variable"),
     ("if [ -f x ]; then MB=1; fi\nrun $MB\n", "MB='1' is inside an if/case/loop block"),
     ("read MB\nrun $MB\n", "read from the input"),
     ("source env.sh\nrun $MB\n", "env.sh, which the script sources"),
@@ -76,9 +94,13 @@ def test_what_the_script_leaves_to_its_run_is_named(script, why):
     ("run 'a\n", 1), ("if true; then\n  run a\n", 1), ("run a )\n", 1), ("A=(a b\n", 1), ("run \"${A\n", 1),
 ])
 def test_a_script_bash_cannot_parse_is_one_error(script, line):
-    with pytest.raises(shell.ShellError) as e:
-        shell.run(script)
-    assert e.value.line == line and "\n" not in str(e.value)
+    """A quote never closed stops the reading; a syntax error bash meets further on is kept (bash runs the commands
+    before it): either way one line naming where."""
+    try:
+        error = shell.run(script).error
+    except shell.ShellError as e:
+        error = e
+    assert error is not None and error.line == line and "\n" not in str(error)
 
 
 def test_nesting_and_doubling_are_bounded():
@@ -120,6 +142,7 @@ def refused(path: Path, *words: str) -> str:
     (CMD + " 2 --input_template \"User: {}\nAssistant: \"\n", 2),
     ("run() {\n  " + CMD + " \"$@\"\n}\nrun 9\n", 9),
     ("if [[ ${1} != \"slurm\" ]]; then\n  " + CMD + " 4\nfi\n", 4),
+    (CMD + " 5\nif true; then\n", 5),                          # bash runs it, then stops at the unclosed if
 ])
 def test_the_command_bash_runs_is_read(tmp_path, script, batch):
     assert read([write(tmp_path, script)]).setup.batch == batch
@@ -131,11 +154,11 @@ def test_the_command_bash_runs_is_read(tmp_path, script, batch):
     ("MB=4\nbash -c '" + CMD + " $MB'\n", ("not exported",)),
     ("echo hi\nexit 0\n" + CMD + " 4\n", ("no openrlhf.cli.train_* command that the script runs",)),
     ("if [ -n \"$A\" ]; then\n  " + CMD + " 64\nelse\n  " + CMD + " 4\nfi\n", ("2 openrlhf commands (lines 2, 4)", "inside the if block")),
-    (CMD + " 4 && " + CMD + " 64\n", ("2 openrlhf commands (lines 1, 1)", "after && or ||")),
+    (CMD + " 4 && " + CMD + " 64\n", ("2 openrlhf commands (line 1)", "after && or ||")),
     (CMD + " $1\n", ("the script's argument 1",)),
     ("ARGS=(--micro_train_batch_size $MB)\nMB=4\n" + CMD.rsplit(" ", 1)[0] + " \"${ARGS[@]}\"\n",
      ("$MB is not assigned in the script",)),
-    ("for MB in 1 2; do\n  echo $MB\ndone\n" + CMD + " $MB\n", ("for loop's variable",)),
+    ("for MB in $(seq 2); do\n  echo $MB\ndone\n" + CMD + " $MB\n", ("for loop's variable",)),
     ("F=\"--max_len 1024\"\n" + CMD + " 4 \"$F\"\n", ("'--max_len 1024' is one word",)),
 ])
 def test_what_bash_would_do_differently_is_refused(tmp_path, script, words):
@@ -175,3 +198,36 @@ def test_a_flag_takes_what_argparse_int_takes(tmp_path):
     """argparse's type=int is Python's int(): another script's decimal digits are digits (Arabic-Indic four)."""
     assert read([write(tmp_path, CMD + " \u0664\n")]).setup.batch == 4
     refused(write(tmp_path, CMD + " \u00b2\n", "b.sh"), "positive integer")          # a superscript is not
+
+
+@pytest.mark.parametrize("script,gpus", [
+    ("deepspeed --num_gpus 2 --num_gpus 4 " + CMD.split(" ", 1)[1] + " 4\n", 4),        # argparse keeps the last
+    ("export CUDA_VISIBLE_DEVICES=0,1\nenv -u CUDA_VISIBLE_DEVICES " + CMD + " 4\n", 1),
+    ("export CUDA_VISIBLE_DEVICES=0,1\nexport -n CUDA_VISIBLE_DEVICES\n" + CMD + " 4\n", 1),
+    ("f() { " + CMD + " 4; }\nCUDA_VISIBLE_DEVICES=0,1 f\n", 2),
+    ("f() { local CUDA_VISIBLE_DEVICES=0,1,2; }\nf\nexport CUDA_VISIBLE_DEVICES=0\n" + CMD + " 4\n", 1),
+])
+def test_the_launchers_gpus_as_bash_and_deepspeed_give_them(tmp_path, script, gpus):
+    assert read([write(tmp_path, script)]).setup.gpus == gpus
+
+
+def test_num_gpus_minus_one_is_every_gpu_a_count_the_script_does_not_say(tmp_path):
+    imp = read([write(tmp_path, CMD.replace("--module", "--num_gpus -1 --module") + " 4\n")])
+    assert imp.setup.gpus == 1 and any(n.key == "--num_gpus" for n in imp.not_modelled)
+
+
+@pytest.mark.parametrize("script,words", [
+    ("alias ds=deepspeed\nds " + CMD.split(" ", 1)[1] + " 4\n", ("'ds' is an alias", "expand_aliases")),
+    ("MB=4\nsource ./env.sh\n" + CMD + " $MB\n", ("was assigned before `source ./env.sh`",)),
+    ("exec " + CMD + " 4\n" + CMD + " 8\n", None),
+    ("set -e\nfalse\n" + CMD + " 4\n", ("no openrlhf.cli.train_* command that the script runs",)),
+    ("\u00a0" + CMD + " 4\n", ("non-ASCII space",)),
+    ("\ufeff" + CMD + " 4\n", ("byte-order mark",)),
+    (CMD + " 4\r\n", ("carriage return",)),
+    ("X=1\nwhile true; do :; done\n" + CMD + " 4\n", ("no openrlhf.cli.train_* command that the script runs",)),
+])
+def test_what_bash_never_runs_or_reads_otherwise(tmp_path, script, words):
+    if words is None:                                   # exec: the second command never runs
+        assert read([write(tmp_path, script)]).setup.batch == 4
+        return
+    refused(write(tmp_path, script), *words)

@@ -315,7 +315,7 @@ def _text(path: Path) -> str:
         raise ConfigError(path, f"{size / 2**20:,.1f} MiB is too large for a training config (at most "
                                 f"{MAX_BYTES // 2**20} MiB is read)")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")    # (line endings as written: bash reads a CR as text)
     except UnicodeDecodeError as e:
         raise ConfigError(path, f"not a UTF-8 text file ({e.reason} at byte {e.start})") from None
     except OSError as e:
@@ -508,8 +508,11 @@ def peft_regex(path, key: str, pattern: str, model: str | None, note: str = "") 
     if spec is None:
         raise ConfigError(path, f"{key} {pattern!r} reaches peft as a regular expression over module names; "
                                 f"without a model the catalogue knows it is not read here: pass --model")
-    names = [n for n in spec.linear_names()
-             if any(rx.fullmatch(f"model.layers.0.{parent}.{n}") for parent in ("self_attn", "mlp"))]
+    paths = {t.name.rsplit(".", 1)[0] for t in spec.tensors if t.linear and t.group.startswith("layer.")}
+    # the same modules under a multimodal model's prefixes (Gemma 3, Llava, Qwen-VL: the text model inside)
+    paths |= {p.replace("model.", alt, 1) for p in set(paths) if p.startswith("model.")
+              for alt in ("model.language_model.", "language_model.model.", "model.text_model.", "model.model.")}
+    names = sorted({p.rsplit(".", 1)[-1] for p in paths if rx.fullmatch(p)})
     if not names:
         raise ConfigError(path, f"{key} is the one string {pattern!r}{note}: peft reads one string as a regular "
                                 f"expression it full-matches against each module's whole name "

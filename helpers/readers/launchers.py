@@ -58,6 +58,33 @@ def unabbreviated(words: list[str]) -> list[str]:
     return out
 
 
+def _environment(launcher: list[str], env: dict) -> dict:
+    """What the launcher sees of the environment: the command's own (exported variables, NAME=value prefixes),
+    changed by an `env` before it as env does (-i / --ignore-environment empties it, -u NAME / --unset=NAME drops one,
+    NAME=value sets one)."""
+    out = dict(env)
+    k = next((i for i, w in enumerate(launcher) if str(w).rsplit("/", 1)[-1] == "env"), None)
+    if k is None:
+        return out
+    k += 1
+    while k < len(launcher):
+        w = str(launcher[k])
+        if w in ("-i", "--ignore-environment", "-"):
+            out = {}
+        elif w in ("-u", "--unset") and k + 1 < len(launcher):
+            out.pop(str(launcher[k + 1]), None)
+            k += 1
+        elif w.startswith("--unset="):
+            out.pop(w.split("=", 1)[1], None)
+        elif re.fullmatch(r"[A-Za-z_]\w*=.*", w, re.S):
+            n, _, v = w.partition("=")
+            out[n] = v
+        elif not w.startswith("-"):
+            break
+        k += 1
+    return out
+
+
 def world_size(path, launcher: list[str], env: dict) -> tuple[int | None, object]:
     """World size from the launcher's own flags (deepspeed --num_gpus/--num_nodes/--include/--exclude and
     CUDA_VISIBLE_DEVICES as its runner reads them, torchrun --nproc_per_node/--nnodes); `launcher` is the command's
@@ -73,6 +100,7 @@ def world_size(path, launcher: list[str], env: dict) -> tuple[int | None, object
                                         f"'unrecognized arguments')" + did_you_mean(name, sorted(known), 0.7))
 
     def value(*names):
+        found = None                                # argparse keeps a flag's last value
         for k, w in enumerate(words):
             for n in names:
                 got = words[k + 1] if w == n and k + 1 < len(words) else w if w.startswith(n + "=") else None
@@ -80,15 +108,14 @@ def world_size(path, launcher: list[str], env: dict) -> tuple[int | None, object
                     raise ConfigError(path, f"the launcher's {n} {got!s}: {got.why}, so its GPU count is not known "
                                             f"here; assign it plainly before the command, or give --gpus")
                 if got is not None:
-                    return got if w == n else w.split("=", 1)[1]
-        return None
+                    found = got if w == n else w.split("=", 1)[1]
+        return found
     deepspeed = which == "deepspeed"
     per_node = (value("--num_gpus", "--num_accelerators") if deepspeed else
                 value("--nproc_per_node", "--nproc-per-node"))                                 # (runner.py's spellings)
     include, exclude = value("--include", "-i"), value("--exclude", "-e")
     nodes = value("--num_nodes", "--num-nodes", "--nnodes")
-    visible = next((w.split("=", 1)[1] for w in launcher if w.startswith("CUDA_VISIBLE_DEVICES=")),
-                   env.get("CUDA_VISIBLE_DEVICES"))
+    visible = _environment(launcher, env).get("CUDA_VISIBLE_DEVICES")
     source = "--include"
     if deepspeed and visible is not None:
         if isinstance(visible, shell.Unknown):
@@ -138,6 +165,9 @@ def world_size(path, launcher: list[str], env: dict) -> tuple[int | None, object
         excluded = exclude
         return None, (("--exclude", excluded, "the GPUs left are the machine's less these, and the script does not "
                        "say how many the machine has") if excluded else "")
+    if deepspeed and per_node is not None and str(per_node).strip() in ("-1", "0"):
+        return None, ("--num_gpus", per_node, "every GPU of the node (DeepSpeed's runner takes -1 and 0 so), a count "
+                                              "the script does not say")
     if per_node in ("gpu", "auto", "cpu", "xpu") or (nodes and ":" in nodes):
         return None, (("--nproc-per-node", per_node, "every GPU of the node (or an elastic node range), a count the "
                        "script does not say") if per_node in ("gpu", "auto") else

@@ -33,6 +33,10 @@ from helpers.readers.provenance import argparse_int as positive_int
 NAME = "openrlhf"
 MODULE_RE = re.compile(r"openrlhf\.cli\.(train_sft|train_dpo|train_rm|train_ppo_ray|train_kto|train_prm|train_kd)"
                        r"(?![\w.])")
+# commands that print, test or look up their arguments rather than run them
+NOT_RUNNING = {"echo", "printf", "cat", "print", "type", "which", "hash", "expr", "grep", "egrep", "fgrep",
+               "sed", "awk", "test", "[", "[[", "basename", "dirname", "realpath", "readlink", "ls", "tee", "logger",
+               "wc", "head", "tail", "cut", "tr", "sort", "uniq", "touch", "mkdir", "rm", "cp", "mv", "alias"}
 CLASSIC = "OpenRLHF v0.8.5 (classic flags)"
 CLASSIC_NEW = "OpenRLHF 76351db1 (classic flags, --param_dtype era)"
 DOTTED = "OpenRLHF 3c3be623 (dotted flags)"
@@ -114,18 +118,20 @@ def _tokens(path, text: str) -> tuple[str, list[str], list[str], shell.Command, 
     one may not run (an if/case block, a loop, after && or ||) are refused: which runs is decided when the script
     runs."""
     try:
-        script = shell.run(text)
+        script = shell.run(text, Path(path).parent if Path(path).is_file() else None)
     except shell.ShellError as e:
         raise ConfigError(path, f"bash would not read the script this way, or this package cannot: {e}") from None
     found, loose = [], None
     for c in script.commands:
-        if not c.words or c.words[0] in ("echo", "printf", "cat", "print"):
-            continue                                   # a command that prints the module's name
+        if not c.words or str(c.words[0]).rsplit("/", 1)[-1] in NOT_RUNNING:
+            continue                                   # a command that prints or tests the module's name
         at = next((i for i, w in enumerate(c.words) if MODULE_RE.fullmatch(w)), None)
         if at is not None:
             found.append((c, at))
         elif loose is None and any(MODULE_RE.search(w) for w in c.words):
             loose = c
+    if not found and script.error is not None:
+        raise ConfigError(path, f"bash would not read the script this way, or this package cannot: {script.error}")
     if not found:
         if loose is not None:
             raise ConfigError(path, f"line {loose.line}: the openrlhf module is not a word of its own in "
@@ -133,13 +139,18 @@ def _tokens(path, text: str) -> tuple[str, list[str], list[str], shell.Command, 
                                     f"openrlhf.cli.train_sft ...`)")
         raise ConfigError(path, "no openrlhf.cli.train_* command that the script runs (expected e.g. `deepspeed "
                                 "--module openrlhf.cli.train_sft --pretrain ...`; a command in a heredoc, a comment "
-                                "or an echo is text)")
+                                "or an echo is text)" + "".join(f"; {n}" for n in script.notes[:2]))
     if len(found) > 1:
-        lines = ", ".join(str(c.line) for c, _ in found)
+        uniq = list(dict.fromkeys(str(c.line) for c, _ in found))
+        lines = ("lines " if len(uniq) > 1 else "line ") + ", ".join(uniq[:8]) + (", ..." if len(uniq) > 8 else "")
         why = next((f"; one runs only {c.cond}" for c, _ in found if c.cond), "")
-        raise ConfigError(path, f"the script runs {len(found)} openrlhf commands (lines {lines}), each a training run "
+        raise ConfigError(path, f"the script runs {len(found)} openrlhf commands ({lines}), each a training run "
                                 f"of its own{why}; give a script with the one to estimate")
     c, at = found[0]
+    odd = next((w for w in c.words[:at] for ch in str(w) if ch.isspace() and ch not in " \t\n"), None)
+    if odd is not None:
+        raise ConfigError(path, f"line {c.line}: {str(odd)!r} holds a non-ASCII space, which bash reads as part of the "
+                                f"word (not a separator), so it runs no such command; write a plain space")
     m = MODULE_RE.fullmatch(c.words[at])
     return m.group(1), c.words[:at], c.words[at + 1:], c, script.dead_lines
 

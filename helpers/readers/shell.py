@@ -17,6 +17,7 @@ The readers of launch scripts (`helpers.readers.openrlhf`, `launchers`) use it; 
 from __future__ import annotations
 
 import ast
+import contextlib
 import fnmatch
 import operator
 import re
@@ -24,6 +25,9 @@ from dataclasses import dataclass, field
 
 MAX_VALUE = 10_000                           # characters: longer than any flag value (a doubling bomb stops here)
 MAX_DEPTH = 20                               # nested eval / bash -c / function calls
+LAUNCHERS = {"deepspeed", "torchrun", "python", "python3", "ray", "srun", "accelerate", "mpirun", "bash", "sh"}
+MAX_NESTING = 150                            # blocks within blocks ({ ( if ...): deeper is refused, not recursed
+MAX_LOOPS = 20_000                           # loop iterations walked one by one in a script (then: speculated)
 NAME_RE = re.compile(r"[A-Za-z_]\w*")
 ASSIGN_RE = re.compile(r"([A-Za-z_]\w*)(\[[^\]]*\])?(\+?)=")
 RESERVED = {"if", "then", "elif", "else", "fi", "case", "esac", "for", "select", "while", "until", "do", "done",
@@ -151,6 +155,8 @@ class _Lexer:
             elif c == "#":
                 end = s.find("\n", self.i)
                 self.i = len(s) if end < 0 else end
+            elif s.startswith(("<(", ">("), self.i):   # process substitution: a word (a file the command reads)
+                self.word_token()
             else:
                 op = next((o for o in OPERATORS if s.startswith(o, self.i)), None)
                 if op is not None:
@@ -188,6 +194,8 @@ class _Lexer:
         while self.i < len(self.s) and self.s[self.i] in " \t":
             self.i += 1
         target = self.word() if self.i < len(self.s) and self.s[self.i] not in "\n;&|()<>" else None
+        if target is None or not target.raw:
+            self.error(f"'{op}' with nothing after it to read or write (bash: syntax error near unexpected token)")
         r = Redirect(op, target, line)
         if op in ("<<", "<<-"):
             if target is None:
@@ -244,6 +252,12 @@ class _Lexer:
                 buf.clear()
         while self.i < len(s):
             c = s[self.i]
+            if c in "<>" and s[self.i + 1:self.i + 2] == "(":
+                flush()
+                end = self.matching(self.i + 1, "(", ")")
+                parts.append(("cmd", s[self.i + 2:end], False))
+                self.i = end + 1
+                continue
             if c in stop:
                 break
             if c == "\\":
@@ -282,11 +296,24 @@ class _Lexer:
         return Word(parts, s[start:self.i], line)
 
     def ansi(self) -> str:
+        """$'...' as bash decodes it: \\n \\t ... , \\xHH, \\NNN (octal), \\uHHHH, \\UHHHHHHHH, \\cX; a NUL ends it."""
         s, i, out = self.s, self.i + 2, []
         while i < len(s) and s[i] != "'":
             if s[i] == "\\" and i + 1 < len(s):
-                out.append(ANSI.get(s[i + 1], "\\" + s[i + 1]))
-                i += 2
+                c = s[i + 1]
+                m = (re.match(r"x([0-9a-fA-F]{1,2})", s[i + 1:]) or re.match(r"([0-7]{1,3})", s[i + 1:])
+                     or re.match(r"u([0-9a-fA-F]{1,4})", s[i + 1:]) or re.match(r"U([0-9a-fA-F]{1,8})", s[i + 1:]))
+                if m:
+                    base = 8 if m.group(0)[0] in "01234567" else 16
+                    code = int(m.group(1), base)
+                    out.append(chr(code) if code < 0x110000 else "")
+                    i += 1 + len(m.group(0))
+                elif c == "c" and i + 2 < len(s):
+                    out.append(chr(ord(s[i + 2].upper()) ^ 0x40))
+                    i += 3
+                else:
+                    out.append(ANSI.get(c, "\\" + c))
+                    i += 2
             else:
                 self.line += s[i] == "\n"
                 out.append(s[i])
@@ -294,7 +321,7 @@ class _Lexer:
         if i >= len(s):
             self.error("a $' quote is not closed before the end of the script")
         self.i = i + 1
-        return "".join(out)
+        return "".join(out).split("\0", 1)[0]          # (bash's strings end at a NUL)
 
     def double(self, parts: list):
         s, buf, first = self.s, [], len(parts)
@@ -347,6 +374,10 @@ class _Lexer:
             end = self.matching(i + 1, "(", ")")
             self.i = end + 1
             return ("cmd", s[i + 2:end], quoted)
+        if s.startswith("$[", i):                      # the old spelling of $(( ... ))
+            end = self.matching(i + 1, "[", "]")
+            self.i = end + 1
+            return ("arith", s[i + 2:end], quoted)
         if s.startswith("${", i):
             end = self.matching(i + 1, "{", "}")
             self.i = end + 1
@@ -441,15 +472,17 @@ class _Parser:
             raise ShellError(line, f"'{opened}' (line {line}) has no '{word}' where bash expects it")
         self.k += 1
 
-    def program(self) -> list:
-        items = self.items(set())
+    def program(self, done: list | None = None) -> list:
+        """The script's commands; `done` receives each top-level command as it is parsed (bash runs those before it
+        meets a syntax error further on)."""
+        items = self.items(set(), done)
         tok = self.peek()
         if tok[0] != "eof":
             what = self.kw(tok) or (tok[1] if tok[0] == "op" else "?")
             raise ShellError(self.line(), f"unexpected '{what}' (bash: syntax error near unexpected token)")
         return items
 
-    def items(self, stops: set) -> list:
+    def items(self, stops: set, done: list | None = None) -> list:
         out, conn = [], ";"
         while True:
             self.skip_newlines()
@@ -464,11 +497,17 @@ class _Parser:
             if self.kw() in ("then", "elif", "else", "fi", "do", "done", "esac", "}"):
                 raise ShellError(self.line(), f"'{self.kw()}' without the block that opens it")
             out.append((conn, self.pipeline()))
+            if done is not None:
+                done.append(out[-1] + (self.line(),))           # (where it ends: the line of what follows it)
             tok = self.peek()
             if tok[0] == "op" and tok[1] in ("&&", "||"):
                 conn = tok[1]
                 self.k += 1
                 self.skip_newlines()
+                nxt = self.peek()
+                if nxt[0] == "eof" or (nxt[0] == "op" and nxt[1] in (")", ";;", ";", "&")) or self.kw() in (
+                        "then", "do", "done", "fi", "esac", "}", "elif", "else"):
+                    raise ShellError(tok[2], f"'{conn}' with no command after it (bash: syntax error)")
                 continue
             conn = ";"
             if tok[0] == "op" and tok[1] in (";", "&") or tok[0] == "nl":
@@ -493,6 +532,15 @@ class _Parser:
         return out
 
     def command(self):
+        self.depth = getattr(self, "depth", 0) + 1
+        try:
+            if self.depth > MAX_NESTING:
+                raise ShellError(self.line(), f"blocks nest deeper than {MAX_NESTING} (not read here)")
+            return self.compound()
+        finally:
+            self.depth -= 1
+
+    def compound(self):
         tok, kw, line = self.peek(), self.kw(), self.line()
         if kw == "if":
             self.k += 1
@@ -521,17 +569,22 @@ class _Parser:
             return Node(kw, line, {"cond": cond, "body": body, "redirects": self.redirects()})
         if kw in ("for", "select"):
             self.k += 1
-            words, name = None, None
+            words, name, header = None, None, None
             if self.peek()[0] == "op" and self.peek()[1] == "(":
-                depth = 0
-                while True:                                  # for (( ... )): arithmetic, not evaluated
+                depth, text = 0, []
+                while True:                                  # for (( init; cond; update ))
                     t = self.next()
-                    if t[0] == "eof":
+                    if t[0] in ("eof", "nl"):
                         raise ShellError(line, "'for ((' is not closed")
                     if t[0] == "op" and t[1] in "()":
                         depth += 1 if t[1] == "(" else -1
                         if depth == 0:
                             break
+                    text.append(t[1].raw if t[0] == "word" else t[1] if t[0] == "op" else
+                                t[1].op + (t[1].target.raw if t[1].target else "") if t[0] == "redir" else "")
+                header = " ".join(text[2:-1]).split(";")
+                if len(header) != 3:
+                    raise ShellError(line, "'for ((' needs init; condition; update")
             else:
                 t = self.next()
                 if t[0] != "word":
@@ -553,7 +606,7 @@ class _Parser:
                 self.expect("do", kw, line)
                 body = self.items({"done"})
                 self.expect("done", kw, line)
-            return Node("for", line, {"name": name, "words": words, "body": body, "kind": kw,
+            return Node("for", line, {"name": name, "words": words, "body": body, "kind": kw, "header": header,
                                       "redirects": self.redirects()})
         if kw == "case":
             self.k += 1
@@ -585,9 +638,10 @@ class _Parser:
                     if not (t[0] == "op" and t[1] == "|"):
                         raise ShellError(line, "a case pattern is not followed by ')'")
                 body = self.items({"esac", ";;", ";&", ";;&"})
-                arms.append((patterns, body))
+                end = ";;"
                 if self.peek()[0] == "op" and self.peek()[1] in (";;", ";&", ";;&"):
-                    self.k += 1
+                    end = self.next()[1]
+                arms.append((patterns, body, end))
             return Node("case", line, {"subject": subject, "arms": arms, "redirects": self.redirects()})
         if kw == "{":
             self.k += 1
@@ -596,15 +650,17 @@ class _Parser:
             return Node("group", line, {"body": body, "redirects": self.redirects()})
         if tok[0] == "op" and tok[1] == "(":
             self.k += 1
-            if self.peek()[0] == "op" and self.peek()[1] == "(":       # (( ... )): arithmetic, not evaluated
-                depth = 1
+            if self.peek()[0] == "op" and self.peek()[1] == "(":       # (( ... )): an arithmetic command
+                depth, text = 1, []
                 while depth:
                     t = self.next()
-                    if t[0] == "eof":
+                    if t[0] in ("eof", "nl"):
                         raise ShellError(line, "'((' is not closed")
                     if t[0] == "op" and t[1] in "()":
                         depth += 1 if t[1] == "(" else -1
-                return Node("arith", line, {"redirects": self.redirects()})
+                    text.append(t[1].raw if t[0] == "word" else t[1] if t[0] == "op" else
+                                t[1].op + (t[1].target.raw if t[1].target else "") if t[0] == "redir" else "")
+                return Node("arith", line, {"expr": " ".join(text[1:-2]), "redirects": self.redirects()})
             body = self.items({")"})
             if not (self.peek()[0] == "op" and self.peek()[1] == ")"):
                 raise ShellError(line, "'(' (line %d) is not closed with ')'" % line)
@@ -664,6 +720,8 @@ class _Parser:
             tok = self.peek()
             what = tok[1] if tok[0] == "op" else "end of file"
             raise ShellError(line, f"unexpected '{what}' (bash: syntax error near unexpected token)")
+        if words and self.peek()[0] == "op" and self.peek()[1] == "(":
+            raise ShellError(line, "unexpected '(' after a command's words (bash: syntax error near unexpected token)")
         return Simple(assigns, words, redirects, line)
 
 
@@ -676,11 +734,38 @@ class _Undecided(Exception):
 
 
 class _Stop(Exception):
-    """exit (or return at the top), run whatever the script's state: nothing after it runs."""
+    """exit, exec, errexit, an endless loop: nothing after it runs (`status`: the shell's exit status, where known)."""
+
+    def __init__(self, status: int | None = 0):
+        super().__init__(status)
+        self.status = status
 
 
 class _Return(Exception):
     pass
+
+
+class _Break(Exception):
+    pass
+
+
+class _Continue(Exception):
+    pass
+
+
+def _has_word(items, names: set) -> bool:
+    """Whether a command of `items` (at any depth) is one of `names` (break, exit, ...)."""
+    def walk(x):
+        if isinstance(x, Simple):
+            return any(isinstance(w, Word) and w.keyword() in names for w in x.words[:1])
+        if isinstance(x, Pipeline):
+            return any(walk(c) for c in x.commands)
+        if isinstance(x, Node):
+            return any(walk(v) for v in x.parts.values())
+        if isinstance(x, (list, tuple)):
+            return any(walk(v) for v in x)
+        return False
+    return walk(items)
 
 
 @dataclass
@@ -700,6 +785,8 @@ class Script:
     variables: dict
     dead_lines: set
     sourced: list
+    notes: list = field(default_factory=list)
+    error: ShellError | None = None         # a syntax error bash stops at, after running the commands before it
 
 
 class _State:
@@ -712,13 +799,46 @@ class _State:
         self.args: list | None = None            # None: the script's own arguments, given when it runs
         self.funcs: dict[str, Node] = {}
         self.hidden: set[str] = set()            # assigned in an outer script but not exported to this one
+        self.attrs: dict[str, set] = {}          # declare -i / -u / -l: NAME -> {"i", "u", "l"}
+        self.options: set[str] = set()           # set -e / -o pipefail: "errexit", "pipefail"
+        self.aliases: dict[str, str] = {}
+        self.expand_aliases = False
+        self.arg0 = "script"
 
     def copy(self) -> "_State":
         new = _State()
         new.vars, new.arrays, new.origin = dict(self.vars), dict(self.arrays), dict(self.origin)
         new.exported, new.allexport, new.args = set(self.exported), self.allexport, self.args
         new.funcs, new.hidden = dict(self.funcs), set(self.hidden)
+        new.attrs, new.options = {k: set(v) for k, v in self.attrs.items()}, set(self.options)
+        new.aliases, new.expand_aliases, new.arg0 = dict(self.aliases), self.expand_aliases, self.arg0
         return new
+
+
+def _bash_number(m, expr: str) -> int:
+    """An integer constant of bash arithmetic: BASE#DIGITS (bases 2-64: 0-9, a-z, A-Z, @, _; up to 36 letters in
+    either case), 0xHEX, 0OCTAL, else decimal."""
+    if m.group(1):
+        base, digits = int(m.group(1)), m.group(2)
+        if not 2 <= base <= 64:
+            raise _Undecided(f"$(( {expr.strip()} )): {base} is no base bash takes (2 to 64)")
+        value = 0
+        for ch in digits:
+            d = (int(ch) if ch.isdigit() else
+                 (ord(ch.lower()) - 87 if base <= 36 or ch.islower() else ord(ch) - 29) if ch.isalpha() else
+                 62 if ch == "@" else 63)
+            if d >= base:
+                raise _Undecided(f"$(( {expr.strip()} )): {m.group(0)} has a digit too great for base {base} (bash "
+                                 f"stops)")
+            value = value * base + d
+        return value
+    if m.group(3):
+        return int(m.group(3), 16)
+    text = m.group(4)
+    if re.search("[89]", text):
+        raise _Undecided(f"$(( {expr.strip()} )): {text} is octal to bash, and 8 or 9 is too great for it (bash "
+                         f"stops)")
+    return int(text, 8)
 
 
 ARITH_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Mod: None,
@@ -726,6 +846,76 @@ ARITH_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mu
              ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor}
 CMP_OPS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Eq: operator.eq,
            ast.NotEq: operator.ne}
+
+
+def _literal_glob(text: str) -> str:
+    """`text` as an fnmatch pattern matching itself (quoted text in a bash pattern)."""
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+BRACE_RE = re.compile(r"\{(?:([^{},]*(?:,[^{},]*)+)|(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?|([a-zA-Z])\.\.([a-zA-Z]))\}")
+
+
+def _braces(w: Word, limit: int = 1000) -> list[Word]:
+    """Brace expansion of a word's unquoted text, as bash does it before any other expansion: a{b,c}d is abd acd,
+    {1..3} is 1 2 3 (with a step, {a..e}); non-nested groups, at most `limit` words."""
+    for k, p in enumerate(w.parts):
+        if p[0] != "lit":
+            continue
+        m = BRACE_RE.search(p[1])
+        if not m:
+            continue
+        if m.group(1) is not None:
+            choices = m.group(1).split(",")
+        elif m.group(2) is not None:
+            a, b = int(m.group(2)), int(m.group(3))
+            step = abs(int(m.group(4) or 1)) or 1
+            if abs(b - a) // step > limit:
+                return [w]
+            choices = [str(x) for x in range(a, b + (1 if b >= a else -1), step if b >= a else -step)]
+        else:
+            a, b = ord(m.group(5)), ord(m.group(6))
+            choices = [chr(x) for x in range(a, b + (1 if b >= a else -1), 1 if b >= a else -1)]
+        out = []
+        for ch in choices:
+            lit = p[1][:m.start()] + ch + p[1][m.end():]
+            out += _braces(Word(w.parts[:k] + [("lit", lit)] + w.parts[k + 1:], w.raw, w.line), limit)
+            if len(out) > limit:
+                return [w]
+        return out
+    return [w]
+
+
+def _ifs_split(chunk: str, ifs: str, most: int | None) -> list[str]:
+    """`chunk` split on IFS as read splits it: IFS whitespace runs and each other IFS character delimit fields; at
+    most `most` fields, the last keeping the rest (with its inner separators)."""
+    if ifs == "":
+        return [chunk]
+    space = "".join(ch for ch in ifs if ch in " \t\n")
+    other = "".join(ch for ch in ifs if ch not in " \t\n")
+    chunk = chunk.strip(space) if space else chunk
+    blank = f"[{re.escape(space)}]*" if space else ""
+    sep = "|".join(([f"{blank}[{re.escape(other)}]{blank}"] if other else []) +
+                   ([f"[{re.escape(space)}]+"] if space else []))
+    if most is None:
+        return [f for f in re.split(sep, chunk)] if chunk else []
+    if most <= 1:
+        return [chunk]
+    return re.split(sep, chunk, maxsplit=most - 1) if chunk else []
+
+
+def _split_commas(expr: str) -> list[str]:
+    """An arithmetic expression's comma-separated parts (commas inside parentheses kept)."""
+    parts, depth, cur = [], 0, []
+    for ch in expr:
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        depth += (ch == "(") - (ch == ")")
+        cur.append(ch)
+    parts.append("".join(cur))
+    return [p for p in parts if p.strip()]
 
 
 class _Evaluator:
@@ -738,6 +928,12 @@ class _Evaluator:
         self.commands = [] if commands is None else commands
         self.sourced = [] if sourced is None else sourced
         self.in_function = 0
+        self.arith_depth = 0
+        self.exempt = 0                          # inside a condition or before && / ||: errexit does not apply
+        self.frames: list[dict] = []             # a called function's local variables: their outer values
+        self.notes: list[str] = []               # what bash does that the reader should say (an alias not expanded)
+        self.budget = [MAX_LOOPS]                # loop iterations left to walk (shared with nested code)
+        self.here = None                         # the script's folder: where a sourced file is looked for
 
     # ---- values
     def line(self, n: int) -> int:
@@ -756,7 +952,7 @@ class _Evaluator:
         if name.isdigit():
             n = int(name)
             if n == 0:
-                return "script"
+                return st.arg0
             if st.args is None:
                 return None
             return st.args[n - 1] if n <= len(st.args) else None
@@ -894,7 +1090,7 @@ class _Evaluator:
         a = self.st.arrays[name]
         if isinstance(a, Unknown):
             raise _Undecided(a.why)
-        k = self.arith(index, None)
+        k = self.arith(self.fragment(index, 0) if "$" in index else index, None)
         if k < 0:
             k += len(a)
         return a[k] if 0 <= k < len(a) else None
@@ -928,6 +1124,9 @@ class _Evaluator:
         if "$" in body or "`" in body or re.search(r"\+\+|--|(?<![<>=!])=(?!=)|\?", body):
             raise _Undecided(f"$(( {expr.strip()} )) is arithmetic with a command or an assignment, not evaluated here")
         body = body.replace("&&", " and ").replace("||", " or ")
+        body = re.sub(r"!(?!=)", " not ", body)
+        body = re.sub(r"(?<![\w#])(\d+)#([0-9A-Za-z@_]+)|(?<![\w#])0[xX]([0-9a-fA-F]+)|(?<![\w#.])(0[0-9]+)(?![\w#])",
+                      lambda m: str(_bash_number(m, expr)), body)          # bash's base#digits, 0x.., 0NN (octal)
         try:
             tree = ast.parse(body.strip() or "0", mode="eval")
         except SyntaxError:
@@ -945,9 +1144,15 @@ class _Evaluator:
                 if v == "":
                     return 0
                 v = v.strip()
-                if re.fullmatch(r"[+-]?\d+", v):
+                if re.fullmatch(r"[+-]?[1-9]\d*|[+-]?0", v):
                     return int(v)
-                raise _Undecided(f"${node.id} is {v[:40]!r}, not a number bash's arithmetic takes")
+                if self.arith_depth > 16 or not re.fullmatch(r"[\w\s+*/%()<>=!&|^~-]+|[+-]?\d+#\w+", v):
+                    raise _Undecided(f"${node.id} is {v[:40]!r}, not a number bash's arithmetic takes")
+                self.arith_depth += 1                       # bash evaluates a variable's text as an expression
+                try:
+                    return self.arith(v, line)
+                finally:
+                    self.arith_depth -= 1
             if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd, ast.Not, ast.Invert)):
                 x = ev(node.operand)
                 return {ast.USub: -x, ast.UAdd: x, ast.Not: int(not x), ast.Invert: ~x}[type(node.op)]
@@ -978,6 +1183,57 @@ class _Evaluator:
             raise _Undecided(f"$(( {expr.strip()} )) is not arithmetic evaluated here")
         return ev(tree)
 
+    def substitute(self, body: str, line: int) -> None:
+        """A command substitution's commands, run as bash runs them (in a subshell: its assignments stay there)."""
+        if self.depth >= MAX_DEPTH:
+            return
+        try:
+            items = _Parser(_Lexer(body, line).run()).program()
+        except ShellError:
+            return
+        sub = _Evaluator(self.st.copy(), self.line(line), self.depth + 1, self.cond, self.commands, self.sourced)
+        sub.in_function, sub.notes, sub.budget = self.in_function, self.notes, self.budget
+        try:
+            sub.run(items)
+        except (_Stop, _Return, _Break, _Continue, _Undecided):
+            pass
+
+    def arith_statement(self, expr: str, line: int | None) -> int:
+        """(( ... )) and let: comma-separated expressions, with bash's assignments evaluated (x = e, x += e, ... x++,
+        ++x); the value of the last. A variable with the integer attribute (declare -i) is assigned arithmetic."""
+        value = 0
+        for part in _split_commas(expr):
+            m = re.fullmatch(r"\s*([A-Za-z_]\w*)\s*([-+*/%]|<<|>>|&|\||\^)?=(?!=)\s*(.+?)\s*", part, re.S)
+            inc = re.fullmatch(r"\s*(?:([A-Za-z_]\w*)\s*(\+\+|--)|(\+\+|--)\s*([A-Za-z_]\w*))\s*", part)
+            if m:
+                name, op, rhs = m.group(1), m.group(2), self.arith(m.group(3), line)
+                value = rhs if not op else self.arith(f"{name} {op} ({rhs})", line)
+                self.assign_value(name, str(value), f"{name}={part.strip()!r}")
+            elif inc:
+                name = inc.group(1) or inc.group(4)
+                op = inc.group(2) or inc.group(3)
+                old = self.arith(name, line)
+                new = old + (1 if op == "++" else -1)
+                self.assign_value(name, str(new), f"{name}{op}")
+                value = old if inc.group(1) else new
+            else:
+                value = self.arith(part, line)
+        return value
+
+    def arith_command(self, expr: str, line: int) -> int | None:
+        """The status of (( expr )) / let: 0 where the value is not 0; variables it would assign and cannot are made
+        Unknown (their values decided when the script runs)."""
+        try:
+            return 0 if self.arith_statement(expr, line) else 1
+        except _Undecided as e:
+            for name in set(re.findall(r"([A-Za-z_]\w*)\s*(?:[-+*/%^|&]|<<|>>)?=(?!=)|([A-Za-z_]\w*)\s*(?:\+\+|--)|"
+                                       r"(?:\+\+|--)\s*([A-Za-z_]\w*)", expr)):
+                for n in name:
+                    if n:
+                        self.st.vars[n] = unknown(f"${n}", f"${n} is assigned by the arithmetic {expr.strip()!r} "
+                                                           f"(line {self.line(line)}), not evaluated here ({e.why})")
+            return None
+
     def pieces(self, w: Word, joined: bool = False) -> tuple[list, bool]:
         """([(text, split?) or ('@', [words])], whether the word had quotes); _Undecided propagates."""
         out, quoted = [], False
@@ -991,6 +1247,7 @@ class _Evaluator:
             elif kind == "cmd" and not strip_comments(p[1]).strip():
                 out.append(("", not p[2] and not joined))           # `# a comment`: no output, no word
             elif kind == "cmd":
+                self.substitute(p[1], w.line)      # (its commands run, in a subshell; its output is not known)
                 raise _Undecided(f"{w.raw[:60]!r} is a command's output ($(...) or backquotes), decided when the "
                                  f"script runs")
             elif kind == "arith":
@@ -1052,7 +1309,12 @@ class _Evaluator:
                     lines.update((v, v.line) for v in split if isinstance(v, Text) and v.line)
                     words = []
                     for v in split:                  # unquoted: each element split; an Unknown one stays a word
-                        words += [v] if t == "@" or isinstance(v, (Unknown, Unset)) else [[x] for x in v.split()]
+                        if t == "@@" and not isinstance(v, (Unknown, Unset)) and self.st.vars.get("IFS", " ") not in (
+                                " \t\n", " "):
+                            raise Taint(f"the script sets IFS, which changes how bash splits {w.raw[:40]!r}; not "
+                                        f"evaluated here")
+                        words += ([v] if t == "@" or isinstance(v, (Unknown, Unset)) else
+                                  [[x] for x in re.split("[ \t\n]+", v) if x])
                     for k, v in enumerate(words):
                         if k:
                             push()
@@ -1060,13 +1322,21 @@ class _Evaluator:
                 elif split:
                     if not t:
                         continue
-                    if t[0] in " \t\n" and have:
+                    ifs = self.st.vars.get("IFS", " \t\n")
+                    if ifs == "":
+                        add(t)                                   # IFS= : no splitting at all
+                        continue
+                    if isinstance(ifs, Unknown) or set(ifs) - set(" \t\n"):
+                        raise Taint(f"the script sets IFS to {str(ifs)!r}, which changes how bash splits "
+                                    f"{w.raw[:40]!r}; not evaluated here")
+                    blanks = re.escape(ifs)
+                    if t[0] in ifs and have:
                         push()
-                    for k, token in enumerate(t.split()):
+                    for k, token in enumerate(x for x in re.split(f"[{blanks}]+", t) if x):
                         if k:
                             push()
                         add(token)
-                    if t[-1] in " \t\n" and have:
+                    if t[-1] in ifs and have:
                         push()
                 else:
                     add(t)
@@ -1090,7 +1360,8 @@ class _Evaluator:
             if isinstance(w, ArrayAssign):
                 out.append(text(w.raw, w.line))
             else:
-                out += self.expand(w)
+                for b in _braces(w):
+                    out += self.expand(b)
         return out
 
     def assign_value(self, name: str, value: str, written: str):
@@ -1152,26 +1423,59 @@ class _Evaluator:
                 st.arrays[name] = unknown(f"${{{name}[@]}}", f"the array {name} is built from "
                                           f"{getattr(e, 'why', 'a negative index')}")
             return
+        attrs = st.attrs.get(name, set())
+        if "i" in attrs and not isinstance(value, Unknown):     # declare -i: the value is arithmetic
+            try:
+                value = str(self.arith(value or "0", w.line) + (self.arith(st.vars.get(name) or "0", w.line)
+                                                               if plus else 0))
+                plus = False
+            except _Undecided as e:
+                value = unknown(f"${name}", f"${name} is an integer variable assigned {w.raw[:40]!r}: {e.why}")
+        if plus and name in st.arrays:                          # A+=x on an array appends to its first element
+            arr = st.arrays[name]
+            if isinstance(arr, Unknown) or isinstance(value, Unknown):
+                st.arrays[name] = unknown(f"${{{name}[@]}}", getattr(value, "why", "") or arr.why)
+            else:
+                st.arrays[name] = [text((arr[0] if arr else "") + value)] + list(arr[1:])
+            return
         if plus:
             old = st.vars.get(name, "")
             if isinstance(old, Unknown):
                 return
             if not isinstance(value, Unknown):
                 value = old + value
+        if not isinstance(value, Unknown) and attrs & {"u", "l"}:
+            value = value.upper() if "u" in attrs else value.lower()
         self.assign_value(name, value, written)
 
     # ---- running
     def run(self, items: list) -> int | None:
         status: int | None = 0
-        for conn, pipeline in items:
+        for k, (conn, pipeline) in enumerate(items):
+            guarded = k + 1 < len(items) and items[k + 1][0] in ("&&", "||")   # errexit spares a command before these
             if conn in ("&&", "||") and status is None:
                 status = self.speculate([lambda p=pipeline: self.pipeline(p)], "after && or ||",
                                         f"after && or || (line {self.pipeline_line(pipeline)})")
                 continue
             if conn in ("&&", "||") and (conn == "&&") != (status == 0):
                 continue                               # bash skips it
-            status = self.pipeline(pipeline)
+            self.exempt += guarded
+            try:
+                status = self.pipeline(pipeline)
+            finally:
+                self.exempt -= guarded
+            if (status is not None and status != 0 and "errexit" in self.st.options and not self.exempt
+                    and not guarded and not pipeline.negate):
+                raise _Stop(status)                    # set -e: bash exits at a command that fails
         return status
+
+    def condition(self, items: list) -> int | None:
+        """An if/while/until condition: run, with errexit spared (as bash spares it)."""
+        self.exempt += 1
+        try:
+            return self.run(items)
+        finally:
+            self.exempt -= 1
 
     @staticmethod
     def pipeline_line(p: Pipeline) -> int:
@@ -1182,11 +1486,24 @@ class _Evaluator:
         if len(p.commands) == 1:
             status = self.command(p.commands[0])
         else:
-            saved = self.st
-            for c in p.commands:                    # each part of a pipeline runs in a subshell
-                self.st = saved.copy()
-                status = self.command(c)
+            saved, statuses = self.st, []
+            last = "lastpipe" in saved.options
+            for k, c in enumerate(p.commands):       # each part of a pipeline runs in a subshell (with lastpipe,
+                keep = last and k == len(p.commands) - 1      # the last one in this shell)
+                self.st = saved if keep else saved.copy()
+                try:
+                    statuses.append(self.command(c))
+                except _Stop as e:                   # (an exit inside a pipeline ends its subshell only)
+                    if keep:
+                        raise
+                    statuses.append(e.status)
+                except _Return:
+                    statuses.append(None)
             self.st = saved
+            status = statuses[-1]
+            if "pipefail" in saved.options:
+                failed = [x for x in statuses if x != 0]
+                status = 0 if not failed else failed[-1] if None not in failed else None
         if p.negate and status is not None:
             status = 1 - (status != 0)
         return status
@@ -1202,7 +1519,7 @@ class _Evaluator:
             old, self.cond = self.cond, self.cond or reason
             try:
                 run()
-            except (_Stop, _Return):
+            except (_Stop, _Return, _Break):
                 pass
             finally:
                 self.cond = old
@@ -1212,6 +1529,7 @@ class _Evaluator:
                 if (after.vars.get(name), after.arrays.get(name)) != (before.vars.get(name), before.arrays.get(name)):
                     changed[name] = after.origin.get(name) or f"unset {name}"
             before.exported |= after.exported
+            before.options |= after.options
         self.st = before
         before.funcs = funcs
         for name, written in changed.items():
@@ -1240,39 +1558,109 @@ class _Evaluator:
             self.st = saved.copy()
             try:
                 return self.run(c.parts["body"])
-            except _Stop:
-                return None
+            except _Stop as e:
+                return e.status
             finally:
                 self.st = saved
         if kind == "arith":
-            return None
+            return self.arith_command(c.parts["expr"], line)
         if kind == "if":
             return self.if_(c)
         if kind in ("while", "until"):
-            status = self.run(c.parts["cond"])
-            if status is not None and (status != 0) == (kind == "while"):
-                return 0                                # the body never runs
-            self.speculate([lambda: self.run(c.parts["body"]), lambda: None], "inside an if/case/loop block",
-                           f"inside the {kind} loop at line {self.line(line)}")
-            return None
+            return self.loop(c)
         if kind == "for":
-            name = c.parts["name"]
-            if c.parts["words"] is not None:
-                items = self.expand_all(c.parts["words"])
-                if not items:
-                    return 0
-            var_why = f"${name} is the {c.parts['kind']} loop's variable (line {self.line(line)})" if name else ""
-
-            def body():
-                if name:
-                    self.st.vars[name] = unknown(f"${name}", var_why)
-                    self.st.origin[name] = f"{name}=(the {c.parts['kind']} loop's variable)"
-                self.run(c.parts["body"])
-            self.speculate([body, lambda: None], "inside an if/case/loop block",
-                           f"inside the {c.parts['kind']} loop at line {self.line(line)}")
-            return None
+            return self.for_(c)
         if kind == "case":
             return self.case(c)
+        return None
+
+    def loop(self, c: Node) -> int | None:
+        """while / until: walked one iteration at a time while its condition is decided (at most MAX_LOOPS), the rest
+        speculated; a loop whose condition stays true with no break ends the script (bash never leaves it)."""
+        kind, line = c.kind, self.line(c.line)
+        while self.budget[0] > 0:
+            self.budget[0] -= 1
+            status = self.condition(c.parts["cond"])
+            if status is None:
+                break
+            if (status != 0) == (kind == "while"):
+                return 0                                # the condition ends it
+            try:
+                self.run(c.parts["body"])
+            except _Break:
+                return 0
+            except _Continue:
+                continue
+        else:
+            if not _has_word(c.parts["body"], {"break", "exit", "return", "exec"}):
+                raise _Stop(None)                     # endless: nothing after it runs
+        self.speculate([lambda: self.run(c.parts["body"]), lambda: None], "inside an if/case/loop block",
+                       f"inside the {kind} loop at line {line}")
+        return None
+
+    def for_(self, c: Node) -> int | None:
+        """for NAME in WORDS: each word in turn (the loop unrolled, at most MAX_LOOPS words); over words the script
+        does not settle, or `for ((...))`, the body is speculated."""
+        name, line, what = c.parts["name"], self.line(c.line), c.parts["kind"]
+        if c.parts.get("header") is not None:
+            return self.arith_for(c, line)
+        items = None
+        if c.parts["words"] is not None:
+            items = self.expand_all(c.parts["words"])
+            if not items:
+                return 0
+        elif name is not None and self.st.args is not None:
+            items = list(self.st.args)
+        if (what == "for" and name and items is not None and len(items) <= self.budget[0]
+                and not any(isinstance(i, (Unknown, Unset)) for i in items)):
+            status = 0
+            self.budget[0] -= len(items)
+            for item in items:
+                self.assign_value(name, str(item), f"{name}={str(item)!r} (the for loop's word)")
+                try:
+                    status = self.run(c.parts["body"])
+                except _Break:
+                    break
+                except _Continue:
+                    continue
+            return status
+        var_why = f"${name} is the {what} loop's variable (line {line})" if name else ""
+
+        def body():
+            if name:
+                self.st.vars[name] = unknown(f"${name}", var_why)
+                self.st.origin[name] = f"{name}=(the {what} loop's variable)"
+            self.run(c.parts["body"])
+        self.speculate([body, lambda: None], "inside an if/case/loop block", f"inside the {what} loop at line {line}")
+        return None
+
+    def arith_for(self, c: Node, line: int) -> int | None:
+        """for (( init; cond; update )): walked as bash runs it while the budget lasts and its arithmetic is settled;
+        else the variables it assigns are Unknown and the body is speculated."""
+        init, cond, update = c.parts["header"]
+        status = 0
+        try:
+            if init.strip():
+                self.arith_statement(init, c.line)
+            while self.budget[0] > 0:
+                self.budget[0] -= 1
+                if cond.strip() and not self.arith_statement(cond, c.line):
+                    return status
+                try:
+                    status = self.run(c.parts["body"])
+                except _Break:
+                    return 0
+                except _Continue:
+                    pass
+                if update.strip():
+                    self.arith_statement(update, c.line)
+        except _Undecided:
+            pass
+        for n in set(re.findall(r"[A-Za-z_]\w*", init + " " + update)):
+            self.st.vars[n] = unknown(f"${n}", f"${n} is assigned by the for (( )) loop at line {line}, not "
+                                               f"evaluated here")
+        self.speculate([lambda: self.run(c.parts["body"]), lambda: None], "inside an if/case/loop block",
+                       f"inside the for loop at line {line}")
         return None
 
     def if_(self, c: Node) -> int | None:
@@ -1280,7 +1668,7 @@ class _Evaluator:
         other = c.parts["else"]
         line = self.line(c.line)
         for k, (cond, body) in enumerate(branches):
-            status = self.run(cond)
+            status = self.condition(cond)
             if status == 0:
                 return self.run(body)
             if status is None:                       # undecided: this branch, and every later one, may run
@@ -1289,7 +1677,7 @@ class _Evaluator:
 
                 def later(rest=rest):
                     for cond2, body2 in rest:
-                        s2 = self.run(cond2)
+                        s2 = self.condition(cond2)
                         if s2 == 0:
                             self.run(body2)
                             return
@@ -1305,65 +1693,119 @@ class _Evaluator:
             return self.run(other)
         return 0
 
-    def case(self, c: Node) -> int | None:
-        subject = self.expand(c.parts["subject"])
-        word = subject[0] if len(subject) == 1 and not isinstance(subject[0], (Unknown, Unset)) else None
-        arms = c.parts["arms"]
-        if word is not None:
-            for patterns, body in arms:
-                pats = []
-                for p in patterns:
-                    got = self.expand(p)
-                    if len(got) != 1 or isinstance(got[0], (Unknown, Unset)):
-                        pats = None
-                        break
-                    pats.append(got[0])
-                if pats is None:
-                    break
-                if any(fnmatch.fnmatchcase(word, p) for p in pats):
-                    return self.run(body)
+    def glob(self, w: Word) -> str:
+        """The pattern bash makes of a word (a case pattern, the right side of [[ == ]]): its quoted parts match
+        themselves, its unquoted text and unquoted expansions are glob patterns; _Undecided propagates."""
+        out = []
+        for p in w.parts:
+            if p[0] == "lit":
+                out.append(p[1])
+            elif p[0] in ("sq", "dq"):
+                out.append(_literal_glob(p[1]))
             else:
-                return 0
-        self.speculate([lambda b=b: self.run(b) for _, b in arms] + [lambda: None], "inside an if/case/loop block",
+                text = self.pieces(Word([p], w.raw, w.line), joined=True)[0][0]
+                out.append(_literal_glob(text) if len(p) > 2 and p[2] else text)
+        return "".join(out)
+
+    def case(self, c: Node) -> int | None:
+        """case: the arm whose pattern matches the settled word, with ;& (run the next arm too) and ;;& (test the
+        next patterns too); over a word or a pattern the script does not settle, every arm is speculated."""
+        arms = c.parts["arms"]
+        try:
+            subject = self.pieces(c.parts["subject"], joined=True)[0][0]
+            matched = [any(fnmatch.fnmatchcase(subject, self.glob(p)) for p in patterns) for patterns, _, _ in arms]
+        except _Undecided:
+            matched = None
+        if matched is not None:
+            status, k, fall = 0, 0, False
+            while k < len(arms):
+                patterns, body, end = arms[k]
+                if fall or matched[k]:
+                    status = self.run(body)
+                    if end == ";;":
+                        return status
+                    fall = end == ";&"
+                k += 1
+            return status
+        self.speculate([lambda b=b: self.run(b) for _, b, _ in arms] + [lambda: None], "inside an if/case/loop block",
                        f"inside the case block at line {self.line(c.line)}, whose branch is decided when the script "
                        f"runs")
         return None
 
-    def test(self, words: list) -> int | None:
-        """[ ... ], test ... and [[ ... ]] over settled words: 0 true, 1 false, None undecided."""
-        if any(isinstance(w, (Unknown, Unset)) for w in words):
-            return None
-        args = list(words)
-        if args[0] == "[":
-            if args[-1] != "]":
-                return None
-            args = args[1:-1]
-        elif args[0] == "[[":
-            args = args[1:-1]
+    def test(self, words: list, raw: list | None = None) -> int | None:
+        """[ ... ] / test ... (`words` expanded) and [[ ... ]] (`raw`: its words as written, expanded here without
+        splitting, the right side of == and =~ taken as a pattern): 0 true, 1 false, None undecided."""
+        dbl = words[0] == "[["
+        if dbl:
+            args = []
+            for w in (raw or [])[1:-1]:
+                try:
+                    args.append((self.pieces(w, joined=True)[0][0], w))
+                except _Undecided:
+                    return None
         else:
-            args = args[1:]
-        neg = False
-        while args and args[0] == "!":
-            neg, args = not neg, args[1:]
-        result: bool | None
-        if not args:
-            result = False
-        elif len(args) == 1:
-            result = args[0] != ""
-        elif len(args) == 2 and args[0] in ("-z", "-n"):
-            result = (args[1] == "") == (args[0] == "-z")
-        elif len(args) == 3 and args[1] in ("=", "==", "!="):
-            same = (fnmatch.fnmatchcase(args[0], args[2]) if words[0] == "[[" else args[0] == args[2])
-            result = same == (args[1] != "!=")
-        elif len(args) == 3 and args[1] in ("-eq", "-ne", "-lt", "-le", "-gt", "-ge"):
-            try:
-                a, b = int(args[0]), int(args[2])
-            except ValueError:
+            if any(isinstance(w, (Unknown, Unset)) for w in words):
                 return None
-            result = {"-eq": a == b, "-ne": a != b, "-lt": a < b, "-le": a <= b, "-gt": a > b, "-ge": a >= b}[args[1]]
-        else:
+            args = [(str(w), None) for w in words]
+            if args[0][0] == "[":
+                if args[-1][0] != "]":
+                    return None
+                args = args[1:-1]
+            else:
+                args = args[1:]
+        try:
+            result = self.test_expr(args, dbl)
+        except _Undecided:
             return None
-        return 0 if result != neg else 1
+        return None if result is None else 0 if result else 1
+
+    def test_expr(self, args: list, dbl: bool) -> bool | None:
+        """A test expression: ! , ( ), && / || ([[ ]]) or -a / -o ([ ]), unary -z -n, binary = == != < > =~ and the
+        integer comparisons (arithmetic in [[ ]], decimal in [ ]); file tests and others are undecided (None)."""
+        ors, ands = ("||", "&&") if dbl else ("-o", "-a")
+        for op in (ors, ands):                          # lowest precedence first, at the top level of parentheses
+            depth = 0
+            for k in range(len(args) - 1, -1, -1):
+                t = args[k][0] if args[k][1] is None or args[k][1].keyword() else None
+                depth += (t == ")") - (t == "(")
+                if depth == 0 and t == op and 0 < k < len(args) - 1:
+                    left, right = self.test_expr(args[:k], dbl), self.test_expr(args[k + 1:], dbl)
+                    if op == ors:
+                        return True if left or right else None if left is None or right is None else False
+                    return False if left is False or right is False else None if None in (left, right) else True
+        words = [a[0] for a in args]
+        if words and words[0] == "!" and len(words) > 1:
+            got = self.test_expr(args[1:], dbl)
+            return None if got is None else not got
+        if len(words) >= 2 and words[0] == "(" and words[-1] == ")":
+            return self.test_expr(args[1:-1], dbl)
+        if not words:
+            return False
+        if len(words) == 1:
+            return words[0] != ""
+        if len(words) == 2 and words[0] in ("-z", "-n"):
+            return (words[1] == "") == (words[0] == "-z")
+        if len(words) == 3:
+            a, op, b = words
+            if op in ("=", "==", "!="):
+                same = fnmatch.fnmatchcase(a, self.glob(args[2][1])) if dbl and args[2][1] is not None else a == b
+                return same == (op != "!=")
+            if op in ("<", ">"):
+                return (a < b) if op == "<" else (a > b)
+            if op == "=~" and dbl:
+                regex = "".join(re.escape(p[1]) if p[0] in ("sq", "dq") else
+                                self.pieces(Word([p], "", 0), joined=True)[0][0] for p in args[2][1].parts)
+                try:
+                    return re.search(regex, a) is not None
+                except re.error:
+                    return None
+            if op in ("-eq", "-ne", "-lt", "-le", "-gt", "-ge"):
+                try:
+                    x, y = (self.arith(a, None), self.arith(b, None)) if dbl else (int(a), int(b))
+                except ValueError:
+                    return None
+                return {"-eq": x == y, "-ne": x != y, "-lt": x < y, "-le": x <= y, "-gt": x > y, "-ge": x >= y}[op]
+        return None
 
     def simple(self, c: Simple) -> int | None:
         st = self.st
@@ -1377,47 +1819,60 @@ class _Evaluator:
         prefix: dict[str, str] = {}
         for a in c.assigns:
             self.assign(a, prefix)
-        words = self.expand_all(c.words)
+        raw = list(c.words)
+        first = raw[0].keyword() if isinstance(raw[0], Word) else None
+        line = self.line(c.line)
+        if first in st.aliases:
+            if not st.expand_aliases:                   # bash expands aliases in a script only with expand_aliases
+                if first not in LAUNCHERS:              # (a launcher's own name still runs it, unaliased)
+                    self.notes.append(f"line {line}: {first!r} is an alias, which bash does not expand in a script "
+                                      f"(without shopt -s expand_aliases): it finds no command {first!r}")
+                    return 127
+            else:
+                lexed = [t[1] for t in _Lexer(st.aliases[first], c.line).run() if t[0] == "word"]
+                raw = lexed + raw[1:]
+        words = self.expand_all(raw)
         if not words:
             return 0
         name = words[0]
         args = words[1:]
-        line = self.line(c.line)
         if name in ("export", "declare", "typeset", "local", "readonly"):
-            exporting = name == "export"
-            for raw in c.words[1:]:
-                if isinstance(raw, ArrayAssign):
-                    self.assign(raw)
-                    continue
-                m = ASSIGN_RE.match(raw.parts[0][1]) if raw.parts and raw.parts[0][0] == "lit" else None
-                if m:
-                    value = Word([("lit", raw.parts[0][1][m.end():])] + raw.parts[1:], raw.raw[m.end():], raw.line)
-                    self.assign((m.group(1), m.group(2), bool(m.group(3)), value))
-                    targets = [m.group(1)]
-                else:
-                    targets = [str(w) for w in self.expand(raw)]
-                    if targets and targets[0].startswith("-"):
-                        exporting = exporting or ("x" in targets[0] and name != "export")
-                        continue
-                if exporting:
-                    st.exported.update(targets)
-            return 0
+            return self.declare(name, raw[1:])
         if name == "unset":
             for w in args:
-                if not w.startswith("-"):
-                    st.vars.pop(w, None)
-                    st.arrays.pop(w, None)
-                    if "-f" in args:
-                        st.funcs.pop(w, None)
-                    st.origin[str(w)] = f"unset {w}"
+                if w.startswith("-"):
+                    continue
+                m = re.fullmatch(r"([A-Za-z_]\w*)\[(.*)\]", w)
+                if m:                                   # one element: bash's arrays are sparse after it
+                    st.arrays[m.group(1)] = unknown(f"${{{m.group(1)}[@]}}", f"an element of {m.group(1)} is unset "
+                                                    f"(line {line}), which leaves a sparse array, not evaluated here")
+                    st.vars.pop(m.group(1), None)
+                    continue
+                st.vars.pop(w, None)
+                st.arrays.pop(w, None)
+                if "-f" in args:
+                    st.funcs.pop(w, None)
+                st.origin[str(w)] = f"unset {w}"
             return 0
         if name == "set":
-            if "--" in args:
-                st.args = list(args[args.index("--") + 1:])
-            elif args and not args[0].startswith(("-", "+")):
-                st.args = list(args)
-            if "-a" in args or ("-o" in args and "allexport" in args):
-                st.allexport = True
+            return self.set_(args)
+        if name == "shopt":
+            on = "-s" in args
+            for opt in (a for a in args if not a.startswith("-")):
+                if opt == "expand_aliases":
+                    st.expand_aliases = on
+                elif opt == "lastpipe":
+                    (st.options.add if on else st.options.discard)("lastpipe")
+            return 0
+        if name == "alias":
+            for w in args:
+                n, eq, v = w.partition("=")
+                if eq:
+                    st.aliases[n] = v
+            return 0
+        if name == "unalias":
+            for w in args:
+                st.aliases.pop(w, None)
             return 0
         if name == "shift":
             if st.args is not None:
@@ -1432,34 +1887,281 @@ class _Evaluator:
         if name == "false":
             return 1
         if name in ("[", "test", "[["):
-            return self.test(words)
+            return self.test(words, raw)
+        if name == "let":
+            status = None
+            for w in args:
+                status = self.arith_command(str(w), c.line)
+            return status
+        if name == "break":
+            raise _Break()
+        if name == "continue":
+            raise _Continue()
         if name in ("exit", "return"):
+            code = int(args[0]) if args and str(args[0]).isdigit() else 0
             if name == "return" and self.in_function:
                 raise _Return()
+            if name == "return":
+                return 1                                 # (bash: 'can only return from a function'; it goes on)
             if self.cond is None:
-                raise _Stop()
+                raise _Stop(code)
             return None
         if name in ("source", "."):
+            found = self.source_file(args[0]) if args and not isinstance(args[0], (Unknown, Unset)) else None
+            if found is not None:                      # a file the script's folder holds: run here, as bash does
+                with self.arguments([str(a) for a in args[1:]] or None):
+                    return self.nested(found, line, state=st, words=[])
             self.sourced.append(str(args[0]) if args else "?")
+            self.unsettle(f"`{name} {args[0] if args else ''}` (line {line})")
             return None
         if name == "read":
-            return self.read(c, args)
+            return self.read(c, args, prefix)
+        if name in ("mapfile", "readarray"):
+            target = next((a for a in reversed(args) if NAME_RE.fullmatch(a)), "MAPFILE")
+            st.arrays[target] = unknown(f"${{{target}[@]}}", f"{target} is read from the input by {name} (line "
+                                                              f"{line})")
+            st.vars.pop(target, None)
+            return None
+        if name == "printf" and len(args) >= 3 and args[0] == "-v":
+            return self.printf_v(args[1], args[2], args[3:], line)
         if name == "eval":
-            return self.nested(" ".join(args), line, state=st, words=args)
+            with self.environment(prefix):
+                status = self.nested(" ".join(args), line, state=st, words=args)
+            return status
         if name in st.funcs:
-            return self.call(name, args, line)
-        basename = name.rsplit("/", 1)[-1]
-        inner = next((k for k, w in enumerate(words[:-1]) if w == "-c" and k and
-                      words[k - 1].rsplit("/", 1)[-1] in ("bash", "sh", "zsh")), None)
+            with self.environment(prefix):
+                return self.call(name, args, line)
+        replaced = name == "exec"                         # exec CMD: CMD replaces the shell, nothing after it runs
+        if replaced:
+            if not args:
+                return 0                                  # exec with redirections only: this shell goes on
+            words, name, args = args, args[0], args[1:]
+        shell_at = next((k for k, w in enumerate(words) if str(w).rsplit("/", 1)[-1] in ("bash", "sh", "zsh", "dash")
+                         and (k == 0 or not str(words[k - 1]).startswith("-"))), None)
         env = {k: st.vars[k] for k in st.exported if k in st.vars} | prefix
-        if inner is not None:
-            return self.subshell(words[inner + 1], line, env, list(words[inner + 2:]))
-        here = next((r for r in c.redirects if r.op in ("<<", "<<-") and r.heredoc is not None), None)
-        if basename in ("bash", "sh") and len(words) == 1 and here is not None:
-            body = here.heredoc if here.quoted else self.heredoc_text(here)
-            return self.subshell(body, line, env, [])
+        if shell_at is not None:
+            status = self.shell_command(c, words, shell_at, line, env)
+            if status is not False:
+                return status
         self.commands.append(Command(words, line, self.cond, env))
+        if replaced and self.cond is None:
+            raise _Stop(None)
         return None
+
+    def source_file(self, name: str) -> str | None:
+        """The text of a sourced file found beside the script (or from the working directory), else None."""
+        if self.here is None:
+            return None
+        from pathlib import Path
+
+        for base in (self.here, Path.cwd()):
+            try:
+                p = (base / name) if not Path(name).is_absolute() else Path(name)
+                if p.is_file() and p.stat().st_size <= 2**20:
+                    return p.read_bytes().decode("utf-8").replace("\r\n", "\n")
+            except (OSError, UnicodeDecodeError, ValueError):
+                return None
+        return None
+
+    @contextlib.contextmanager
+    def arguments(self, args: list | None):
+        """source FILE ARGS: the positional parameters for its duration (none given: the script's own)."""
+        saved = self.st.args
+        if args is not None:
+            self.st.args = args
+        try:
+            yield
+        finally:
+            if args is not None:
+                self.st.args = saved
+
+    @contextlib.contextmanager
+    def environment(self, prefix: dict):
+        """NAME=value before a function call or eval: set and exported for its duration, then restored."""
+        st, saved = self.st, {}
+        for k, v in prefix.items():
+            saved[k] = (st.vars.get(k), k in st.exported)
+            st.vars[k] = v
+            st.exported.add(k)
+        try:
+            yield
+        finally:
+            for k, (v, exported) in saved.items():
+                if v is None:
+                    st.vars.pop(k, None)
+                else:
+                    st.vars[k] = v
+                if not exported:
+                    st.exported.discard(k)
+
+    def unsettle(self, what: str) -> None:
+        """Every variable assigned so far may be changed by `what` (a sourced file, an eval of text the script does
+        not settle): each is Unknown after it."""
+        st = self.st
+        for n in list(st.vars):
+            st.vars[n] = unknown(f"${n}", f"${n} was assigned before {what}, which may assign it again; assign it "
+                                          f"after that line")
+        for n in list(st.arrays):
+            st.arrays[n] = unknown(f"${{{n}[@]}}", f"the array {n} was built before {what}, which may change it")
+
+    def set_(self, args: list) -> int:
+        st = self.st
+        k = 0
+        while k < len(args):
+            a = str(args[k])
+            if a == "--":
+                st.args = [str(x) for x in args[k + 1:]]
+                return 0
+            if a[:1] in "-+" and len(a) > 1:
+                on = a[0] == "-"
+                letters = a[1:]
+                for ch in letters:
+                    if ch == "o" and k + 1 < len(args):
+                        k += 1
+                        opt = str(args[k])
+                        (st.options.add if on else st.options.discard)(opt)
+                        if opt == "allexport":
+                            st.allexport = on
+                    elif ch == "e":
+                        (st.options.add if on else st.options.discard)("errexit")
+                    elif ch == "a":
+                        st.allexport = on
+            else:
+                st.args = [str(x) for x in args[k:]]
+                return 0
+            k += 1
+        return 0
+
+    def declare(self, name: str, raw: list) -> int:
+        """export / declare / typeset / local / readonly: their options (-x export, -n unexport, -i integer, -u / -l
+        case, -g global, -a array, -A associative) and assignments; in a function, declare and local make the name
+        local (its outer value comes back when the function returns)."""
+        st = self.st
+        flags = set("x") if name == "export" else set()
+        unexport = False
+        local = name == "local" or (name in ("declare", "typeset") and self.in_function)
+        for w in raw:
+            if isinstance(w, ArrayAssign):
+                if local:
+                    self.localize(w.name)
+                if "A" in flags:
+                    st.arrays[w.name] = unknown(f"${{{w.name}[@]}}", f"{w.name} is an associative array, not "
+                                                                     f"evaluated here")
+                    continue
+                self.assign(w)
+                continue
+            m = ASSIGN_RE.match(w.parts[0][1]) if w.parts and w.parts[0][0] == "lit" else None
+            if m is None:
+                got = [str(x) for x in self.expand(w)]
+                if got and got[0][:1] in "-+" and len(got[0]) > 1:
+                    letters = set(got[0][1:])
+                    if got[0][0] == "-":
+                        flags |= letters
+                        unexport = unexport or (name == "export" and "n" in letters)
+                    if "g" in letters:
+                        local = False
+                    continue
+                targets = got
+            else:
+                targets = [m.group(1)]
+            for t in targets:
+                if local:
+                    self.localize(t)
+                if "n" in flags and name != "export":
+                    st.vars[t] = unknown(f"${t}", f"${t} is a name reference (declare -n), not evaluated here")
+                    continue
+                for attr in "iul":
+                    if attr in flags:
+                        st.attrs.setdefault(t, set()).add(attr)
+                if "A" in flags and m is None:
+                    st.arrays[t] = unknown(f"${{{t}[@]}}", f"{t} is an associative array, not evaluated here")
+            if m is not None and not ("n" in flags and name != "export"):
+                value = Word([("lit", w.parts[0][1][m.end():])] + w.parts[1:], w.raw[m.end():], w.line)
+                self.assign((m.group(1), m.group(2), bool(m.group(3)), value))
+            for t in targets:
+                if unexport:
+                    st.exported.discard(t)
+                elif "x" in flags:
+                    st.exported.add(t)
+        return 0
+
+    def localize(self, name: str) -> None:
+        """A function's local NAME: its outer value (or its absence) kept to come back at the return."""
+        if self.frames and name not in self.frames[-1]:
+            st = self.st
+            self.frames[-1][name] = (st.vars.get(name), st.arrays.get(name), name in st.exported,
+                                     st.origin.get(name))
+            st.vars.pop(name, None)
+            st.arrays.pop(name, None)
+
+    def printf_v(self, target: str, fmt: str, args: list, line: int) -> int | None:
+        """printf -v NAME FORMAT ARGS: %s, %d / %i and %% (the format reused while arguments remain)."""
+        if isinstance(fmt, (Unknown, Unset)) or any(isinstance(a, (Unknown, Unset)) for a in args) or \
+                re.search(r"%(?![sdi%])", fmt):
+            self.st.vars[target] = unknown(f"${target}", f"${target} is printf's output (line {line}), not "
+                                                         f"evaluated here")
+            return None
+        out, rest = [], list(args)
+        while True:
+            def one(m):
+                if m.group(0) == "%%":
+                    return "%"
+                v = rest.pop(0) if rest else ""
+                if m.group(0) in ("%d", "%i"):
+                    try:
+                        return str(self.arith(v or "0", line))
+                    except _Undecided as e:
+                        raise _Undecided(e.why) from None
+                return str(v)
+            try:
+                out.append(re.sub(r"%[sdi%]", one, fmt.encode().decode("unicode_escape")))
+            except (_Undecided, UnicodeDecodeError):
+                self.st.vars[target] = unknown(f"${target}", f"${target} is printf's output (line {line}), not "
+                                                             f"evaluated here")
+                return None
+            if not rest or "%" not in fmt.replace("%%", ""):
+                break
+        self.assign_value(target, "".join(out), f"printf -v {target}")
+        return 0
+
+    def shell_command(self, c: Simple, words: list, at: int, line: int, env: dict):
+        """`bash [options] -c CODE [name [args]]`, `bash -s <<EOF`, `bash <<EOF`: the code run as a new shell that
+        sees only the exported variables; False where the words are another use of bash (a script file)."""
+        k, code, reads_stdin = at + 1, None, False
+        while k < len(words):
+            w = str(words[k])
+            if w == "--":
+                k += 1
+                break
+            if w.startswith("--"):
+                k += 1
+                continue
+            if w.startswith("-") and len(w) > 1:
+                k += 1
+                if "c" in w[1:]:
+                    code = words[k] if k < len(words) else None
+                    k += 1
+                    break
+                if "s" in w[1:]:
+                    reads_stdin = True
+                if "o" in w[1:] and k < len(words):
+                    k += 1
+                continue
+            break
+        if code is not None:
+            rest = [str(x) for x in words[k:]]
+            return self.subshell(code, line, env, rest)
+        here = next((r for r in c.redirects if r.op in ("<<", "<<-", "<<<")), None)
+        if here is not None and (reads_stdin or k >= len(words)):
+            if here.op == "<<<":
+                got = self.expand(here.target)
+                body = str(got[0]) if len(got) == 1 and not isinstance(got[0], (Unknown, Unset)) else None
+                if body is None:
+                    return False
+            else:
+                body = here.heredoc if here.quoted else self.heredoc_text(here)
+            return self.subshell(body, line, env, ["bash", *[str(x) for x in words[k:]]])
+        return False
 
     def heredoc_text(self, r: Redirect) -> str:
         lex = _Lexer(r.heredoc, r.line)
@@ -1486,12 +2188,26 @@ class _Evaluator:
             return s
         return got[0] if got else ""
 
-    def read(self, c: Simple, args: list) -> int | None:
-        names = [a for a in args if not a.startswith("-")]
-        whole = "-d" in args
-        if "-a" in args or "-d" in args and names and names[0] == "":
-            names = names[1:] if names and names[0] == "" else names
-        names = [n for n in names if NAME_RE.fullmatch(n)]
+    def read(self, c: Simple, args: list, prefix: dict) -> int | None:
+        """read [-r] [-a NAME] [-d DELIM] [-n N] [-N N] [-p P] [-s] [-t T] [-u FD] NAMES, from a here-string or a
+        heredoc (split on IFS, the command's own IFS= prefix first); from anything else the names are Unknown."""
+        names, opts, k = [], {}, 0
+        while k < len(args):
+            a = str(args[k])
+            if a.startswith("-") and len(a) > 1 and not names:
+                for j, ch in enumerate(a[1:]):
+                    if ch in "adnNptu":
+                        val = a[j + 2:] or (str(args[k + 1]) if k + 1 < len(args) else "")
+                        if not a[j + 2:]:
+                            k += 1
+                        opts[ch] = val
+                        break
+                    opts[ch] = True
+            else:
+                names.append(a)
+            k += 1
+        array = opts.get("a")
+        names = [n for n in names if NAME_RE.fullmatch(n)] or ([] if array else ["REPLY"])
         given = None
         for r in c.redirects:
             if r.op == "<<<" and r.target is not None:
@@ -1500,29 +2216,46 @@ class _Evaluator:
                     given = got[0] + "\n"
             elif r.op in ("<<", "<<-") and r.heredoc is not None:
                 given = r.heredoc if r.quoted else self.heredoc_text(r)
-        for n in names:
+        line = self.line(c.line)
+        targets = names + ([array] if array else [])
+        for n in targets:
             self.st.origin[n] = f"read {n}"
-        if given is None:
+        ifs = prefix.get("IFS", self.st.vars.get("IFS", " \t\n"))
+        if given is None or isinstance(ifs, Unknown):
             for n in names:
                 self.st.vars[n] = unknown(f"${n}", f"${n} is read from the input when the script runs (read, line "
-                                                   f"{self.line(c.line)})")
+                                                   f"{line})")
+            if array:
+                self.st.arrays[array] = unknown(f"${{{array}[@]}}", f"{array} is read from the input (line {line})")
             return None
-        chunk = given.rstrip("\n") if whole else given.split("\n", 1)[0]
-        if "-a" in args and names:
-            self.st.arrays[names[0]] = chunk.split()
+        delim = opts.get("d", "\n") if "d" in opts else "\n"
+        chunk = given.split(delim[:1], 1)[0] if delim else given.split("\0", 1)[0]
+        for n_opt in ("n", "N"):
+            if n_opt in opts:
+                try:
+                    chunk = (given if n_opt == "N" else chunk)[:int(opts[n_opt])]
+                except ValueError:
+                    return 1
+        if "N" in opts:                               # -N: exactly N characters, no splitting
+            self.assign_value(names[0], chunk, f"read {names[0]}")
             return 0
-        fields = chunk.split(None, max(len(names) - 1, 0)) if names else []
+        fields = _ifs_split(chunk, ifs, None if array else len(names))
+        if array:
+            self.st.arrays[array] = [text(f) for f in fields]
+            self.st.vars.pop(array, None)
+            return 0
         for k, n in enumerate(names):
-            self.assign_value(n, fields[k].strip() if k < len(fields) else "", f"read {n}")
+            self.assign_value(n, fields[k] if k < len(fields) else "", f"read {n}")
         return 0
 
     def call(self, name: str, args: list, line: int) -> int | None:
         if self.depth >= MAX_DEPTH:
             raise ShellError(line, f"calls nest deeper than {MAX_DEPTH} (function {name})")
         saved_args = self.st.args
-        self.st.args = list(args)
+        self.st.args = [str(a) for a in args]
         self.depth += 1
         self.in_function += 1
+        self.frames.append({})
         try:
             return self.command(self.st.funcs[name])
         except _Return:
@@ -1531,18 +2264,31 @@ class _Evaluator:
             self.depth -= 1
             self.in_function -= 1
             self.st.args = saved_args
+            for n, (v, arr, exported, origin) in self.frames.pop().items():   # locals give back the outer values
+                st = self.st
+                st.vars.pop(n, None)
+                st.arrays.pop(n, None)
+                if v is not None:
+                    st.vars[n] = v
+                if arr is not None:
+                    st.arrays[n] = arr
+                (st.exported.add if exported else st.exported.discard)(n)
+                if origin is not None:
+                    st.origin[n] = origin
 
     def nested(self, code: str, line: int, state: _State, words: list) -> int | None:
         bad = next((w for w in words if isinstance(w, (Unknown, Unset))), None)
         if bad is not None:
             self.commands.append(Command(["eval", *words], line, self.cond, {}))
+            self.unsettle(f"eval of text decided when the script runs (line {line})")
             return None
         if self.depth >= MAX_DEPTH:
             raise ShellError(line, f"eval / bash -c nest deeper than {MAX_DEPTH}")
         tokens = _Lexer(code, line).run()
         items = _Parser(tokens).program()
         sub = _Evaluator(state, line, self.depth + 1, self.cond, self.commands, self.sourced)
-        sub.in_function = self.in_function
+        sub.in_function, sub.frames, sub.notes, sub.budget = self.in_function, self.frames, self.notes, self.budget
+        sub.here = self.here
         try:
             return sub.run(items)
         except _Stop:
@@ -1558,24 +2304,39 @@ class _Evaluator:
         st.exported = set(env)
         st.hidden = set(self.st.vars) - set(env)
         st.args = list(args[1:])
+        st.arg0 = args[0] if args else "bash"
         try:
             return self.nested(code, line, st, [])
         except _Stop:
             return None
 
 
-def run(code: str) -> Script:
+def run(code: str, here=None) -> Script:
     """Evaluate a bash script as far as it can be without running anything (see the module's docstring): the simple
     commands it runs, in order, with their words expanded. ShellError where bash itself would not parse it, or where
     this package cannot."""
-    lexer = _Lexer(code.replace("\r\n", "\n"))
+    if code.startswith("\ufeff"):
+        raise ShellError(1, "the script starts with a byte-order mark (U+FEFF), which bash reads as part of its first "
+                            "word; save it without one")
+    if "\r" in code:
+        raise ShellError(code.count("\n", 0, code.index("\r")) + 1,
+                         "a carriage return (a Windows line ending): bash reads it as part of the line's last word "
+                         "('--bf16\\r', 'then\\r'), so the script fails or says something else; convert it (dos2unix)")
+    lexer = _Lexer(code)
     tokens = lexer.run()
-    items = _Parser(tokens).program()
+    done, error = [], None
+    try:
+        _Parser(tokens).program(done)
+    except ShellError as e:                 # bash runs the commands on the lines before a syntax error, then stops
+        error = e
+        done = [d for d in done if d[2] < e.line]
+        while done and done[-1][0] in ("&&", "||"):
+            done.pop()
+    items = [(conn, pipeline) for conn, pipeline, _ in done]
     ev = _Evaluator()
+    ev.here = here
     try:
         ev.run(items)
-    except _Stop:
-        pass
-    except _Return:
-        pass
-    return Script(ev.commands, ev.st.vars, lexer.dead, ev.sourced)
+    except (_Stop, _Return, _Break, _Continue):
+        error = None                        # (it stops before it reaches the error)
+    return Script(ev.commands, ev.st.vars, lexer.dead, ev.sourced, ev.notes, error)
