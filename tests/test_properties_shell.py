@@ -59,10 +59,37 @@ condition = st.one_of(
 )
 
 
+arithmetic = st.one_of(
+    st.builds(lambda n, v: f"(( {n} = {v} ))", name, st.sampled_from(["3", "2 * 4", "010", "16#ff", "2#101", "-7 / 2"])),
+    st.builds(lambda n: f"(( {n}++ ))", st.just("I")), st.builds(lambda n, v: f"let {n}+={v}", st.just("I"),
+                                                                     st.sampled_from(["1", "5"])),
+    st.builds(lambda n: f"declare -i {n}=2+3", name),
+)
+loop = st.one_of(
+    st.builds(lambda ws, n: f"for {n} in {' '.join(ws)}; do run ${n}; done", st.lists(literal, min_size=0, max_size=3),
+              name),
+    st.builds(lambda k: f"for ((J=0; J<{k}; J++)); do A=$J; done", st.integers(0, 4)),
+    st.builds(lambda k: f"I=0; while [ $I -lt {k} ]; do I=$((I + 1)); done", st.integers(0, 4)),
+)
+case = st.builds(lambda w, p, q: f"case {w} in {p}) run one ;; {q}) run two ;; *) run other ;; esac",
+                 literal, st.sampled_from(["a*", "'a*'", "4|8", '"x y"', "?"]), st.sampled_from(["*", "8", "''"]))
+reads = st.builds(lambda n, v: f"read {n} <<< {v}", name, literal)
+
+
 @st.composite
 def statement(draw, depth=0):
-    kind = draw(st.sampled_from(["assign", "assign", "assign", "run", "if", "andor", "func"] if depth < 2
-                                else ["assign", "run"]))
+    kind = draw(st.sampled_from(["assign", "assign", "assign", "run", "if", "andor", "func", "arith", "loop", "case",
+                                 "read", "local"] if depth < 2 else ["assign", "run", "arith"]))
+    if kind == "arith":
+        return "I=0; " + draw(arithmetic)
+    if kind == "loop":
+        return draw(loop)
+    if kind == "case":
+        return draw(case)
+    if kind == "read":
+        return draw(reads)
+    if kind == "local":
+        return f"g() {{ local {draw(name)}=9; run ${draw(name)}; }}\ng"
     if kind == "assign":
         return draw(assignment)
     if kind == "run":
@@ -87,16 +114,16 @@ RUN = "run() { for w in \"$@\"; do printf '%s\\0' \"$w\"; done; printf '\\1'; }\
 
 
 def bash_words(text: str) -> list[str] | None:
-    """The words bash passes to the last `run` (None where bash stops or runs none)."""
+    """The words bash passes to the last `run` it runs (None where it runs none)."""
     out = subprocess.run(["bash", "-c", RUN + text], capture_output=True, timeout=20,
                          env={"PATH": "/usr/bin:/bin"})
-    if out.returncode != 0 or b"\x01" not in out.stdout:
+    if b"\x01" not in out.stdout:                           # (a syntax error later on: bash ran those before it)
         return None
     last = out.stdout.split(b"\x01")[-2]                   # (each run ends with \x01: the text after is empty)
     return [w.decode("utf-8", "replace") for w in last.split(b"\0")[:-1]]
 
 
-@settings(max_examples=500, derandomize=True, deadline=None, database=None,
+@settings(max_examples=800, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(script)
 def test_the_evaluator_gives_bashs_words_or_says_why_not(text):

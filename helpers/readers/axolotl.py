@@ -483,7 +483,7 @@ class _Reader:
         elif isinstance(targets, str) and targets != "all-linear":   # handed to peft as the string (adapter.py)
             joined = peft_regex(f, "lora_target_modules", targets, self.catalogue_model)
             d.setting(f, self.line("lora_target_modules"), "lora_target_modules", targets,
-                      f"a regular expression to peft, matching {joined} (in every layer)", lora_targets=joined)
+                      f"lora_targets={joined} (a regular expression to peft; in every layer)", lora_targets=joined)
         elif targets:
             names = targets if isinstance(targets, list) else [targets]
             if not all(isinstance(n, str) and n.isidentifier() for n in names):

@@ -52,8 +52,10 @@ class Text(str):
 
 class Unknown(Text):
     """A word whose value the script does not settle before the command (a command's output, a variable assigned
-    inside a block whose condition is decided when the script runs, ...): the text as written, and `why`."""
+    inside a block whose condition is decided when the script runs, ...): the text as written, and `why`; `unset`
+    where it comes from a variable the script never assigns (then it may be empty: no word at all)."""
     why: str = ""
+    unset: bool = False
 
 
 class Unset(Text):
@@ -733,6 +735,11 @@ class _Undecided(Exception):
         self.why, self.unset_var = why, unset_var
 
 
+class _ArithError(_Undecided):
+    """An arithmetic error bash reports (a syntax error, a division by zero, a digit too great for its base): in an
+    expansion it ends a script, in (( )), let or [[ ]] it is a failing status."""
+
+
 class _Stop(Exception):
     """exit, exec, errexit, an endless loop: nothing after it runs (`status`: the shell's exit status, where known)."""
 
@@ -828,7 +835,7 @@ def _bash_number(m, expr: str) -> int:
                  (ord(ch.lower()) - 87 if base <= 36 or ch.islower() else ord(ch) - 29) if ch.isalpha() else
                  62 if ch == "@" else 63)
             if d >= base:
-                raise _Undecided(f"$(( {expr.strip()} )): {m.group(0)} has a digit too great for base {base} (bash "
+                raise _ArithError(f"$(( {expr.strip()} )): {m.group(0)} has a digit too great for base {base} (bash "
                                  f"stops)")
             value = value * base + d
         return value
@@ -836,7 +843,7 @@ def _bash_number(m, expr: str) -> int:
         return int(m.group(3), 16)
     text = m.group(4)
     if re.search("[89]", text):
-        raise _Undecided(f"$(( {expr.strip()} )): {text} is octal to bash, and 8 or 9 is too great for it (bash "
+        raise _ArithError(f"$(( {expr.strip()} )): {text} is octal to bash, and 8 or 9 is too great for it (bash "
                          f"stops)")
     return int(text, 8)
 
@@ -934,6 +941,7 @@ class _Evaluator:
         self.notes: list[str] = []               # what bash does that the reader should say (an alias not expanded)
         self.budget = [MAX_LOOPS]                # loop iterations left to walk (shared with nested code)
         self.here = None                         # the script's folder: where a sourced file is looked for
+        self.may_stop: list[int] = []            # lines of a speculated block where the script may end
 
     # ---- values
     def line(self, n: int) -> int:
@@ -963,7 +971,7 @@ class _Evaluator:
         if name in st.vars:
             v = st.vars[name]
             if isinstance(v, Unknown):
-                raise _Undecided(v.why)
+                raise _Undecided(v.why, unset_var=v.unset and name not in st.arrays)
             return v
         if name in st.arrays:
             a = st.arrays[name]
@@ -1020,12 +1028,16 @@ class _Evaluator:
             items = self.elements(name)
             if rest:
                 raise _Undecided(f"{raw!r} uses a bash expansion not evaluated here (an operation on an array)")
+            odd = next((v for v in items if isinstance(v, (Unknown, Unset))), None)
+            if index == "*" and odd is not None:
+                raise _Undecided(odd.why, unset_var=isinstance(odd, Unset))
             return items if index == "@" else " ".join(items)
         if name in ("@", "*") and not rest:
             items = self.elements(name)
             return items if name == "@" else " ".join(items)
         have = self.index(name, index, raw) if index is not None else self.value(name)
-        known = name in self.st.vars or name in self.st.arrays        # (an element it lacks is empty, not the env's)
+        known = (name in self.st.vars or name in self.st.arrays        # (an element it lacks is empty, not the env's;
+                 or (index is not None and index.strip() not in ("0", "")))  # nor an element past 0 of the env's)
         if not rest:
             if have is None:
                 return "" if known else self.must(name, raw)
@@ -1121,6 +1133,8 @@ class _Evaluator:
                 raise _Undecided(f"$(( {expr.strip()} )) uses an array as a number")
             return got
         body = re.sub(r"\$\{([^}]*)\}|\$([A-Za-z_]\w*|\d)", sub, expr)
+        if "$" in body and "$(" not in expr and "`" not in expr:
+            raise _ArithError(f"$(( {expr.strip()} )) is not arithmetic bash evaluates (bash stops there)")
         if "$" in body or "`" in body or re.search(r"\+\+|--|(?<![<>=!])=(?!=)|\?", body):
             raise _Undecided(f"$(( {expr.strip()} )) is arithmetic with a command or an assignment, not evaluated here")
         body = body.replace("&&", " and ").replace("||", " or ")
@@ -1130,7 +1144,7 @@ class _Evaluator:
         try:
             tree = ast.parse(body.strip() or "0", mode="eval")
         except SyntaxError:
-            raise _Undecided(f"$(( {expr.strip()} )) is not arithmetic bash evaluates") from None
+            raise _ArithError(f"$(( {expr.strip()} )) is not arithmetic bash evaluates (bash stops there)") from None
 
         def ev(node) -> int:
             if isinstance(node, ast.Expression):
@@ -1160,7 +1174,7 @@ class _Evaluator:
                 a, b = ev(node.left), ev(node.right)
                 if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)):
                     if b == 0:
-                        raise _Undecided(f"$(( {expr.strip()} )) divides by zero (bash stops there)")
+                        raise _ArithError(f"$(( {expr.strip()} )) divides by zero (bash stops there)")
                     q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
                     return a - q * b if isinstance(node.op, ast.Mod) else q
                 if isinstance(node.op, ast.Pow):
@@ -1225,6 +1239,8 @@ class _Evaluator:
         Unknown (their values decided when the script runs)."""
         try:
             return 0 if self.arith_statement(expr, line) else 1
+        except _ArithError:
+            return 1                                   # bash reports it; the script goes on
         except _Undecided as e:
             for name in set(re.findall(r"([A-Za-z_]\w*)\s*(?:[-+*/%^|&]|<<|>>)?=(?!=)|([A-Za-z_]\w*)\s*(?:\+\+|--)|"
                                        r"(?:\+\+|--)\s*([A-Za-z_]\w*)", expr)):
@@ -1264,6 +1280,8 @@ class _Evaluator:
                     else:
                         out.append(("@" if p[2] else "@@", got))
                 else:
+                    if isinstance(got, (Unknown, Unset)):   # an element the script does not settle
+                        raise _Undecided(got.why, unset_var=isinstance(got, Unset) or got.unset)
                     out.append((got, not p[2] and not joined))
                 quoted = quoted or p[2]
         if joined:
@@ -1274,11 +1292,18 @@ class _Evaluator:
         """The words bash makes of `w`: Text (with its line when written plainly), or one Unknown / Unset."""
         try:
             pieces, quoted = self.pieces(w)
+        except _ArithError as e:
+            if self.cond is None:
+                raise _Stop(1) from None                 # an arithmetic error in an expansion ends the script
+            self.may_stop.append(w.line)
+            return [unknown(w.raw, e.why, w.line)]
         except _Undecided as e:
             only = len(w.parts) == 1 and w.parts[0][0] == "var"
             if e.unset_var and only:
                 return [unset(w.raw, e.why, w.line)]
-            return [unknown(w.raw, e.why, w.line)]
+            u = unknown(w.raw, e.why, w.line)
+            u.unset = e.unset_var
+            return [u]
         plain = all(p[0] in ("lit", "sq", "dq") for p in w.parts)
         fields: list = []
         cur, have, odd = "", False, None         # odd: the current field is exactly this Unknown/Unset element
@@ -1364,9 +1389,47 @@ class _Evaluator:
                     out += self.expand(b)
         return out
 
+    def may_end(self, line: int | None) -> None:
+        """The script may end here (an error bash reports that is not evaluated here): every later command runs only
+        if it did not."""
+        self.may_stop.append(line or 0)
+        if self.cond is None:
+            self.cond = f"after line {line or '?'}, where the script may end (an error not evaluated here)"
+
+    def set_scalar(self, name: str, value: str, written: str) -> None:
+        """NAME set to `value` as bash sets it through the name's attributes (declare -i: arithmetic, ending the
+        script at an error; -u / -l: the case)."""
+        attrs = self.st.attrs.get(name, set())
+        if "?" in attrs:
+            value = unknown(f"${name}", f"${name} has attributes (declare -i / -u / -l) set in a block decided when "
+                                        f"the script runs")
+            self.may_end(None)
+        elif "i" in attrs:
+            try:
+                value = str(self.arith(value or "0", None))
+            except _ArithError:
+                if self.cond is None:
+                    raise _Stop(1) from None
+                value = unknown(f"${name}", f"${name} is an integer variable assigned {value[:40]!r}")
+            except _Undecided as e:
+                value = unknown(f"${name}", f"${name} is an integer variable assigned {value[:40]!r}: {e.why}")
+                if not e.unset_var:
+                    self.may_end(None)                   # bash evaluates it, or ends the script at it
+        elif attrs & {"u", "l"}:
+            value = value.upper() if "u" in attrs else value.lower()
+        self.assign_value(name, value, written)
+
     def assign_value(self, name: str, value: str, written: str):
         if len(value) > MAX_VALUE:
             value = unknown(f"${name}", f"${name} grows past {MAX_VALUE:,} characters")
+        arr = self.st.arrays.get(name)
+        if isinstance(arr, Unknown):                     # element 0 set; the others stay unknown
+            self.st.origin[name] = written
+            return
+        if isinstance(arr, list) and len(arr) > 1 and not isinstance(value, Unknown):
+            self.st.arrays[name] = [text(value)] + arr[1:]          # NAME=x on an array sets its element 0
+            self.st.origin[name] = written
+            return
         self.st.vars[name] = value
         self.st.arrays.pop(name, None)
         self.st.origin[name] = written
@@ -1384,7 +1447,23 @@ class _Evaluator:
             try:
                 items = []                       # (an element the script does not settle stays one Unknown word)
                 for w in a.items:
-                    items += self.expand(w)
+                    got = self.expand(w)
+                    if any(isinstance(g, Unset) or getattr(g, "unset", False) for g in got) and any(
+                            p[0] == "var" and not p[2] for p in w.parts):
+                        raise _Undecided(next(g.why for g in got if isinstance(g, (Unset, Unknown))) +
+                                         " (unquoted, it may make no element or several, so the elements after it "
+                                         "are not known either)")
+                    items += got
+                if "?" in st.attrs.get(a.name, set()):
+                    self.may_end(a.line)
+                    raise _Undecided(f"{a.name} has attributes set in a block decided when the script runs")
+                if "i" in st.attrs.get(a.name, set()):      # declare -i: each element is arithmetic
+                    try:
+                        items = [text(str(self.arith(str(x) or "0", a.line))) for x in items]
+                    except _ArithError:
+                        if self.cond is None:
+                            raise _Stop(1) from None
+                        raise
                 old = st.arrays.get(a.name, [st.vars[a.name]] if a.name in st.vars else [])
                 if a.plus and isinstance(old, Unknown):
                     raise _Undecided(old.why)
@@ -1399,12 +1478,15 @@ class _Evaluator:
         try:
             value = self.pieces(w, joined=True)[0][0]
         except _Undecided as e:
+            if isinstance(e, _ArithError) and self.cond is None and local_env is None:
+                raise _Stop(1) from None                 # X=$((2+)): bash ends the script at it
             why = e.why
             if any(p[0] == "cmd" for p in w.parts):
                 why = f"${name} is a command's output ({name}={w.raw[:60]!r})"
             elif not why.startswith(f"${name} "):
                 why = f"${name} is built from {why}"
             value = unknown(f"${name}", why)
+            value.unset = e.unset_var
         if local_env is not None:
             local_env[name] = value
             return
@@ -1424,13 +1506,21 @@ class _Evaluator:
                                           f"{getattr(e, 'why', 'a negative index')}")
             return
         attrs = st.attrs.get(name, set())
+        if "?" in attrs:                                        # declare -i or not: decided when the script runs
+            value = unknown(f"${name}", f"${name} has attributes (declare -i / -u / -l) set in a block decided when "
+                                        f"the script runs")
+            self.may_end(w.line)
         if "i" in attrs and not isinstance(value, Unknown):     # declare -i: the value is arithmetic
             try:
                 value = str(self.arith(value or "0", w.line) + (self.arith(st.vars.get(name) or "0", w.line)
                                                                if plus else 0))
                 plus = False
             except _Undecided as e:
+                if isinstance(e, _ArithError) and self.cond is None:
+                    raise _Stop(1) from None             # bash ends the script at it
                 value = unknown(f"${name}", f"${name} is an integer variable assigned {w.raw[:40]!r}: {e.why}")
+                if not e.unset_var:
+                    self.may_end(w.line)
         if plus and name in st.arrays:                          # A+=x on an array appends to its first element
             arr = st.arrays[name]
             if isinstance(arr, Unknown) or isinstance(value, Unknown):
@@ -1513,6 +1603,7 @@ class _Evaluator:
         variable any of them changed is Unknown (bash decides it when the script runs)."""
         before = self.st
         changed: dict[str, str] = {}
+        shaky: set[str] = set()                      # names whose attributes (declare -i ...) a branch changed
         funcs = dict(before.funcs)
         for run in runs:
             self.st = before.copy()
@@ -1530,18 +1621,20 @@ class _Evaluator:
                     changed[name] = after.origin.get(name) or f"unset {name}"
             before.exported |= after.exported
             before.options |= after.options
+            shaky |= {n for n in set(after.attrs) | set(before.attrs) if after.attrs.get(n) != before.attrs.get(n)}
         self.st = before
         before.funcs = funcs
+        for n in shaky:
+            before.attrs[n] = {"?"}
+        if self.may_stop and self.cond is None:      # every later command runs only if the script did not end there
+            self.cond = (f"after line {self.may_stop[0]}, where the script may end (an exit or an error inside a "
+                         f"block decided when it runs)")
         for name, written in changed.items():
             nm, _, val = written.partition("=")
             shown = f"{nm}={val!r}" if _ else written
             why = f"{shown} is {where}, so ${name} depends on how the script runs"
-            if name in before.arrays or (name not in before.vars and written.startswith(f"{name}=(")):
-                before.arrays[name] = unknown(f"${{{name}[@]}}", why)
-                before.vars.pop(name, None)
-            else:
-                before.vars[name] = unknown(f"${name}", why)
-                before.arrays.pop(name, None)
+            before.arrays[name] = unknown(f"${{{name}[@]}}", why)        # (a scalar or an array, which the
+            before.vars[name] = unknown(f"${name}", why)                # branches may make either of)
         return None
 
     def command(self, c) -> int | None:
@@ -1616,7 +1709,7 @@ class _Evaluator:
             status = 0
             self.budget[0] -= len(items)
             for item in items:
-                self.assign_value(name, str(item), f"{name}={str(item)!r} (the for loop's word)")
+                self.set_scalar(name, str(item), f"{name}={str(item)!r} (the for loop's word)")
                 try:
                     status = self.run(c.parts["body"])
                 except _Break:
@@ -1654,6 +1747,8 @@ class _Evaluator:
                     pass
                 if update.strip():
                     self.arith_statement(update, c.line)
+        except _ArithError:
+            return 1
         except _Undecided:
             pass
         for n in set(re.findall(r"[A-Za-z_]\w*", init + " " + update)):
@@ -1755,6 +1850,8 @@ class _Evaluator:
                 args = args[1:]
         try:
             result = self.test_expr(args, dbl)
+        except _ArithError:
+            return 2
         except _Undecided:
             return None
         return None if result is None else 0 if result else 1
@@ -1905,6 +2002,7 @@ class _Evaluator:
                 return 1                                 # (bash: 'can only return from a function'; it goes on)
             if self.cond is None:
                 raise _Stop(code)
+            self.may_stop.append(line)
             return None
         if name in ("source", "."):
             found = self.source_file(args[0]) if args and not isinstance(args[0], (Unknown, Unset)) else None
@@ -2090,9 +2188,10 @@ class _Evaluator:
         if self.frames and name not in self.frames[-1]:
             st = self.st
             self.frames[-1][name] = (st.vars.get(name), st.arrays.get(name), name in st.exported,
-                                     st.origin.get(name))
+                                     st.origin.get(name), st.attrs.get(name))
             st.vars.pop(name, None)
             st.arrays.pop(name, None)
+            st.attrs.pop(name, None)
 
     def printf_v(self, target: str, fmt: str, args: list, line: int) -> int | None:
         """printf -v NAME FORMAT ARGS: %s, %d / %i and %% (the format reused while arguments remain)."""
@@ -2245,7 +2344,7 @@ class _Evaluator:
             self.st.vars.pop(array, None)
             return 0
         for k, n in enumerate(names):
-            self.assign_value(n, fields[k] if k < len(fields) else "", f"read {n}")
+            self.set_scalar(n, fields[k] if k < len(fields) else "", f"read {n}")
         return 0
 
     def call(self, name: str, args: list, line: int) -> int | None:
@@ -2264,10 +2363,13 @@ class _Evaluator:
             self.depth -= 1
             self.in_function -= 1
             self.st.args = saved_args
-            for n, (v, arr, exported, origin) in self.frames.pop().items():   # locals give back the outer values
-                st = self.st
+            for n, (v, arr, exported, origin, attrs) in self.frames.pop().items():   # locals give back the outer
+                st = self.st                                                         # values
                 st.vars.pop(n, None)
                 st.arrays.pop(n, None)
+                st.attrs.pop(n, None)
+                if attrs is not None:
+                    st.attrs[n] = attrs
                 if v is not None:
                     st.vars[n] = v
                 if arr is not None:
@@ -2288,7 +2390,7 @@ class _Evaluator:
         items = _Parser(tokens).program()
         sub = _Evaluator(state, line, self.depth + 1, self.cond, self.commands, self.sourced)
         sub.in_function, sub.frames, sub.notes, sub.budget = self.in_function, self.frames, self.notes, self.budget
-        sub.here = self.here
+        sub.here, sub.may_stop = self.here, self.may_stop
         try:
             return sub.run(items)
         except _Stop:

@@ -336,8 +336,8 @@ class _Reader(collect.TrainerYaml):
                     # one string as a regular expression over whole module names
                     note = " (TRL turns a one-name list into the string)" if isinstance(targets, list) else ""
                     joined = base.peft_regex(path, "lora_target_modules", one, self.model, note)
-                    c.set("lora_target_modules", targets, f"a regular expression to peft, matching {joined} (in "
-                                                          f"every layer)", lora_targets=joined)
+                    c.set("lora_target_modules", targets, f"lora_targets={joined} (a regular expression to peft; "
+                                                          f"in every layer)", lora_targets=joined)
                     return
                 joined = "all-linear" if one == "all-linear" else ",".join(str(t).strip() for t in targets)
                 if joined != "all-linear":
