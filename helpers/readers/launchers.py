@@ -96,6 +96,14 @@ def world_size(path, launcher: list[str], env: dict) -> tuple[int | None, object
         for w in words:
             name = w.partition("=")[0]
             if name.startswith("--") and name not in known:
+                starts = sorted({k for k in known if k.startswith(name)})
+                if name == "--":
+                    raise ConfigError(path, "'--' ends the deepspeed launcher's own flags: what follows it (--module) "
+                                            "is taken as the script to run, and the run fails")
+                if len(starts) > 1:
+                    raise ConfigError(path, f"{name} is an ambiguous abbreviation for the deepspeed launcher "
+                                            f"(argparse: 'ambiguous option: {name} could match "
+                                            f"{', '.join(starts[:4])}'); write the whole flag")
                 raise ConfigError(path, f"the deepspeed launcher has no flag {name} (its argparse stops: "
                                         f"'unrecognized arguments')" + did_you_mean(name, sorted(known), 0.7))
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import fnmatch
 import operator
 import re
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ LAUNCHERS = {"deepspeed", "torchrun", "python", "python3", "ray", "srun", "accel
 MAX_NESTING = 150                            # blocks within blocks ({ ( if ...): deeper is refused, not recursed
 MAX_LOOPS = 20_000                           # loop iterations walked one by one in a script (then: speculated)
 NAME_RE = re.compile(r"[A-Za-z_]\w*")
-ASSIGN_RE = re.compile(r"([A-Za-z_]\w*)(\[[^\]]*\])?(\+?)=")
+ASSIGN_RE = re.compile(r"([A-Za-z_]\w*)(\[(?:[^\[\]]|\[[^\[\]]*\])*\])?(\+?)=")
 RESERVED = {"if", "then", "elif", "else", "fi", "case", "esac", "for", "select", "while", "until", "do", "done",
             "{", "}", "function", "!", "[["}
 OPERATORS = sorted([";;&", ";;", ";&", "&&", "||", "|&", "&>>", "&>", ">>", "<<<", "<<-", "<<", ">&", "<&", ">|", "<>",
@@ -705,10 +704,9 @@ class _Parser:
             tok = self.peek()
             if tok[0] == "word":
                 w = tok[1]
-                m = ASSIGN_RE.match(w.parts[0][1]) if not words and w.parts and w.parts[0][0] == "lit" else None
-                if m:
-                    value = Word([("lit", w.parts[0][1][m.end():])] + w.parts[1:], w.raw[m.end():], w.line)
-                    assigns.append((m.group(1), m.group(2), bool(m.group(3)), value))
+                a = split_assignment(w) if not words else None
+                if a:
+                    assigns.append(a)
                 else:
                     words.append(w)
             elif tok[0] == "array":
@@ -753,11 +751,15 @@ class _Return(Exception):
 
 
 class _Break(Exception):
-    pass
+    """break N: `levels` loops left to leave."""
+
+    def __init__(self, levels: int = 1):
+        super().__init__(levels)
+        self.levels = levels
 
 
-class _Continue(Exception):
-    pass
+class _Continue(_Break):
+    """continue N: leaves N - 1 loops, then goes on with the next round of the Nth."""
 
 
 def _has_word(items, names: set) -> bool:
@@ -809,6 +811,7 @@ class _State:
         self.attrs: dict[str, set] = {}          # declare -i / -u / -l: NAME -> {"i", "u", "l"}
         self.options: set[str] = set()           # set -e / -o pipefail: "errexit", "pipefail"
         self.aliases: dict[str, str] = {}
+        self.traps: dict[str, str] = {}          # trap CODE EXIT / ERR
         self.expand_aliases = False
         self.arg0 = "script"
 
@@ -819,6 +822,7 @@ class _State:
         new.funcs, new.hidden = dict(self.funcs), set(self.hidden)
         new.attrs, new.options = {k: set(v) for k, v in self.attrs.items()}, set(self.options)
         new.aliases, new.expand_aliases, new.arg0 = dict(self.aliases), self.expand_aliases, self.arg0
+        new.traps = dict(self.traps)
         return new
 
 
@@ -855,9 +859,90 @@ CMP_OPS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.G
            ast.NotEq: operator.ne}
 
 
+def split_assignment(w: Word):
+    """(NAME, [INDEX] or None, +=?, the value as a Word) where `w` is an assignment (NAME=..., NAME+=...,
+    NAME[INDEX]=... with expansions in the index, as ARGS[${#ARGS[@]}]=x), else None."""
+    if not w.parts or w.parts[0][0] != "lit":
+        return None
+    first = w.parts[0][1]
+    m = ASSIGN_RE.match(first)
+    if m:
+        return m.group(1), m.group(2), bool(m.group(3)), Word([("lit", first[m.end():])] + w.parts[1:],
+                                                               w.raw[m.end():], w.line)
+    head = re.match(r"([A-Za-z_]\w*)\[([^\]]*)$", first)
+    if not head:
+        return None
+    index = [head.group(2)]
+    for k in range(1, len(w.parts)):
+        p = w.parts[k]
+        if p[0] == "lit":
+            mm = re.match(r"([^\]]*)\](\+?)=", p[1])
+            if not mm:
+                return None
+            index.append(mm.group(1))
+            value = Word([("lit", p[1][mm.end():])] + w.parts[k + 1:], w.raw, w.line)
+            return head.group(1), "[" + "".join(index) + "]", bool(mm.group(2)), value
+        if p[0] == "var":
+            index.append(p[3])
+        elif p[0] == "arith":
+            index.append(f"$(({p[1]}))")
+        else:
+            return None
+    return None
+
+
 def _literal_glob(text: str) -> str:
-    """`text` as an fnmatch pattern matching itself (quoted text in a bash pattern)."""
-    return re.sub(r"([*?\[])", r"[\1]", text)
+    """`text` as a pattern matching itself (quoted text in a bash pattern)."""
+    return re.sub(r"([*?\[\\])", r"\\\1", text)
+
+
+CLASSES = {"alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9", "upper": "A-Z", "lower": "a-z",
+           "space": " \\t\\n\\r\\f\\v", "blank": " \\t", "punct": "!-/:-@\\[-`{-~", "xdigit": "0-9A-Fa-f",
+           "word": "a-zA-Z0-9_", "cntrl": "\\x00-\\x1f\\x7f", "print": " -~", "graph": "!-~"}
+
+
+def _pattern_regex(pattern: str) -> str:
+    """A bash glob pattern as a regular expression: *, ?, [...] with ! or ^ and the POSIX classes ([[:upper:]]), a
+    backslash escaping the next character."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+        elif c == "*":
+            out.append(".*")
+            i += 1
+        elif c == "?":
+            out.append(".")
+            i += 1
+        elif c == "[":
+            j = i + 1
+            neg = j < n and pattern[j] in "!^"
+            j += neg
+            body, first = [], True
+            while j < n and (pattern[j] != "]" or first):
+                m = re.match(r"\[:(\w+):\]", pattern[j:])
+                if m and m.group(1) in CLASSES:
+                    body.append(CLASSES[m.group(1)])
+                    j += m.end()
+                elif pattern[j] == "\\" and j + 1 < n:
+                    body.append(re.escape(pattern[j + 1]))
+                    j += 2
+                else:
+                    body.append("\\" + pattern[j] if pattern[j] in "\\^]" else pattern[j])
+                    j += 1
+                first = False
+            if j >= n:                                   # no closing ]: a literal [
+                out.append(re.escape(c))
+                i += 1
+                continue
+            out.append("[" + ("^" if neg else "") + "".join(body) + "]")
+            i = j + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return "".join(out)
 
 
 BRACE_RE = re.compile(r"\{(?:([^{},]*(?:,[^{},]*)+)|(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?|([a-zA-Z])\.\.([a-zA-Z]))\}")
@@ -968,6 +1053,8 @@ class _Evaluator:
             if name == "#" and st.args is not None:
                 return str(len(st.args))
             raise _Undecided(f"${name} is decided when the script runs")
+        if "trapped" in st.options and (name in st.vars or name in st.arrays):
+            raise _Undecided(f"${name} may be changed by the script's DEBUG or RETURN trap, not evaluated here")
         if name in st.vars:
             v = st.vars[name]
             if isinstance(v, Unknown):
@@ -1031,10 +1118,14 @@ class _Evaluator:
             odd = next((v for v in items if isinstance(v, (Unknown, Unset))), None)
             if index == "*" and odd is not None:
                 raise _Undecided(odd.why, unset_var=isinstance(odd, Unset))
-            return items if index == "@" else " ".join(items)
-        if name in ("@", "*") and not rest:
+            return items if index == "@" else self.ifs_join(items)
+        if name in ("@", "*") and (not rest or re.fullmatch(r":\s*\d+(:\s*\d+)?\s*", rest)):
             items = self.elements(name)
-            return items if name == "@" else " ".join(items)
+            if rest:                                     # ${@:N[:M]}: from the Nth ($0 at 0), M of them
+                n, _, m = rest[1:].partition(":")
+                items = [self.st.arg0] + items
+                items = items[int(n):] if not m else items[int(n):int(n) + int(m)]
+            return items if name == "@" else self.ifs_join(items)
         have = self.index(name, index, raw) if index is not None else self.value(name)
         known = (name in self.st.vars or name in self.st.arrays        # (an element it lacks is empty, not the env's;
                  or (index is not None and index.strip() not in ("0", "")))  # nor an element past 0 of the env's)
@@ -1094,6 +1185,13 @@ class _Evaluator:
             return value[offset:offset + count]
         raise _Undecided(f"{raw!r} uses a bash expansion not evaluated here (a transformation)")
 
+    def ifs_join(self, items: list) -> str:
+        """"$*" / "${A[*]}": the words joined with IFS's first character (none where IFS is empty)."""
+        ifs = self.st.vars.get("IFS", " \t\n")
+        if isinstance(ifs, Unknown):
+            raise _Undecided(ifs.why)
+        return (ifs[:1]).join(items)
+
     def index(self, name: str, index: str, raw: str) -> str | None:
         if name not in self.st.arrays:
             if index.strip() in ("0", ""):
@@ -1111,17 +1209,17 @@ class _Evaluator:
     def remove(value: str, pattern: str, op: str, raw: str) -> str:
         if len(value) > 1000:
             raise _Undecided(f"{raw!r}: a pattern removal over a value this long is not evaluated here")
-        rx = re.compile(fnmatch.translate(pattern), re.S)
+        rx = re.compile(_pattern_regex(pattern), re.S)
         cuts = range(len(value) + 1)
         if op.startswith("#"):
             order = cuts if op == "#" else reversed(cuts)
             for k in order:
-                if rx.match(value[:k]):
+                if rx.fullmatch(value[:k]):
                     return value[k:]
         else:
             order = reversed(cuts) if op == "%" else cuts
             for k in order:
-                if rx.match(value[k:]):
+                if rx.fullmatch(value[k:]):
                     return value[:k]
         return value
 
@@ -1136,7 +1234,9 @@ class _Evaluator:
         if "$" in body and "$(" not in expr and "`" not in expr:
             raise _ArithError(f"$(( {expr.strip()} )) is not arithmetic bash evaluates (bash stops there)")
         if "$" in body or "`" in body or re.search(r"\+\+|--|(?<![<>=!])=(?!=)|\?", body):
-            raise _Undecided(f"$(( {expr.strip()} )) is arithmetic with a command or an assignment, not evaluated here")
+            what = ("a conditional (?:)" if "?" in body else "a command" if "$" in body or "`" in body else
+                    "an assignment")
+            raise _Undecided(f"$(( {expr.strip()} )) is arithmetic with {what}, not evaluated here")
         body = body.replace("&&", " and ").replace("||", " or ")
         body = re.sub(r"!(?!=)", " not ", body)
         body = re.sub(r"(?<![\w#])(\d+)#([0-9A-Za-z@_]+)|(?<![\w#])0[xX]([0-9a-fA-F]+)|(?<![\w#.])(0[0-9]+)(?![\w#])",
@@ -1242,12 +1342,16 @@ class _Evaluator:
         except _ArithError:
             return 1                                   # bash reports it; the script goes on
         except _Undecided as e:
-            for name in set(re.findall(r"([A-Za-z_]\w*)\s*(?:[-+*/%^|&]|<<|>>)?=(?!=)|([A-Za-z_]\w*)\s*(?:\+\+|--)|"
+            for name in set(re.findall(r"([A-Za-z_]\w*)(?:\[[^\]]*\])?\s*(?:[-+*/%^|&]|<<|>>)?=(?!=)|"
+                                       r"([A-Za-z_]\w*)(?:\[[^\]]*\])?\s*(?:\+\+|--)|"
                                        r"(?:\+\+|--)\s*([A-Za-z_]\w*)", expr)):
                 for n in name:
                     if n:
-                        self.st.vars[n] = unknown(f"${n}", f"${n} is assigned by the arithmetic {expr.strip()!r} "
-                                                           f"(line {self.line(line)}), not evaluated here ({e.why})")
+                        why = (f"${n} is assigned by the arithmetic {expr.strip()!r} (line {self.line(line)}), not "
+                               f"evaluated here ({e.why})")
+                        self.st.vars[n] = unknown(f"${n}", why)
+                        if n in self.st.arrays:
+                            self.st.arrays[n] = unknown(f"${{{n}[@]}}", why)
             return None
 
     def pieces(self, w: Word, joined: bool = False) -> tuple[list, bool]:
@@ -1492,7 +1596,7 @@ class _Evaluator:
             return
         if index:
             try:
-                k = self.arith(index[1:-1], w.line)
+                k = self.arith(self.fragment(index[1:-1], w.line) if "$" in index else index[1:-1], w.line)
                 arr = st.arrays.get(name)
                 if isinstance(arr, Unknown) or isinstance(value, Unknown):
                     raise _Undecided(getattr(arr, "why", "") or value.why)
@@ -1554,8 +1658,11 @@ class _Evaluator:
                 status = self.pipeline(pipeline)
             finally:
                 self.exempt -= guarded
-            if (status is not None and status != 0 and "errexit" in self.st.options and not self.exempt
-                    and not guarded and not pipeline.negate):
+            failed = (status is not None and status != 0 and not self.exempt and not guarded
+                      and not pipeline.negate)
+            if failed and "ERR" in self.st.traps:        # trap ... ERR runs where a command fails
+                self.nested(self.st.traps["ERR"], self.pipeline_line(pipeline), self.st, [])
+            if failed and "errexit" in self.st.options:
                 raise _Stop(status)                    # set -e: bash exits at a command that fails
         return status
 
@@ -1680,10 +1787,12 @@ class _Evaluator:
                 return 0                                # the condition ends it
             try:
                 self.run(c.parts["body"])
-            except _Break:
+            except _Break as e:
+                if e.levels > 1:
+                    raise type(e)(e.levels - 1) from None
+                if isinstance(e, _Continue):
+                    continue
                 return 0
-            except _Continue:
-                continue
         else:
             if not _has_word(c.parts["body"], {"break", "exit", "return", "exec"}):
                 raise _Stop(None)                     # endless: nothing after it runs
@@ -1712,10 +1821,12 @@ class _Evaluator:
                 self.set_scalar(name, str(item), f"{name}={str(item)!r} (the for loop's word)")
                 try:
                     status = self.run(c.parts["body"])
-                except _Break:
+                except _Break as e:
+                    if e.levels > 1:
+                        raise type(e)(e.levels - 1) from None
+                    if isinstance(e, _Continue):
+                        continue
                     break
-                except _Continue:
-                    continue
             return status
         var_why = f"${name} is the {what} loop's variable (line {line})" if name else ""
 
@@ -1741,10 +1852,11 @@ class _Evaluator:
                     return status
                 try:
                     status = self.run(c.parts["body"])
-                except _Break:
-                    return 0
-                except _Continue:
-                    pass
+                except _Break as e:
+                    if e.levels > 1:
+                        raise type(e)(e.levels - 1) from None
+                    if not isinstance(e, _Continue):
+                        return 0
                 if update.strip():
                     self.arith_statement(update, c.line)
         except _ArithError:
@@ -1802,13 +1914,18 @@ class _Evaluator:
                 out.append(_literal_glob(text) if len(p) > 2 and p[2] else text)
         return "".join(out)
 
+    def matches(self, subject: str, pattern: str) -> bool:
+        """A bash pattern match (`_pattern_regex`), case-blind under shopt -s nocasematch."""
+        flags = re.S | (re.I if "nocasematch" in self.st.options else 0)
+        return re.fullmatch(_pattern_regex(pattern), subject, flags) is not None
+
     def case(self, c: Node) -> int | None:
         """case: the arm whose pattern matches the settled word, with ;& (run the next arm too) and ;;& (test the
         next patterns too); over a word or a pattern the script does not settle, every arm is speculated."""
         arms = c.parts["arms"]
         try:
             subject = self.pieces(c.parts["subject"], joined=True)[0][0]
-            matched = [any(fnmatch.fnmatchcase(subject, self.glob(p)) for p in patterns) for patterns, _, _ in arms]
+            matched = [any(self.matches(subject, self.glob(p)) for p in patterns) for patterns, _, _ in arms]
         except _Undecided:
             matched = None
         if matched is not None:
@@ -1885,7 +2002,7 @@ class _Evaluator:
         if len(words) == 3:
             a, op, b = words
             if op in ("=", "==", "!="):
-                same = fnmatch.fnmatchcase(a, self.glob(args[2][1])) if dbl and args[2][1] is not None else a == b
+                same = self.matches(a, self.glob(args[2][1])) if dbl and args[2][1] is not None else a == b
                 return same == (op != "!=")
             if op in ("<", ">"):
                 return (a < b) if op == "<" else (a > b)
@@ -1945,10 +2062,11 @@ class _Evaluator:
                                                     f"(line {line}), which leaves a sparse array, not evaluated here")
                     st.vars.pop(m.group(1), None)
                     continue
-                st.vars.pop(w, None)
-                st.arrays.pop(w, None)
                 if "-f" in args:
                     st.funcs.pop(w, None)
+                    continue
+                st.vars.pop(w, None)
+                st.arrays.pop(w, None)
                 st.origin[str(w)] = f"unset {w}"
             return 0
         if name == "set":
@@ -1958,8 +2076,21 @@ class _Evaluator:
             for opt in (a for a in args if not a.startswith("-")):
                 if opt == "expand_aliases":
                     st.expand_aliases = on
-                elif opt == "lastpipe":
-                    (st.options.add if on else st.options.discard)("lastpipe")
+                elif opt in ("lastpipe", "nocasematch"):
+                    (st.options.add if on else st.options.discard)(opt)
+            return 0
+        if name == "trap":
+            if args and str(args[0]) not in ("-p", "-l"):
+                code = None if str(args[0]) == "-" else str(args[0])
+                for sig in (str(a).upper().removeprefix("SIG") for a in args[1:]):
+                    sig = "EXIT" if sig == "0" else sig
+                    if sig in ("DEBUG", "RETURN"):       # runs before every command / at every return
+                        self.unsettle(f"`trap ... {sig}` (line {line}), which runs code around every command")
+                        self.st.options.add("trapped")
+                    elif code is None or code == "":
+                        self.st.traps.pop(sig, None)
+                    else:
+                        self.st.traps[sig] = code
             return 0
         if name == "alias":
             for w in args:
@@ -1990,10 +2121,9 @@ class _Evaluator:
             for w in args:
                 status = self.arith_command(str(w), c.line)
             return status
-        if name == "break":
-            raise _Break()
-        if name == "continue":
-            raise _Continue()
+        if name in ("break", "continue"):
+            n = int(args[0]) if args and str(args[0]).isdigit() and int(args[0]) > 0 else 1
+            raise (_Break if name == "break" else _Continue)(n)
         if name in ("exit", "return"):
             code = int(args[0]) if args and str(args[0]).isdigit() else 0
             if name == "return" and self.in_function:
@@ -2008,7 +2138,13 @@ class _Evaluator:
             found = self.source_file(args[0]) if args and not isinstance(args[0], (Unknown, Unset)) else None
             if found is not None:                      # a file the script's folder holds: run here, as bash does
                 with self.arguments([str(a) for a in args[1:]] or None):
-                    return self.nested(found, line, state=st, words=[])
+                    self.in_function += 1                 # (return ends the sourced file)
+                    try:
+                        return self.nested(found, line, state=st, words=[])
+                    except _Return:
+                        return 0
+                    finally:
+                        self.in_function -= 1
             self.sourced.append(str(args[0]) if args else "?")
             self.unsettle(f"`{name} {args[0] if args else ''}` (line {line})")
             return None
@@ -2034,8 +2170,8 @@ class _Evaluator:
             if not args:
                 return 0                                  # exec with redirections only: this shell goes on
             words, name, args = args, args[0], args[1:]
-        shell_at = next((k for k, w in enumerate(words) if str(w).rsplit("/", 1)[-1] in ("bash", "sh", "zsh", "dash")
-                         and (k == 0 or not str(words[k - 1]).startswith("-"))), None)
+        shell_at = next((k for k, w in enumerate(words) if str(w).rsplit("/", 1)[-1] in ("bash", "sh", "zsh", "dash")),
+                        None)
         env = {k: st.vars[k] for k in st.exported if k in st.vars} | prefix
         if shell_at is not None:
             status = self.shell_command(c, words, shell_at, line, env)
@@ -2148,8 +2284,9 @@ class _Evaluator:
                     continue
                 self.assign(w)
                 continue
-            m = ASSIGN_RE.match(w.parts[0][1]) if w.parts and w.parts[0][0] == "lit" else None
-            if m is None:
+            a = split_assignment(w)
+            m = a is not None
+            if not m:
                 got = [str(x) for x in self.expand(w)]
                 if got and got[0][:1] in "-+" and len(got[0]) > 1:
                     letters = set(got[0][1:])
@@ -2161,7 +2298,7 @@ class _Evaluator:
                     continue
                 targets = got
             else:
-                targets = [m.group(1)]
+                targets = [a[0]]
             for t in targets:
                 if local:
                     self.localize(t)
@@ -2171,11 +2308,10 @@ class _Evaluator:
                 for attr in "iul":
                     if attr in flags:
                         st.attrs.setdefault(t, set()).add(attr)
-                if "A" in flags and m is None:
+                if "A" in flags and not m:
                     st.arrays[t] = unknown(f"${{{t}[@]}}", f"{t} is an associative array, not evaluated here")
-            if m is not None and not ("n" in flags and name != "export"):
-                value = Word([("lit", w.parts[0][1][m.end():])] + w.parts[1:], w.raw[m.end():], w.line)
-                self.assign((m.group(1), m.group(2), bool(m.group(3)), value))
+            if m and not ("n" in flags and name != "export"):
+                self.assign(a)
             for t in targets:
                 if unexport:
                     st.exported.discard(t)
@@ -2259,6 +2395,8 @@ class _Evaluator:
                     return False
             else:
                 body = here.heredoc if here.quoted else self.heredoc_text(here)
+                if body is None:
+                    return False
             return self.subshell(body, line, env, ["bash", *[str(x) for x in words[k:]]])
         return False
 
@@ -2284,7 +2422,7 @@ class _Evaluator:
         w = Word([p if p[0] != "lit" else ("dq", p[1]) for p in parts], s, r.line)
         got = self.expand(w)
         if len(got) == 1 and isinstance(got[0], (Unknown, Unset)):
-            return s
+            return None                                 # (the outer shell expands it: not known here)
         return got[0] if got else ""
 
     def read(self, c: Simple, args: list, prefix: dict) -> int | None:
@@ -2316,6 +2454,7 @@ class _Evaluator:
             elif r.op in ("<<", "<<-") and r.heredoc is not None:
                 given = r.heredoc if r.quoted else self.heredoc_text(r)
         line = self.line(c.line)
+        status = 0
         targets = names + ([array] if array else [])
         for n in targets:
             self.st.origin[n] = f"read {n}"
@@ -2329,6 +2468,8 @@ class _Evaluator:
             return None
         delim = opts.get("d", "\n") if "d" in opts else "\n"
         chunk = given.split(delim[:1], 1)[0] if delim else given.split("\0", 1)[0]
+        if (delim[:1] or "\0") not in given:
+            status = 1                                   # read returns 1 at the end of its input (set -e ends there)
         for n_opt in ("n", "N"):
             if n_opt in opts:
                 try:
@@ -2337,15 +2478,15 @@ class _Evaluator:
                     return 1
         if "N" in opts:                               # -N: exactly N characters, no splitting
             self.assign_value(names[0], chunk, f"read {names[0]}")
-            return 0
+            return status
         fields = _ifs_split(chunk, ifs, None if array else len(names))
         if array:
             self.st.arrays[array] = [text(f) for f in fields]
             self.st.vars.pop(array, None)
-            return 0
+            return status
         for k, n in enumerate(names):
             self.set_scalar(n, fields[k] if k < len(fields) else "", f"read {n}")
-        return 0
+        return status
 
     def call(self, name: str, args: list, line: int) -> int | None:
         if self.depth >= MAX_DEPTH:
@@ -2441,4 +2582,9 @@ def run(code: str, here=None) -> Script:
         ev.run(items)
     except (_Stop, _Return, _Break, _Continue):
         error = None                        # (it stops before it reaches the error)
+    if "EXIT" in ev.st.traps:               # trap CODE EXIT: run as the script ends
+        try:
+            ev.nested(ev.st.traps.pop("EXIT"), len(code.splitlines()), ev.st, [])
+        except (_Stop, _Return, _Break, _Continue, ShellError):
+            pass
     return Script(ev.commands, ev.st.vars, lexer.dead, ev.sourced, ev.notes, error)

@@ -122,12 +122,22 @@ class _Reader(collect.TrainerYaml):
 
     NAME, TOOL, SRC = NAME, TOOL, SRC
     TOPICS = ("model_named", "sizes", "precision_keys", "checkpointing", "lora", "quantisation", "engine", "precision",
-              "optimizer", "rest")
+              "fsdp_checkpointing", "optimizer", "rest")
 
     def __init__(self, path, data, lines: dict[str, int], given: list[Path]):
         super().__init__(path, data, lines, given)
         self.data = as_trl_reads(self.path, self.data)
         self.take, self.done = collect.taker(self.data)
+
+    def fsdp_checkpointing(self) -> None:
+        """FSDP's own activation checkpointing beside the trainer's: the Trainer refuses the pair."""
+        fsdp_ac = any(s.key.endswith("activation_checkpointing") and s.key.startswith("fsdp_config") and s.value is True
+                      for s in self.c.settings)
+        if fsdp_ac and getattr(self, "gc_on", False):
+            raise ConfigError(self.path, "FSDP's activation_checkpointing (fsdp_config) beside the trainer's "
+                                         "gradient_checkpointing (TRL's default: true): transformers' Trainer refuses the "
+                                         "pair (trainer.py: 'can't both be set to True'); set gradient_checkpointing: "
+                                         "false")
 
     def optimizer(self) -> None:
         """The Trainer's optim (transformers' default where the config leaves it out)."""
@@ -171,6 +181,11 @@ class _Reader(collect.TrainerYaml):
             trl_default("max_length", 1024, "seq=1024", "sft_config.py SFTConfig", seq=1024)
         else:
             c.set(seq_key, seq, f"seq={c.integer(seq_key, seq)}", seq=seq)
+            if seq_key == "max_seq_length":             # (an upper bound where the current TRL truncates at 1024)
+                c.unmodelled("max_seq_length", seq, "SFTConfig's name before max_length: the current TRL has no such "
+                                                    "field and `trl sft` drops it without a word "
+                                                    "(fail_with_unknown_args=False), truncating at max_length (1024 "
+                                                    "by default); estimated at this value, the older TRL's reading")
         for key in ("packing", "padding_free"):
             value = take(key)
             if value:
@@ -277,12 +292,19 @@ class _Reader(collect.TrainerYaml):
     def checkpointing(self) -> None:
         """Gradient checkpointing, Liger kernels, the attention implementation."""
         c, take, path, trl_default = self.c, self.take, self.path, self.default
-        gc = take("gradient_checkpointing")
-        if gc is None:
+        gc, ac = take("gradient_checkpointing"), take("activation_checkpointing")
+        if ac is not None:              # transformers 5 training_args.py: the new name wins; the old one is its alias
+            on = self.gc_on = c.flag("activation_checkpointing", ac)
+            c.set("activation_checkpointing", ac, f"checkpointing={'full' if on else 'none'}",
+                  checkpointing="full" if on else "none")
+            if gc is not None:
+                c.ignore("gradient_checkpointing", gc)
+        elif gc is None:
+            self.gc_on = True
             trl_default("gradient_checkpointing", True, "checkpointing=full", "base_config.py",
                         checkpointing="full")
         else:
-            on = c.flag("gradient_checkpointing", gc)
+            on = self.gc_on = c.flag("gradient_checkpointing", gc)
             c.set("gradient_checkpointing", gc, f"checkpointing={'full' if on else 'none'}",
                   checkpointing="full" if on else "none")
         liger = take("use_liger_kernel")
@@ -403,7 +425,8 @@ class _Reader(collect.TrainerYaml):
 
         if "bf16" in data and not (fp16 and bf16 is False):
             c.set("bf16", bf16, "autocast in bf16 (with the dtype below)" if bf16 else "no bf16 autocast")
-        pure = bf16 and not fp16 and dtype in ("bfloat16", "bf16") and strategies.get(self.strategy).torch_optimizer
+        # bf16 weights (dtype) train as bf16 whether or not bf16 autocast runs over them (no fp32 master either way)
+        pure = not fp16 and dtype in ("bfloat16", "bf16") and strategies.get(self.strategy).torch_optimizer
         if pure:
             c.set(dtype_key, dtype, "precision=bf16 (bf16 weights, gradients and AdamW states; no fp32 master)",
                   precision="bf16")
