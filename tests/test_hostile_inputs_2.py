@@ -989,3 +989,41 @@ def test_fit_boundary_names_wrong_arguments():
     for args in (("x", 1, 10), (lambda k: True, "a", 10), (lambda k: True, 0, 10)):
         with pytest.raises(InputError):
             fit.boundary(*args)
+
+
+# -- pass eight (non-shell surfaces) --------------------------------------------------------------------------------
+
+def test_trl_activation_checkpointing_is_the_name_that_wins(tmp_path):
+    """transformers 5 training_args.py: gradient_checkpointing is an alias, used only where activation_checkpointing
+    is not set (TRL sets gradient_checkpointing: true by default)."""
+    s = read([write(tmp_path, "a.yaml", TRL_MIN + "activation_checkpointing: false\n")]).setup
+    assert s.checkpointing == "none"
+
+
+def test_trl_bf16_weights_train_as_bf16_with_or_without_autocast(tmp_path):
+    s = read([write(tmp_path, "a.yaml", TRL_MIN.replace("bf16: true", "bf16: false") + "dtype: bfloat16\n")]).setup
+    assert s.precision == "bf16"
+
+
+def test_trl_settings_its_trainer_refuses(tmp_path):
+    refused([write(tmp_path, "a.yaml", TRL_MIN + "fsdp: full_shard\nfsdp_config:\n  activation_checkpointing: true\n")],
+            "can't both be set to True")
+    refused([write(tmp_path, "b.yaml", TRL_MIN + "env: 5\n")], "`env` field should be a dict")
+    imp = read([write(tmp_path, "c.yaml", TRL_MIN.replace("max_length: 1024", "max_seq_length: 4096"))])
+    assert imp.setup.seq == 4096 and any(n.key == "max_seq_length" and "drops it" in n.why for n in imp.not_modelled)
+
+
+def test_accelerate_against_deepspeeds_train_batch_size_and_the_cpu(tmp_path):
+    write(tmp_path, "ds.json", json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": "auto",
+                                           "zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}}))
+    acc = write(tmp_path, "a.yaml", "distributed_type: DEEPSPEED\nnum_processes: 4\ndeepspeed_config:\n"
+                                    "  deepspeed_config_file: ds.json\n")
+    refused([write(tmp_path, "t.yaml", TRL_MIN), acc, tmp_path / "ds.json"], "num_processes starts 4",
+            "refuses the mismatch")
+    cpu = write(tmp_path, "c.yaml", "distributed_type: MULTI_GPU\nnum_processes: 4\nuse_cpu: true\n")
+    refused([write(tmp_path, "t.yaml", TRL_MIN), cpu], "use_cpu: true")
+
+
+def test_deepspeed_autocast_sections_are_said_not_modelled(tmp_path):
+    ds = write(tmp_path, "ds.json", json.dumps(DS_BF16 | {"torch_autocast": {"enabled": True}}))
+    assert any(n.key == "torch_autocast" for n in read([ds], model="llama-3.2-1b").not_modelled)

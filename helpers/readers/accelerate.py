@@ -134,6 +134,9 @@ def apply(path: Path, data, lines: dict[str, int], given: list[Path], trainer: d
 
     # --- world size
     procs, machines = data.get("num_processes"), data.get("num_machines", 1)
+    if data.get("use_cpu") is True:                      # accelerate runs on the CPU: no GPU estimate applies
+        raise ConfigError(path, "use_cpu: true runs the training on the CPU (accelerate's ClusterConfig), which this "
+                                "package does not estimate")
     machines = c.integer("num_machines", machines)
     if kind == "NO" and procs not in (None, -1, 1):
         # commands/launch.py: distributed_type NO sets no multi_gpu, and launch_command then runs simple_launcher,
@@ -241,6 +244,13 @@ def _deepspeed(c: Record, path: Path, ds: dict, given, trainer, hidden) -> list[
         c.set(p + "deepspeed_config_file", ref, f"the DeepSpeed config {ds_path.name} (read below)")
         data, lines = collect.load_deepspeed(ds_path, Path(path), p + "deepspeed_config_file")
         applied = deepspeed.apply(ds_path, data, lines, trainer, hidden)
+        started, implied = c.fields.get("gpus"), applied.fields.get("gpus")
+        if started is not None and implied is not None and started != implied:
+            raise ConfigError(ds_path, f"train_batch_size gives {implied} GPUs (world size x micro batch x "
+                                       f"accumulation), but {Path(path).name}'s num_processes starts {started}: the "
+                                       f"HF Trainer refuses the mismatch (integrations/deepspeed.py "
+                                       f"trainer_config_finalize); make them agree, or set train_batch_size to "
+                                       f"\"auto\"")
         if trainer is None and not {"bf16", "bfloat16", "fp16"} & set(data):
             # accelerate fills the missing section from mixed_precision (DeepSpeedPlugin.set_mixed_precision)
             applied.fields.pop("precision", None)

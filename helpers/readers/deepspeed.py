@@ -34,6 +34,9 @@ STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 
 # Keys that change memory but that the estimate does not model: listed with their value, never dropped.
 NOT_MODELLED = {
+    "torch_autocast": "DeepSpeed's torch.autocast over the forward (its own mixed precision): not modelled, the "
+                      "activations are estimated at the precision the other sections give",
+    "amp": "NVIDIA apex AMP: not modelled, estimated at the precision the other sections give",
     "zero_optimization.stage3_param_persistence_threshold":
         "ZeRO-3 keeps parameters smaller than this gathered on every GPU (small: norms and biases)",
     "zero_optimization.stage3_max_live_parameters": "ZeRO-3 cap on gathered parameters alive at once",

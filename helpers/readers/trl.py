@@ -488,6 +488,9 @@ class _Reader(collect.TrainerYaml):
     def rest(self) -> None:
         """Every key not read above: not modelled (listed) or ignored."""
         c, data, done = self.c, self.data, self.done
+        if "env" in data and not isinstance(data["env"], dict):      # scripts/utils.py TrlParser
+            raise ConfigError(self.path, f"env must be a mapping of environment variables (TRL's parser stops: "
+                                         f"'`env` field should be a dict'), got {data['env']!r}")
         for key, value in data.items():
             if key in done or key in DPO_KEYS:
                 continue
