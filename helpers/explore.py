@@ -98,12 +98,6 @@ class Explorer:
         unknown = sorted(set(values) - set(self.controls))
         if unknown:
             raise InputError(f"no control {unknown[0]!r}: the explorer's controls are {', '.join(self.controls)}")
-        try:                                        # a value the set-up refuses, whether or not a control shows it
-            given = {k: v for k, v in values.items() if k in FACES}
-            with_applicable(dataclasses.replace(self.setup, **given), keep=given).validate()
-        except InputError as exc:
-            self._invalid(str(exc))
-            return
         for k, v in values.items():                 # a value no control can show is said, never clamped to a slider
             if k in FACES:
                 problem = self._unshowable(k, v)
@@ -126,6 +120,12 @@ class Explorer:
             if isinstance(widget, w.IntSlider) and shown > widget.max:
                 widget.max = shown                  # (a slider clamps to its max: the value itself is reachable)
             widget.value = shown
+        given = {k: v for k, v in values.items() if k in FACES}
+        if self.error is None and any(getattr(self.setup, k) != v for k, v in given.items()):
+            try:                                    # a value the set-up dropped as not applying: said, not dropped
+                with_applicable(dataclasses.replace(self.setup, **given), keep=given).validate()
+            except InputError as exc:
+                self._invalid(str(exc))
 
     def reset(self) -> None:
         """Every control back to where the explorer started (one redraw)."""
