@@ -99,12 +99,6 @@ class Word:
     def keyword(self) -> str | None:
         return self.parts[0][1] if len(self.parts) == 1 and self.parts[0][0] == "lit" else None
 
-    def literal(self) -> str | None:
-        """The word's text where it has no expansion (quotes removed), else None."""
-        if all(p[0] in ("lit", "sq", "dq") for p in self.parts):
-            return "".join(p[1] for p in self.parts)
-        return None
-
 
 @dataclass
 class Redirect:
@@ -1171,11 +1165,8 @@ class _Evaluator:
             raise _Undecided(f"{raw!r} uses a bash expansion not evaluated here (a pattern replacement)")
         if op.group(5):
             spec = arg.split(":", 1)
-            try:
-                offset = self.arith(spec[0], line) if spec[0].strip() else 0
-                count = self.arith(spec[1], line) if len(spec) > 1 else None
-            except _Undecided:
-                raise
+            offset = self.arith(spec[0], line) if spec[0].strip() else 0
+            count = self.arith(spec[1], line) if len(spec) > 1 else None
             if offset < 0:
                 offset = max(0, len(value) + offset)
             if count is None:
@@ -2532,10 +2523,7 @@ class _Evaluator:
         sub = _Evaluator(state, line, self.depth + 1, self.cond, self.commands, self.sourced)
         sub.in_function, sub.frames, sub.notes, sub.budget = self.in_function, self.frames, self.notes, self.budget
         sub.here, sub.may_stop = self.here, self.may_stop
-        try:
-            return sub.run(items)
-        except _Stop:
-            raise
+        return sub.run(items)
 
     def subshell(self, code: str, line: int, env: dict, args: list) -> int | None:
         """`bash -c CODE name args...`: a new shell that sees only the exported variables."""
