@@ -302,6 +302,13 @@ def main(argv=None) -> int:
                      help="what to find the largest of (default both; repeatable)")
     setup_parser(sub.add_parser("fixes", help="every single change that could make the set-up fit, with its new "
                                               "peak and its cost (host RAM, pinned RAM, step time), ranked"))
+    explain = sub.add_parser("explain", help="explain a pasted out-of-memory error (torch's message, a traceback, "
+                                             "DeepSpeed's see_memory_usage, nvidia-smi, a host kill) against an "
+                                             "estimate of the run: the phase, what the request was, the way out")
+    setup_parser(explain)
+    explain.add_argument("--message", required=True, metavar="FILE",
+                         help="the text to explain: a file with the error as the log printed it, or - to read it "
+                              "from standard input (paste, then Ctrl-D)")
     sub.add_parser("models", help="list the model catalogue")
     try:
         try:
@@ -405,6 +412,8 @@ def _command(a: argparse.Namespace) -> int:
             save = check_save_path(a.save)              # before the run: a bad path must not cost the measurement
         if a.command in ("fit", "fixes"):
             return _answer(a)
+        if a.command == "explain":
+            return _explain(a)
         with _stdout_to_stderr() if a.json else contextlib.nullcontext():
             result, imported, overrides = _result(a, save)
     except InputError as exc:
@@ -510,6 +519,56 @@ def _answer(a: argparse.Namespace) -> int:
     print((report.imported_table(imported, overrides) + "\n\n" if imported is not None else "") + head + "\n" + text,
           flush=True)
     return 0
+
+
+def _explain(a: argparse.Namespace) -> int:
+    """`explain`: the pasted text read and placed against the run's estimate (without --from or --model, the
+    message alone), as text or one JSON object."""
+    from helpers import explain, report
+
+    text = _message_text(a.message)
+    model = setup = imported = None
+    overrides: list = []
+    if getattr(a, "from_files", None) or a.model is not None:
+        model, setup, imported, overrides = imported_from(a)
+    ex = explain.explain(text, model, setup, gpu=a.gpu)
+    if a.json:
+        doc = ex.to_json()
+        if imported is not None:
+            doc["imported"] = imported.to_json() | {"overrides": overrides}
+        print(json.dumps(doc, indent=1, default=str), flush=True)
+        return 0
+    head = report.imported_table(imported, overrides) + "\n\n" if imported is not None else ""
+    print(head + ex.text(), flush=True)
+    return 0
+
+
+MAX_MESSAGE_BYTES = 20_000_000
+
+
+def _message_text(name: str) -> str:
+    """The text of --message: a file, or standard input for '-'; InputError naming what is wrong with it."""
+    if name == "-":
+        if sys.stdin is None:
+            raise InputError("--message - reads standard input, which is closed: give a file")
+        data = sys.stdin.buffer.read(MAX_MESSAGE_BYTES + 1)
+    else:
+        path = Path(name)
+        if not path.is_file():
+            raise InputError(f"--message {name!r} is not a file (give the log or error text as a file, or - for "
+                             f"standard input)")
+        try:
+            with path.open("rb") as f:
+                data = f.read(MAX_MESSAGE_BYTES + 1)
+        except OSError as e:
+            raise InputError(f"--message {name!r} could not be read: {e.strerror or e}") from None
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise InputError(f"--message {name!r} is over {MAX_MESSAGE_BYTES:,} bytes: give the part of the log around "
+                         f"the error")
+    if b"\0" in data[:8192]:
+        raise InputError(f"--message {name!r} is binary, not text (a snapshot pickle is not read yet; paste the "
+                         f"error as text)")
+    return data.decode("utf-8", errors="replace")
 
 
 def _result(a: argparse.Namespace, save: Path | None):

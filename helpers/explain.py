@@ -1,0 +1,459 @@
+"""Explain an out-of-memory error against a model of the run: where it died, what filled the GPU, the way out.
+
+`explain(text, model, setup)` reads what the user pasted (`helpers.oom_messages`), estimates the run on the GPU the
+message names (its total capacity), and says:
+- the phase it died in: from the traceback's frames, else from the figures (the estimate's first phase over);
+- "allocated + tried to allocate" (what PyTorch held, plus what it asked for) against the estimate at that phase;
+- which named buffers the requested size is: the estimate's own buffers, one parameter tensor in each dtype, and the
+  micro batch's activation-sized tensors (a hidden state, an MLP intermediate, the logits, eager attention's scores),
+  each as the caching allocator would ask for it (`helpers.measure.allocator.allocation_size`), matched within the
+  message's printed precision, never closer than it prints;
+- fragmentation: reserved-but-unallocated memory at least as large as the request (no cached block could hold it),
+  and PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True as the cure;
+- other processes on the GPU (the message's process lines, or capacity - free - this process's reserved);
+- when the run held more than the estimate at that phase beyond the estimate's measured error band, it says so and
+  names what the estimate leaves out, instead of forcing a match;
+- then the ranked ways out (`helpers.fixes`) at that capacity.
+
+Without a model, the message alone is explained (fragmentation, other processes, the request) and the missing set-up
+is named. Evidence kinds: the message's figures are measured (by the user's torch); the estimate is estimated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from helpers import estimate, models, oom_messages
+from helpers.errors import InputError
+from helpers.measure.allocator import allocation_size, round_size
+from helpers.oom_messages import PHASE_WORDS, CudaOOM, Pasted, Printed
+from helpers.results import Result
+from helpers.training import TrainSetup, checked
+from helpers.units import GiB, MiB, fmt
+from helpers.vocab import PHASE_LABELS
+
+# The estimate's phases a traceback's phase compares with: a forward or backward may be the first step's or a later
+# one's (the traceback does not say which), so both are read.
+ESTIMATE_PHASES = {"setup": ("setup",), "resume": ("resume",), "forward": ("forward", "steady"),
+                   "backward": ("backward", "steady"), "step": ("step",)}
+NOT_MODELLED_PHASES = {
+    "load": "loading the model (from_pretrained, zero.Init, FSDP's sync_module_states) is not a phase of the estimate "
+            "yet: every rank may hold full weights there before they are sharded",
+    "save": "a checkpoint save (16-bit weights gathered, optimizer states consolidated) is not a phase of the "
+            "estimate yet",
+    "evaluation": "evaluation runs forward passes (and their logits, often in fp32 and gathered over the eval set by "
+                  "eval_accumulation_steps=None) outside the training step this package estimates",
+    "generation": "generation (a KV cache, a vLLM engine's gpu_memory_utilization share) is not a phase of the "
+                  "estimate",
+}
+SMALL_SEGMENTS = (2 * MiB, 20 * MiB)   # allocation_size of any request up to 1 MiB / between 1 and 10 MiB
+LEFT_OUT = (
+    "tensors kept across steps by the training script (a loss summed without .item(), outputs stored for metrics)",
+    "a second model on the same GPU (a reference, reward or teacher model, a vLLM engine)",
+    "evaluation or generation between steps",
+    "longer sequences than the set-up says (packing, a dataset whose samples exceed max length when truncation is "
+    "off)",
+    "CUDA graphs' private pools (torch.compile mode='reduce-overhead')",
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A buffer the request could be: its name, its bytes, the estimate's phases it lives in, and why."""
+
+    name: str
+    bytes: int
+    phases: tuple = ()
+    why: str = ""
+
+    @property
+    def asks(self) -> int:
+        """What the caching allocator asks CUDA for when no cached block can hold this tensor: its size rounded to
+        512 bytes, then to the segment size (2 MiB up to 1 MiB; 20 MiB up to 10 MiB; 2 MiB multiples above)."""
+        return allocation_size(round_size(self.bytes))
+
+
+@dataclass
+class Explanation:
+    pasted: Pasted
+    lines: list[str] = field(default_factory=list)
+    phase: str | None = None
+    phase_from: str | None = None            # 'traceback', 'figures' or None
+    estimate: Result | None = None
+    at_phase: dict = field(default_factory=dict)
+    matches: list[Candidate] = field(default_factory=list)
+    fragmentation: dict | None = None
+    others: dict | None = None
+    beyond: dict | None = None
+    ways: list = field(default_factory=list)
+    preset: str | None = None
+
+    def to_json(self) -> dict:
+        return {"pasted": self.pasted.to_json(), "phase": self.phase, "phase_from": self.phase_from,
+                "gpu_preset": self.preset, "at_phase": self.at_phase,
+                "matches": [c.__dict__ | {"asks": c.asks} for c in self.matches],
+                "fragmentation": self.fragmentation, "other_processes": self.others, "beyond_estimate": self.beyond,
+                "ways": [w.to_json() for w in self.ways], "text": self.lines,
+                "estimate": None if self.estimate is None else {
+                    "phases": self.estimate.gpu.phases, "capacity_bytes": self.estimate.gpu.capacity_bytes,
+                    "oom": self.estimate.oom}}
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def preset_for(capacity: Printed | None) -> str | None:
+    """The GPU preset whose capacity, as CUDA gives it, is the message's 'total capacity' (within its printed
+    precision: the capacities quoted in data/published.json come from such messages), else None."""
+    if capacity is None:
+        return None
+    from helpers import gpus
+
+    found = []
+    for name in gpus.PRESETS:
+        p = gpus.preset(name)
+        seen = [round(x["gib"] * GiB) for x in p["cuda_total"]] + [p["bytes"]]
+        if any(abs(b - capacity.bytes) <= capacity.half_step + 0.005 * GiB for b in seen):
+            found.append(name)
+    return found[0] if len(found) == 1 else None
+
+
+def error_band() -> dict:
+    """How far below published peaks estimates of this kind came: the largest under-estimate of a like-with-like
+    comparison in data/results/published_vs_ours.json (`python -m helpers.bench published`), and how many runs."""
+    path = models.DATA_DIR / "results" / "published_vs_ours.json"
+    rows = json.loads(path.read_text())["rows"]
+    errs = [v for r in rows for v in (r.get("like_for_like") or {}).values() if isinstance(v, (int, float))]
+    return {"under": max(0.0, -min(errs, default=0.0)), "over": max(0.0, max(errs, default=0.0)), "runs": len(rows),
+            "source": f"data/results/{path.name}"}
+
+
+def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
+    """Every buffer the estimate names (per GPU), one tensor of each parameter shape in 16-bit and fp32 (and 8-bit
+    where states are), and the micro batch's activation-sized tensors."""
+    from helpers.estimate import parallel
+
+    m = parallel.rank_model(models.spec(model), setup.tensor_parallel)
+    # The estimate's buffers that can be one allocation: not a sum over every parameter tensor (parameters; and
+    # gradients, masters and optimizer states where torch keeps one tensor per parameter: those are the per-tensor
+    # candidates below), nor the saved activations (many tensors per layer). ZeRO-1/2 flatten each into one tensor.
+    per_tensor = {"parameters", "activations"} | (
+        set() if setup.strategy in ("zero1", "zero2") else {"gradients", "master_weights", "optimizer_states"})
+    out = [Candidate(i["name"], i["bytes"], tuple(i["phases"]), i["why"]) for i in r.items
+           if i["device"] == "gpu" and i["category"] not in per_tensor and " + " not in i["name"]]
+    half = 4 if setup.precision == "fp32" else 2
+    master = next((i for i in r.items if i["device"] == "gpu" and i["name"].startswith("fp32 master partition")), None)
+    if setup.strategy in ("zero1", "zero2") and master is not None:
+        out.append(Candidate("one fp32 tensor the size of this GPU's ZeRO partition", master["bytes"],
+                             ("step", "steady"),
+                             "exp_avg or exp_avg_sq (each its own flat tensor, made at the first step), the fp32 "
+                             "gradient partition, or a torch AdamW temporary over the partition "
+                             "(exp_avg_sq.sqrt(), ...): ZeRO-1/2 hand the optimizer one flat tensor per group"))
+    shapes: dict[tuple, list[str]] = {}
+    for t in m.tensors:
+        shapes.setdefault((t.numel, tuple(t.shape)), []).append(re.sub(r"\.\d+\.", ".N.", t.name))
+    trained = setup.lora_rank is None
+    for (numel, shape), names in shapes.items():
+        distinct = list(dict.fromkeys(names))
+        name = " / ".join(distinct[:3]) + (f" (and {len(distinct) - 3} more)" if len(distinct) > 3 else "")
+        dims = "x".join(map(str, shape)) or str(numel)
+        out.append(Candidate(f"one {name} [{dims}] in {'fp32' if half == 4 else '16-bit'}", numel * half,
+                             ("setup", "forward", "backward", "step", "steady"),
+                             "the weight itself (loading it, gathering it) or its gradient" if trained else
+                             "the frozen weight (loading it, or a 4-bit weight dequantised for its matmul)"))
+        if trained and half == 2:
+            out.append(Candidate(f"one {name} [{dims}] in fp32", numel * 4, ("step", "steady"),
+                                 "an AdamW state (exp_avg or exp_avg_sq, made at the first step), its fp32 master "
+                                 "copy or an fp32 gradient"))
+        if trained and setup.optimizer == "adamw-8bit":
+            out.append(Candidate(f"one {name} [{dims}] in 8-bit", numel, ("step", "steady"),
+                                 "a bitsandbytes 8-bit AdamW state"))
+    seq = setup.seq // setup.context_parallel
+    tokens = setup.batch * seq
+    acts = [
+        ("a hidden state of the micro batch", tokens * m.hidden * half,
+         f"batch {setup.batch} x seq {seq} x hidden {m.hidden}: a layer's input, output or a norm's"),
+        ("an MLP intermediate of the micro batch", tokens * m.intermediate * half,
+         f"batch x seq x intermediate {m.intermediate}: gate or up projection's output"),
+        ("the logits of the micro batch", tokens * m.vocab * half, f"batch x seq x vocabulary {m.vocab}"),
+        ("the logits of the micro batch in fp32", tokens * m.vocab * 4,
+         "the loss's fp32 upcast, log_softmax's output or a gradient of them"),
+        ("the shifted logits in fp32", setup.batch * (seq - 1) * m.vocab * 4,
+         "older transformers' loss: logits[..., :-1, :].contiguous().float()"),
+        ("eager attention's scores of one layer", setup.batch * m.heads * seq * seq * half,
+         f"batch x heads {m.heads} x seq x seq (attention without a fused kernel)"),
+        ("eager attention's scores of one layer in fp32", setup.batch * m.heads * seq * seq * 4,
+         "softmax upcast in fp32"),
+    ]
+    out += [Candidate(n, b, ("forward", "backward", "steady"), w) for n, b, w in acts if b > 0]
+    return out
+
+
+def matching(requested: Printed, cands: list[Candidate], phases: tuple = ()) -> list[Candidate]:
+    """The candidates whose allocator request is the printed size (within its precision), those alive in `phases`
+    first; the same name and size once."""
+    found, seen = [], set()
+    for c in cands:
+        if requested.matches(c.asks) and (c.name, c.bytes) not in seen:
+            seen.add((c.name, c.bytes))
+            found.append(c)
+    found.sort(key=lambda c: not (set(c.phases) & set(phases)))
+    return found
+
+
+def explain(text: str, model=None, setup: TrainSetup | None = None, gpu: str | None = None,
+            fixes: bool = True) -> Explanation:
+    """The explanation of a pasted error (see the module's docstring). `model` and `setup` describe the run (None:
+    the message alone); `gpu` a preset when the message has no capacity."""
+    pasted = oom_messages.read(text)
+    ex = Explanation(pasted)
+    say = ex.lines.append
+    o = pasted.oom
+    _say_found(ex, pasted)
+    traced = pasted.phase()
+    if traced is not None:
+        ex.phase, ex.phase_from = traced[0], "traceback"
+        f = traced[1]
+        say(f"phase: {PHASE_WORDS[traced[0]]} (from the traceback: {f.file.rsplit('/', 1)[-1]}:{f.line} in "
+            f"{f.function})")
+    if o is not None:
+        _fragmentation(ex, o)
+        _others(ex, o)
+    for h in pasted.host:
+        say(f"host: {_host_words(h)} (line {h.line}: {h.text[:120]!r})")
+    if pasted.host:
+        say("  host RAM runs out while loading (each rank reads the full weights unless loading is rank-0 only or "
+            "meta-device: ranks per node x model size), or with optimizer / parameter offload (the estimate's host "
+            "column); loading is not a phase of the estimate yet")
+    for e in pasted.other_errors:
+        say(f"GPU: {OTHER_WORDS[e.kind]} (line {e.line})")
+    for m in pasted.memory_lines:
+        say(f"DeepSpeed see_memory_usage, line {m.line}{' (' + m.label[:60] + ')' if m.label else ''}: allocated "
+            f"{m.ma}, max allocated {m.max_ma}, reserved {m.ca}, max reserved {m.max_ca} (DeepSpeed's 'GB' is GiB: "
+            f"bytes / 1024**3)")
+    for g in pasted.smi:
+        procs = [f"PID {pid} {used}" for gpu_, pid, _, used in pasted.smi_processes if gpu_ == g.index]
+        say(f"nvidia-smi: GPU {g.index} ({g.name}) {g.used} used of {g.total}"
+            + (f"; processes: {', '.join(procs)}" if procs else ""))
+    if model is None:
+        say("no set-up given: pass --from your config (or --model and flags) to place it against an estimate of "
+            "the run, match the requested size to a buffer, and rank the ways out")
+        return ex
+    setup = checked(TrainSetup() if setup is None else setup)
+    ex.preset = gpu or preset_for(o.capacity if o else None)
+    if o is not None and o.capacity is not None:
+        cap = o.allowed if o.allowed is not None else o.capacity
+        setup = setup.replace(gpu_gib=round(cap.bytes / GiB, 3))
+    r = estimate.run(model, setup)
+    if ex.preset:
+        r.meta["gpu_preset"] = ex.preset
+    ex.estimate = r
+    _place(ex, model, setup, r, o)
+    if fixes and setup.gpu_gib is not None:
+        from helpers import fixes as fixes_module
+
+        try:
+            ex.ways = fixes_module.ways_out(model, setup, gpu=ex.preset)
+        except InputError as exc:
+            say(f"ways out: not ranked ({exc})")
+        else:
+            fitting = [w for w in ex.ways if w.fits]
+            say("ways out (estimated at this capacity; `fixes` lists them all with costs):" if fitting else
+                "ways out: no single change fits this capacity (`fixes` lists what each gives)")
+            for w in fitting[:5]:
+                change = ", ".join(f"{k}={v}" for k, v in w.change.items())
+                say(f"  {w.name}: {w.peak_gib:.1f} GiB per GPU ({change})")
+    if ex.fragmentation and ex.fragmentation["cause"]:
+        say("  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment (fragmentation; no change to "
+            "the set-up)" + ("" if ex.fragmentation.get("enough", True) else ": not enough alone, the estimate "
+                             "needs more than the GPU has"))
+    return ex
+
+
+HOST_WORDS = {
+    "oom_killer": "the kernel's OOM killer killed a process: the host ran out of RAM",
+    "killed": "'Killed' is bash reporting a SIGKILL, which on a training host is almost always the kernel's OOM "
+              "killer (host RAM ran out; `dmesg` shows 'Out of memory: Killed process')",
+    "sigkill": "a process ended by signal 9 (SIGKILL; exit code -9, or 137 from a shell), the kernel's OOM killer's "
+               "signal when host RAM runs out",
+    "memory_error": "Python or C++ could not allocate host memory (MemoryError, std::bad_alloc)",
+    "cpu_allocator": "torch's CPU allocator could not allocate host memory",
+}
+OTHER_WORDS = {
+    "cuda_error": "'CUDA error: out of memory' comes from a CUDA call outside PyTorch's caching allocator (creating "
+                  "the CUDA context, NCCL's buffers, a library's workspace): the GPU was already full, or another "
+                  "process held it",
+    "cublas_alloc": "cuBLAS could not allocate its handle or workspace: the GPU was full when a matmul first ran",
+    "nccl": "NCCL could not allocate its buffers: the GPU was full when communication started",
+}
+
+
+def _host_words(h) -> str:
+    words = HOST_WORDS[h.kind]
+    return words + (f" (it asked for {fmt(h.requested.bytes, 2)})" if h.requested is not None else "")
+
+
+def _say_found(ex: Explanation, pasted: Pasted) -> None:
+    say = ex.lines.append
+    o = pasted.oom
+    if o is None:
+        return
+    ranks = sorted({x.rank for x in pasted.ooms if x.rank is not None})
+    more = f" ({len(pasted.ooms)} messages{', ranks ' + ', '.join(map(str, ranks)) if ranks else ''}: the first is read)" \
+        if len(pasted.ooms) > 1 else ""
+    say(f"message: {o.backend} out of memory, {oom_messages.FORMATS[o.format]}{more}")
+    parts = [f"asked for {o.requested}"]
+    if o.allocated is not None:
+        parts.append(f"{o.allocated} allocated by PyTorch")
+    if o.reserved_bytes is not None:
+        parts.append(f"{fmt(o.reserved_bytes, 2)} reserved")
+    if o.capacity is not None:
+        parts.append(f"GPU {o.device_index} of {o.capacity}" + (f" ({o.allowed} allowed to this process)"
+                                                                 if o.allowed else "") + f", {o.free} free")
+    say("  " + "; ".join(parts) + "   [measured by the run's torch; GiB = 2^30 bytes]")
+    if o.requested.bytes in SMALL_SEGMENTS:
+        say(f"  {o.requested} is a segment size, not a tensor's: the allocator asks CUDA for "
+            f"{'2 MiB for any request up to 1 MiB' if o.requested.bytes == 2 * MiB else '20 MiB for any request between 1 and 10 MiB'}"
+            f", so the request names no buffer; the GPU was full when a small tensor needed room")
+
+
+def _fragmentation(ex: Explanation, o: CudaOOM) -> None:
+    cached = o.cached_free_bytes
+    if cached is None:
+        return
+    cause = cached >= o.requested.bytes
+    ex.fragmentation = {"cached_free_bytes": cached, "requested_bytes": o.requested.bytes, "cause": cause}
+    if cause:
+        ex.lines.append(f"fragmentation: {fmt(cached, 2)} was reserved by PyTorch but unallocated, more than the "
+                        f"{o.requested} asked, yet no cached block could hold it (cached free memory is split "
+                        f"into pieces): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow instead "
+                        f"(torch 2.1+)")
+    elif cached > 0:
+        ex.lines.append(f"fragmentation: not the cause ({fmt(cached, 2)} cached but unallocated, less than the "
+                        f"{o.requested} asked)")
+
+
+def _others(ex: Explanation, o: CudaOOM) -> None:
+    """What other processes held on the GPU: the message's process lines (torch 2.1+), else what its capacity, free
+    memory and this process's reserved bytes leave (the CUDA context is in that remainder too)."""
+    if o.capacity is None or o.free is None:
+        return
+    mine = o.this_process.bytes if o.this_process is not None else None
+    listed = [(pid, p) for pid, p in o.processes]
+    reserved = o.reserved_bytes
+    if mine is None and listed and reserved is not None:
+        # without the 'this process' line (torch 2.1 and some later builds) every process on the GPU is listed, this
+        # one too: it is the one holding at least what PyTorch reserved (the largest such)
+        ours = max((x for x in listed if x[1].bytes + x[1].half_step >= reserved), key=lambda x: x[1].bytes,
+                   default=None)
+        if ours is not None:
+            mine = ours[1].bytes
+            listed = [x for x in listed if x is not ours]
+    if listed:
+        held = sum(p.bytes for _, p in listed)
+        ex.others = {"bytes": held, "processes": [{"pid": pid, "bytes": p.bytes} for pid, p in listed],
+                     "how": "listed"}
+        ex.lines.append(f"other processes on GPU {o.device_index}: {', '.join(f'PID {pid} {p}' for pid, p in listed)} "
+                        f"({fmt(held, 2)} in all): memory this run could not use (another rank on the same GPU, "
+                        f"a notebook kernel, a vLLM engine)")
+        return
+    if mine is None and reserved is None:
+        return
+    used_by_us = mine if mine is not None else reserved
+    rest = o.capacity.bytes - o.free.bytes - used_by_us
+    what = ("outside this process" if mine is not None else
+            "outside PyTorch's reserved memory: this process's CUDA context and any other process")
+    ex.others = {"bytes": rest, "processes": [],
+                 "how": "capacity - free - " + ("this process" if mine is not None else "reserved")}
+    ex.lines.append(f"GPU {o.device_index}: {fmt(max(rest, 0), 2)} in use {what} (capacity {o.capacity} - free "
+                    f"{o.free} - {'this process ' + fmt(mine, 2) if mine is not None else fmt(reserved, 2) + ' reserved'})")
+
+
+def _overhead(r: Result, preset: str | None) -> dict[str, int]:
+    """What the GPU holds beyond the tensors in the estimate's device total (the CUDA context, cuBLAS's workspaces,
+    NCCL's buffers: helpers.gpus.overhead)."""
+    from helpers import gpus
+
+    return gpus.overhead(r.setup["strategy"], r.setup["gpus"], preset)
+
+
+def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | None) -> None:
+    say = ex.lines.append
+    phases = r.gpu.phases
+    cap = r.gpu.capacity_bytes
+    say(f"estimate of the run: {r.model}, {setup.strategy} on {setup.gpus} GPU(s), batch {setup.batch} x seq "
+        f"{setup.seq}, {setup.precision}" + (f", LoRA rank {setup.lora_rank}" if setup.lora_rank else "")
+        + (f", on {ex.preset}" if ex.preset else "") + "   [estimated]")
+    say("  " + ", ".join(f"{PHASE_LABELS[p]} {fmt(b, 2)}" for p, b in phases.items()) + " per GPU (tensors)")
+    from helpers import fit
+
+    ok, verdict = fit.fits(r, ex.preset)
+    say(f"  estimate's verdict at {fmt(cap, 2) if cap else 'no capacity'}: {verdict}")
+    first = r.oom["phase"] or next((p for p, b in phases.items() if cap and b + sum(_overhead(r, ex.preset).values())
+                                    > cap), None)
+    if ex.phase is None and first:
+        ex.phase, ex.phase_from = first, "figures"
+        say(f"phase: {PHASE_LABELS[first]} (no traceback: the estimate's first phase over the capacity"
+            + ("" if r.oom["phase"] else ", with the CUDA context") + ")")
+    if ex.phase in NOT_MODELLED_PHASES:
+        say(f"  not placed: {NOT_MODELLED_PHASES[ex.phase]}")
+    compare = ESTIMATE_PHASES.get(ex.phase, ())
+    if ex.phase is None:
+        compare = tuple(phases)         # no phase known and none over: the run held more than any phase of the estimate?
+    if ex.phase == "resume" and "resume" not in phases:
+        say("  the set-up has no resume phase: give --resume to estimate loading the optimizer states back")
+        compare = ()
+    if o is None:
+        return
+    cands = candidates(model, setup, r)
+    ex.matches = matching(o.requested, cands, compare)
+    if o.requested.bytes not in SMALL_SEGMENTS:
+        if ex.matches:
+            say(f"the {o.requested} request matches (as the allocator asks for it, within the message's precision):")
+            for c in ex.matches[:4]:
+                alive = f"; alive in {', '.join(c.phases)}" if c.phases else ""
+                say(f"  {c.name}: {fmt(c.bytes, 2)}, asks {fmt(c.asks, 2)} ({c.why}{alive})")
+            if len(ex.matches) > 4:
+                say(f"  ... and {len(ex.matches) - 4} more of that size")
+        else:
+            say(f"the {o.requested} request matches no buffer of the estimate, no parameter tensor and no "
+                f"activation-sized tensor of this set-up: something the estimate does not model asked for it")
+    if o.allocated is None or not compare:
+        return
+    used = o.allocated.bytes + o.requested.bytes
+    est = max(phases[p] for p in compare if p in phases)
+    band = error_band()
+    ex.at_phase = {"phases": list(compare), "estimate_bytes": est, "allocated_plus_requested": used,
+                   "ratio": used / est if est else None, "band": band}
+    label = ("estimate's peak (the phase is not known)" if ex.phase is None else
+             " / ".join(PHASE_LABELS[p] for p in compare))
+    say(f"at the {label}: the run held {o.allocated} and asked for {o.requested} ({fmt(used, 2)}); the estimate "
+        f"puts {fmt(est, 2)} of tensors there" + (f" ({used / est:.0%} of it)" if est else ""))
+    if est and used > est * (1 + band["under"]):
+        gap = used - est
+        ex.beyond = {"bytes": gap, "left_out": list(LEFT_OUT)}
+        say(f"  the run held {fmt(gap, 2)} more than the estimate, beyond its error band (estimates came within "
+            f"{band['under']:.0%} below published peaks on {band['runs']} runs, {band['source']}): the run used more "
+            f"than is modelled. The estimate leaves out:")
+        for x in LEFT_OUT:
+            say(f"    - {x}")
+        if ok:
+            say("  so its 'fits' was wrong for this run: check the set-up given matches the run (sequence length, "
+                "micro batch, precision, LoRA)")
+    elif ok:
+        say("  the run died below the estimate's peak, and the estimate says the set-up fits: something else held "
+            "the GPU (see other processes above) or the capacity was smaller than assumed")
+    elif used < est:
+        say("  consistent: the run died on its way to the estimate's figure, which does not fit this GPU")
+    else:
+        say(f"  consistent: the run held what the estimate puts there, within its error band (estimates came within "
+            f"{band['under']:.0%} below published peaks on {band['runs']} runs), and that does not fit this GPU")
+    if ex.fragmentation and ex.fragmentation["cause"]:
+        short = max(phases[p] for p in compare if p in phases) + sum(_overhead(r, ex.preset).values()) - cap
+        ex.fragmentation["enough"] = short <= 0
+        say("  fragmentation alone: " + ("curing it may let the run fit (the estimate's tensors and the CUDA "
+                                         "context fit the capacity at this phase)" if short <= 0 else
+                                         f"curing it would not be enough: the estimate needs {fmt(short, 2)} more "
+                                         f"than the GPU has at this phase"))

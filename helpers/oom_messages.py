@@ -1,0 +1,410 @@
+"""What users paste when a run dies of memory, read: torch's CUDA out-of-memory message in every format it has printed
+since 1.0, the traceback's frames (which tell the phase), DeepSpeed's `see_memory_usage` lines, nvidia-smi's table,
+and the host's signs (the OOM killer's SIGKILL as bash, torchrun and the deepspeed launcher report it, MemoryError,
+torch's CPU allocator failing).
+
+`read(text)` returns a Pasted (what was found, with the line each came from); text with none of these is refused with
+one line saying what was expected. Figures are kept as printed (`Printed`: bytes, and the half-step of the printed
+precision: '224.00 MiB' is 224 MiB +- 0.005 MiB), so a comparison never claims more precision than the message has.
+
+Sources (each pattern's text, read in the library at the release named):
+- torch c10/cuda/CUDACachingAllocator.cpp, `malloc`'s OutOfMemoryError and `format_size` (two decimals; bytes up to
+  1 KiB, KiB up to 1 MiB, MiB up to 1 GiB, then GiB: '1024.00 MiB' is printed, never '1.00 GiB' for 2^30 bytes);
+  the formats by release are listed in FORMATS, each read in the PyPI wheels of torch 1.0.1 to 2.9.0. 'Tried to
+  allocate' prints the segment the allocator asked CUDA for, get_allocation_size(round_size(request)): 2 MiB for
+  any request up to 1 MiB, 20 MiB up to 10 MiB, else the request rounded up to 2 MiB. Free and total capacity are
+  cudaMemGetInfo's; the process lines NVML's (nvmlDeviceGetComputeRunningProcesses: every compute process).
+- torch c10/core/impl/alloc_cpu.cpp: "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes".
+- DeepSpeed deepspeed/runtime/utils.py `see_memory_usage` (0.19.8): "MA x GB Max_MA x GB CA x GB Max_CA x GB", each
+  a torch figure / (1024 * 1024 * 1024) rounded to 2 decimals (Max_CA to a whole number): its "GB" is GiB.
+- torch torch/distributed/elastic (torchrun's failure summary "exitcode  : -9"), deepspeed/launcher/launch.py
+  ("exits with return code = -9"), bash ("Killed"), the kernel's OOM killer ("Out of memory: Killed process").
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+
+from helpers.errors import InputError
+from helpers.units import GiB
+
+_UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
+SIZE = r"\d+(?:\.\d+)?\s*(?:bytes|B|KiB|MiB|GiB|TiB|PiB)"
+
+FORMATS = {
+    "cached": "torch 1.0-1.3: '(GPU 0; X total capacity; Y already allocated; Z free; W cached)'",
+    "reserved_in_total": "torch 1.4-2.0: '(GPU 0; X total capacity; Y already allocated; Z free; W reserved in total "
+                         "by PyTorch)' ('V allowed;' before the last from 1.8 when a memory fraction is set)",
+    "parenthesised_cut": "torch 1.x's '(GPU 0; X total capacity; Y already allocated; Z free; ...' cut before its "
+                         "reserved figure: what it reserved is not read",
+    "capacty": "torch 2.1: 'GPU 0 has a total capacty of X of which Y is free. Process N has Z memory in use. Of the "
+               "allocated memory ...' (capacity misspelt)",
+    "this_process": "torch 2.2 and later: 'GPU 0 has a total capacity of X of which Y is free. Including non-PyTorch "
+                    "memory, this process has Z memory in use. Of the allocated memory ...' (other processes listed "
+                    "by PID before it)",
+    "process_listed": "torch 2.2 and later: 'GPU 0 has a total capacity of X of which Y is free. Process N has Z "
+                      "memory in use. Of the allocated memory ...', this process too listed by PID (torch knows "
+                      "itself by getpid(), which in a container is not the PID NVML reports)",
+    "capacity": "torch 2.2 and later, without a process line (NVML unavailable, or ROCm)",
+    "requested_only": "the first sentence alone ('Tried to allocate X'): the rest of the message was not pasted",
+}
+
+
+@dataclass(frozen=True)
+class Printed:
+    """A figure as a message printed it: its bytes, the half-step of its printed precision (the true value lies
+    within +- `half_step`), and the text."""
+
+    bytes: int
+    half_step: int
+    text: str
+
+    def matches(self, nbytes: int) -> bool:
+        return abs(nbytes - self.bytes) <= self.half_step
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def size(text: str) -> Printed:
+    """'224.00 MiB' -> Printed(234881024, 5242, '224.00 MiB'): the unit's bytes times the number; the half-step of
+    its last printed digit."""
+    m = re.fullmatch(r"\s*(\d+)(?:\.(\d+))?\s*(bytes|B|KiB|MiB|GiB|TiB|PiB)\s*", text)
+    if not m:
+        raise InputError(f"a size must be a number and a unit (bytes, KiB, MiB, GiB), got {text!r}")
+    unit = _UNITS[m.group(3)]
+    decimals = len(m.group(2) or "")
+    value = float(f"{m.group(1)}.{m.group(2) or 0}")
+    return Printed(round(value * unit), round(unit * 0.5 * 10 ** -decimals) if decimals or unit > 1 else 0,
+                   f"{m.group(1)}{'.' + m.group(2) if m.group(2) else ''} {m.group(3)}")
+
+
+@dataclass
+class CudaOOM:
+    """One CUDA (or HIP) out-of-memory message: what it asked for and what the GPU held, as printed. None where the
+    message's format does not print a figure."""
+
+    format: str
+    backend: str
+    requested: Printed
+    line: int
+    device_index: int | None = None
+    capacity: Printed | None = None
+    free: Printed | None = None
+    allowed: Printed | None = None
+    allocated: Printed | None = None             # by PyTorch (torch.cuda.memory_allocated)
+    reserved: Printed | None = None              # in total by PyTorch (1.x), else allocated + unallocated (2.x)
+    unallocated: Printed | None = None           # reserved by PyTorch but unallocated (2.x)
+    private_pools: Printed | None = None         # allocated in private pools (CUDA graphs), 2.x
+    this_process: Printed | None = None          # including non-PyTorch memory (2.2+)
+    processes: list[tuple[int, Printed]] = field(default_factory=list)    # 'Process N has X memory in use' (2.1+)
+    rank: int | None = None
+    text: str = ""
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        if self.reserved is not None:
+            return self.reserved.bytes
+        if self.allocated is not None and self.unallocated is not None:
+            return self.allocated.bytes + self.unallocated.bytes
+        return None
+
+    @property
+    def cached_free_bytes(self) -> int | None:
+        """Reserved by PyTorch but not allocated: cached blocks, none of which could hold the request."""
+        if self.unallocated is not None:
+            return self.unallocated.bytes
+        if self.reserved is not None and self.allocated is not None:
+            return self.reserved.bytes - self.allocated.bytes
+        return None
+
+    def to_json(self) -> dict:
+        out = {"format": self.format, "format_meaning": FORMATS[self.format], "backend": self.backend,
+               "line": self.line, "rank": self.rank, "device_index": self.device_index}
+        for name in ("requested", "capacity", "free", "allowed", "allocated", "reserved", "unallocated",
+                     "private_pools", "this_process"):
+            v = getattr(self, name)
+            out[name] = None if v is None else {"bytes": v.bytes, "printed": v.text}
+        out["processes"] = [{"pid": pid, "bytes": p.bytes, "printed": p.text} for pid, p in self.processes]
+        return out
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+    code: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryLine:
+    """DeepSpeed's see_memory_usage: MA (allocated), Max_MA, CA (reserved), Max_CA, in GiB as it prints them."""
+
+    line: int
+    label: str
+    ma: Printed
+    max_ma: Printed
+    ca: Printed
+    max_ca: Printed
+
+
+@dataclass(frozen=True)
+class HostSign:
+    """A sign that the host ran out of memory (or a process was killed as if it had): what it says, and its line."""
+
+    kind: str
+    line: int
+    text: str
+    requested: Printed | None = None
+
+
+@dataclass(frozen=True)
+class SmiGPU:
+    """One GPU row of nvidia-smi's table: used and total memory (MiB as it prints them)."""
+
+    index: int
+    name: str
+    used: Printed
+    total: Printed
+
+
+@dataclass
+class Pasted:
+    """Everything read from a pasted text, each with its line number (1-based)."""
+
+    ooms: list[CudaOOM] = field(default_factory=list)
+    frames: list[Frame] = field(default_factory=list)
+    memory_lines: list[MemoryLine] = field(default_factory=list)
+    host: list[HostSign] = field(default_factory=list)
+    smi: list[SmiGPU] = field(default_factory=list)
+    smi_processes: list[tuple[int, int, str, Printed]] = field(default_factory=list)   # gpu, pid, name, used
+    other_errors: list[HostSign] = field(default_factory=list)      # CUDA errors outside the caching allocator
+
+    @property
+    def oom(self) -> CudaOOM | None:
+        return self.ooms[0] if self.ooms else None
+
+    def phase(self) -> tuple[str, Frame] | None:
+        return phase_of(self.frames)
+
+    def to_json(self) -> dict:
+        ph = self.phase()
+        return {"ooms": [o.to_json() for o in self.ooms],
+                "frames": [f.__dict__ for f in self.frames],
+                "phase": None if ph is None else {"phase": ph[0], "frame": ph[1].__dict__},
+                "memory_lines": [{"line": m.line, "label": m.label, "MA": m.ma.bytes, "Max_MA": m.max_ma.bytes,
+                                  "CA": m.ca.bytes, "Max_CA": m.max_ca.bytes} for m in self.memory_lines],
+                "host": [{"kind": h.kind, "line": h.line, "text": h.text,
+                          "requested": None if h.requested is None else h.requested.bytes} for h in self.host],
+                "other_errors": [{"kind": h.kind, "line": h.line, "text": h.text} for h in self.other_errors],
+                "nvidia_smi": [{"index": g.index, "name": g.name, "used": g.used.bytes, "total": g.total.bytes}
+                               for g in self.smi]}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+_OOM_START = re.compile(r"(?P<backend>CUDA|HIP) out of memory\.\s*Tried to allocate\s+(?P<req>" + SIZE + r")")
+_OLD = re.compile(
+    r"\s*\(GPU (?P<dev>\d+); (?P<cap>" + SIZE + r") total capacity; (?P<alloc>" + SIZE + r") already allocated; "
+    r"(?P<free>" + SIZE + r") free;(?: (?P<allowed>" + SIZE + r") allowed;)?(?: (?P<res>" + SIZE + r") "
+    r"(?P<how>reserved in total by PyTorch|cached)\))?")
+_NEW = re.compile(
+    r"\.?\s*GPU (?P<dev>\d+) has a total (?P<cap_word>capacity|capacty) of (?P<cap>" + SIZE + r") of which "
+    r"(?P<free>" + SIZE + r") is free\.(?P<middle>.*?)Of the allocated memory (?P<alloc>" + SIZE + r") is allocated "
+    r"by PyTorch,(?: with (?P<pools>" + SIZE + r") allocated in private pools \(e\.g\., (?:CUDA|HIP) Graphs\),)? and "
+    r"(?P<unalloc>" + SIZE + r") is reserved by PyTorch but unallocated\.", re.S)
+_PROCESS = re.compile(r"Process (?P<pid>\d+) has (?P<size>" + SIZE + r") memory in use\.")
+_THIS = re.compile(r"Including non-PyTorch memory, this process has (?P<size>" + SIZE + r") memory in use\.")
+_ALLOWED = re.compile(r"(?P<size>" + SIZE + r") allowed;")
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')       # Python's tracebacks
+_RICH_FRAME = re.compile(r"^[\s│|]*(?P<file>\S+\.py):(?P<line>\d+) in (?P<func>\S+?)\s*[│|]?\s*$")   # rich's
+_IPY_FRAME = re.compile(r"^\[?(?P<file>[^\s\[\]()]+\.py)\]?(?:\([^)\s]*\))?\s+in\s+(?P<func>[\w<>]+)\(")  # IPython's
+_IPY_LINE = re.compile(r"^-+>\s*(?P<line>\d+)\s+(?P<code>.*)$")
+_SEE = re.compile(r"MA (?P<ma>[\d.]+) GB\s+Max_MA (?P<maxma>[\d.]+) GB\s+CA (?P<ca>[\d.]+) GB\s+Max_CA (?P<maxca>[\d.]+) GB")
+_SMI_GPU = re.compile(r"^\|\s+(?P<idx>\d+)\s+(?P<name>.+?)\s+(?:On|Off)\s+\|")
+_SMI_MEM = re.compile(r"\|\s+(?P<used>\d+)MiB\s*/\s*(?P<total>\d+)MiB\s+\|")
+_SMI_PROC = re.compile(r"^\|\s+(?P<gpu>\d+)\s+(?:N/A\s+N/A\s+)?(?P<pid>\d+)\s+[CGM+]+\s+(?P<name>\S+)\s+(?P<used>\d+)MiB\s*\|")
+_HOST = (
+    ("oom_killer", re.compile(r"Out of memory: Kill(?:ed)? process \d+")),
+    ("killed", re.compile(r"^(?:.*\s)?Killed(?:\s+.*)?$")),
+    ("sigkill", re.compile(r"exitcode\s*:\s*-9\b|exit(?:s with return)? code\s*=?\s*-9\b|Signals?\.SIGKILL|"
+                           r"[Ss]ignal 9 \(SIGKILL\)|SIGKILL|exit(?:ed with)? (?:code|status) 137\b|"
+                           r"non-zero exit status 137\b|exitcode: -9\b")),
+    ("memory_error", re.compile(r"^MemoryError\b|\bMemoryError:|std::bad_alloc")),
+    ("cpu_allocator", re.compile(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to "
+                                 r"allocate (?P<n>\d+) bytes")),
+)
+_OTHER = (
+    ("cuda_error", re.compile(r"CUDA error: out of memory")),
+    ("cublas_alloc", re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")),
+    ("nccl", re.compile(r"NCCL (?:WARN )?.*(?:Cuda failure 'out of memory'|out of memory)")),
+)
+
+EXPECTED = ("torch's 'CUDA out of memory. Tried to allocate ...' message (any torch release), a Python traceback, "
+            "DeepSpeed's see_memory_usage lines ('MA x GB Max_MA x GB CA x GB Max_CA x GB'), nvidia-smi's table, or "
+            "a host kill ('Killed', exit code -9 or 137, MemoryError, 'DefaultCPUAllocator: can't allocate memory')")
+MAX_CHARS = 20_000_000
+
+
+def _clean(text: str) -> tuple[list[str], list[int | None]]:
+    """Lines without launchers' prefixes and colours, and the rank each prefix named."""
+    lines, ranks = [], []
+    for raw in text.splitlines():
+        raw = _ANSI.sub("", raw)
+        m = re.match(r"^\s*\[(?:rank|default)(\d+)\]:\s?", raw)
+        ranks.append(int(m.group(1)) if m else None)
+        lines.append(raw[m.end():] if m else raw)
+    return lines, ranks
+
+
+def read(text: str) -> Pasted:
+    """Everything `text` says about memory (see the module docstring); InputError when it says nothing this reads."""
+    if not isinstance(text, str):
+        raise InputError(f"the pasted text must be a string, got {type(text).__name__}")
+    if len(text) > MAX_CHARS:
+        raise InputError(f"the pasted text is {len(text):,} characters; at most {MAX_CHARS:,} are read (paste the "
+                         f"part around the error)")
+    lines, ranks = _clean(text)
+    out = Pasted()
+    _read_ooms(lines, ranks, out)
+    for n, line in enumerate(lines, 1):
+        if m := _FRAME.search(line) or _RICH_FRAME.match(line):
+            nxt = _FRAME.sub("", lines[n]).strip() if n < len(lines) else ""
+            out.frames.append(Frame(m.group("file"), int(m.group("line")), m.group("func"),
+                                    "" if _FRAME.search(lines[n] if n < len(lines) else "") or
+                                    nxt.startswith("Traceback") else nxt[-300:]))
+        elif m := _IPY_FRAME.match(line.strip()):
+            # IPython / Colab: 'file.py in func(args)', then the failing line as '--> 781   code'
+            below = next((x for x in (y.strip() for y in lines[n:n + 20]) if _IPY_LINE.match(x)), None)
+            hit = _IPY_LINE.match(below) if below else None
+            out.frames.append(Frame(m.group("file"), int(hit.group("line")) if hit else 0, m.group("func"),
+                                    hit.group("code").strip()[:300] if hit else ""))
+        if m := _SEE.search(line):
+            label = lines[n - 2].strip() if n >= 2 and not _SEE.search(lines[n - 2]) else ""
+            out.memory_lines.append(MemoryLine(n, label[:200], *(size(f"{m.group(k)} GiB")
+                                                                  for k in ("ma", "maxma", "ca", "maxca"))))
+        for kind, pattern in _HOST:
+            if (m := pattern.search(line)) and not (kind == "killed" and len(line.strip()) > 200):
+                req = size(f"{m.group('n')} bytes") if kind == "cpu_allocator" else None
+                out.host.append(HostSign(kind, n, line.strip()[:300], req))
+                break
+        for kind, pattern in _OTHER:
+            if pattern.search(line) and "Tried to allocate" not in line:
+                out.other_errors.append(HostSign(kind, n, line.strip()[:300]))
+                break
+        _read_smi(lines, n, line, out)
+    if not (out.ooms or out.frames or out.memory_lines or out.host or out.smi or out.other_errors):
+        first = next((x.strip() for x in lines if x.strip()), "")
+        raise InputError(f"no out-of-memory report found in the text (it starts {first[:60]!r}): expected {EXPECTED}")
+    return out
+
+
+def _read_ooms(lines: list[str], ranks: list, out: Pasted) -> None:
+    """Each 'out of memory. Tried to allocate' message, read over the lines it wraps onto; the same message printed by
+    several ranks is kept once per rank."""
+    flat, starts = [], []                          # the lines joined by one space; where each line starts in it
+    pos = 0
+    for line in lines:
+        text = line.strip()
+        starts.append(pos)
+        flat.append(text)
+        pos += len(text) + 1
+    whole = " ".join(flat)
+    seen = set()
+    for m in _OOM_START.finditer(whole):
+        rest = whole[m.end():m.end() + 2000]
+        n = bisect.bisect_right(starts, m.start())        # 1-based line of the match
+        o = CudaOOM("requested_only", m.group("backend"), size(m.group("req")), n, rank=ranks[n - 1])
+        end = 0
+        if (old := _OLD.match(rest)) is not None:
+            o.format = {"cached": "cached", None: "parenthesised_cut"}.get(old.group("how"), "reserved_in_total")
+            o.device_index = int(old.group("dev"))
+            o.capacity, o.allocated, o.free = (size(old.group(k)) for k in ("cap", "alloc", "free"))
+            o.reserved = size(old.group("res")) if old.group("res") else None
+            o.allowed = size(old.group("allowed")) if old.group("allowed") else None
+            end = old.end()
+        elif (new := _NEW.match(rest)) is not None:
+            middle = new.group("middle")
+            o.device_index = int(new.group("dev"))
+            o.capacity, o.free = size(new.group("cap")), size(new.group("free"))
+            o.allocated, o.unallocated = size(new.group("alloc")), size(new.group("unalloc"))
+            o.private_pools = size(new.group("pools")) if new.group("pools") else None
+            o.processes = [(int(p.group("pid")), size(p.group("size"))) for p in _PROCESS.finditer(middle)]
+            o.processes = [x for x in o.processes if x[1].bytes < 2**63]   # NVML without a figure prints 2^64 B
+            this = _THIS.search(middle)
+            o.this_process = size(this.group("size")) if this else None
+            allowed = _ALLOWED.search(middle)
+            o.allowed = size(allowed.group("size")) if allowed else None
+            o.format = ("capacty" if new.group("cap_word") == "capacty" else
+                        "this_process" if this else "process_listed" if o.processes else "capacity")
+            end = new.end()
+        o.text = (m.group(0) + rest[:end]).strip()
+        key = (o.rank, o.text)
+        if key not in seen:
+            seen.add(key)
+            out.ooms.append(o)
+
+
+def _read_smi(lines: list[str], n: int, line: str, out: Pasted) -> None:
+    """nvidia-smi's table: a GPU's row ('| 0  NVIDIA H100 80GB HBM3  On |') and the memory row under it
+    ('| 81000MiB / 81559MiB |'); its process rows."""
+    if (g := _SMI_GPU.match(line)) and n < len(lines) and (mem := _SMI_MEM.search(lines[n])):
+        out.smi.append(SmiGPU(int(g.group("idx")), g.group("name").strip(), size(f"{mem.group('used')} MiB"),
+                              size(f"{mem.group('total')} MiB")))
+    elif p := _SMI_PROC.match(line):
+        out.smi_processes.append((int(p.group("gpu")), int(p.group("pid")), p.group("name"),
+                                  size(f"{p.group('used')} MiB")))
+
+
+# The phase a traceback shows, from its frames: the first rule (in this order) that any frame meets. The call chain
+# holds only active calls, so a save or an evaluation inside the training loop is found before the forward it calls.
+PHASE_RULES = (
+    ("save", r"save_checkpoint|_save_checkpoint|save_model|save_pretrained|_save_to_state_dict|"
+             r"consolidated_16bit_state_dict|_zero3_consolidated|full_state_dict|get_state_dict|dcp\.save|"
+             r"\bsave_state\b"),
+    ("resume", r"_load_from_checkpoint|_load_optimizer_and_scheduler|load_checkpoint|_load_rng_state|"
+               r"load_optimizer_state|load_state\b|dcp\.load"),
+    ("load", r"from_pretrained|_load_pretrained_model|_load_state_dict_into_meta_model|load_state_dict|"
+             r"_load_checkpoint_into|load_model\b|dispatch_model|quantize_4bit|replace_with_bnb|"
+             r"_process_model_before_weight_loading|^_apply$|^convert$|^cuda$"),
+    ("generation", r"\bgenerate\b|_generate_and_score|_sample\b|generate_sequences|vllm"),
+    ("evaluation", r"\bevaluate\b|evaluation_loop|prediction_step|prediction_loop|_maybe_log_save_evaluate|"
+                   r"\beval_step\b|validation_step|\bvalidate\b"),
+    ("setup", r"deepspeed\.initialize|^initialize$|_configure_zero_optimizer|_configure_optimizer|"
+              r"DeepSpeedZeroOptimizer|_create_fp32_partitions|_setup_for_real_optimizer|_wrap_model|"
+              r"FullyShardedDataParallel\.__init__|_init_param_handle|fully_shard|prepare_model|_prepare_deepspeed|"
+              r"_prepare_fsdp|_move_model_to_device|_init_flat_param|_broadcast_model|init_process_group"),
+    ("step", r"optimizer_step|^step$|\bstep\b|_multi_tensor_adam|_single_tensor_adam|_fused_adam|fused_adam|"
+             r"adamw?\.py|clip_grad_norm|_clip_grad_norm|unscale_|get_global_norm|"
+             r"_optimizer_step|stage_1_and_2\.py:step|stage3\.py:step|cpu_adam"),
+    ("backward", r"backward|_engine_run_backward|run_backward|reduce_ipg_grads|reduce_independent_p_g_buckets|"
+                 r"__reduce_and_partition_ipg_grads|_post_backward|allreduce_gradients|reduce_scatter"),
+    ("forward", r"forward|training_step|compute_loss|_call_impl|_wrapped_call_impl|cross_entropy|"
+                r"ForCausalLMLoss|convert_to_fp32|__call__"),
+)
+PHASE_WORDS = {
+    "save": "checkpoint save", "resume": "resuming from a checkpoint", "load": "loading the model",
+    "generation": "generation", "evaluation": "evaluation", "setup": "engine set-up (before the first forward)",
+    "step": "optimizer step", "backward": "backward", "forward": "forward",
+}
+
+
+def phase_of(frames: list[Frame]) -> tuple[str, Frame] | None:
+    """(phase, the frame that shows it) for a traceback's frames, or None when no rule applies."""
+    for phase, pattern in PHASE_RULES:
+        rx = re.compile(pattern)
+        for f in frames:
+            where = f"{f.file.rsplit('/', 1)[-1]}:{f.function}"
+            if rx.search(f.function) or rx.search(where) or (phase in ("step", "backward", "save", "load") and
+                                                             rx.search(f.code or "")):
+                if phase == "step" and f.function == "step" and "scheduler" in f.file:
+                    continue                            # a learning-rate scheduler's step allocates nothing
+                return phase, f
+    return None
+
+
+def gib(p: Printed | None) -> float | None:
+    return None if p is None else p.bytes / GiB
