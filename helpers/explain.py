@@ -48,6 +48,7 @@ NOT_MODELLED_PHASES = {
     "generation": "generation (a KV cache, a vLLM engine's gpu_memory_utilization share) is not a phase of the "
                   "estimate",
 }
+TWO_OR_MORE = re.compile(r" \+ |\band\b|\bboth\b")
 SMALL_SEGMENTS = (2 * MiB, 20 * MiB)   # allocation_size of any request up to 1 MiB / between 1 and 10 MiB
 LEFT_OUT = (
     "tensors kept across steps by the training script (a loss summed without .item(), outputs stored for metrics)",
@@ -56,6 +57,7 @@ LEFT_OUT = (
     "longer sequences than the set-up says (packing, a dataset whose samples exceed max length when truncation is "
     "off)",
     "CUDA graphs' private pools (torch.compile mode='reduce-overhead')",
+    "the behaviour of older library releases than those modelled (`estimate` lists the versioned rules it applied)",
 )
 
 
@@ -136,13 +138,13 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
     from helpers.estimate import parallel
 
     m = parallel.rank_model(models.spec(model), setup.tensor_parallel)
-    # The estimate's buffers that can be one allocation: not a sum over every parameter tensor (parameters; and
+    # The estimate's buffers that can be one allocation (an item named for two tensors, 'x + y' or 'x and y', is not): not a sum over every parameter tensor (parameters; and
     # gradients, masters and optimizer states where torch keeps one tensor per parameter: those are the per-tensor
     # candidates below), nor the saved activations (many tensors per layer). ZeRO-1/2 flatten each into one tensor.
     per_tensor = {"parameters", "activations"} | (
         set() if setup.strategy in ("zero1", "zero2") else {"gradients", "master_weights", "optimizer_states"})
     out = [Candidate(i["name"], i["bytes"], tuple(i["phases"]), i["why"]) for i in r.items
-           if i["device"] == "gpu" and i["category"] not in per_tensor and " + " not in i["name"]]
+           if i["device"] == "gpu" and i["category"] not in per_tensor and not TWO_OR_MORE.search(i["name"])]
     half = 4 if setup.precision == "fp32" else 2
     master = next((i for i in r.items if i["device"] == "gpu" and i["name"].startswith("fp32 master partition")), None)
     if setup.strategy in ("zero1", "zero2") and master is not None:
@@ -170,6 +172,21 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
         if trained and setup.optimizer == "adamw-8bit":
             out.append(Candidate(f"one {name} [{dims}] in 8-bit", numel, ("step", "steady"),
                                  "a bitsandbytes 8-bit AdamW state"))
+    if setup.strategy in ("fsdp1", "fsdp2", "zero3") and trained:
+        # FSDP1 flattens each wrapped unit (a decoder layer) into one flat parameter; FSDP2 and ZeRO-3 gather a
+        # layer's parameters into one buffer before its forward and backward
+        layer = max(n for g, n in m.group_params.items() if g.startswith("layer."))
+        for what, nbytes in (("16-bit", 2), ("fp32", 4)):
+            out.append(Candidate(f"one decoder layer's parameters as one flat tensor in {what}", layer * nbytes,
+                                 ("setup", "forward", "backward", "step", "steady"),
+                                 f"{layer:,} parameters: FSDP1's flat parameter of a wrapped layer (and its "
+                                 f"gradient, its AdamW states under a torch optimizer), or the layer gathered for "
+                                 f"its forward and backward"))
+            if setup.gpus > 1:
+                out.append(Candidate(f"this GPU's shard of one decoder layer's flat parameter in {what}",
+                                     -(-layer // setup.gpus) * nbytes, ("setup", "step", "steady"),
+                                     f"1/{setup.gpus} of {layer:,} parameters (its gradient shard, an AdamW state of "
+                                     f"it)"))
     seq = setup.seq // setup.context_parallel
     tokens = setup.batch * seq
     acts = [
@@ -327,9 +344,9 @@ def _fragmentation(ex: Explanation, o: CudaOOM) -> None:
     ex.fragmentation = {"cached_free_bytes": cached, "requested_bytes": o.requested.bytes, "cause": cause}
     if cause:
         ex.lines.append(f"fragmentation: {fmt(cached, 2)} was reserved by PyTorch but unallocated, more than the "
-                        f"{o.requested} asked, yet no cached block could hold it (cached free memory is split "
-                        f"into pieces): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow instead "
-                        f"(torch 2.1+)")
+                        f"{o.requested} asked, yet no cached block could hold it (the cache is in pieces, or held "
+                        f"for another stream): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow "
+                        f"instead of caching pieces (torch 2.1+)")
     elif cached > 0:
         ex.lines.append(f"fragmentation: not the cause ({fmt(cached, 2)} cached but unallocated, less than the "
                         f"{o.requested} asked)")
@@ -367,6 +384,10 @@ def _others(ex: Explanation, o: CudaOOM) -> None:
             "outside PyTorch's reserved memory: this process's CUDA context and any other process")
     ex.others = {"bytes": rest, "processes": [],
                  "how": "capacity - free - " + ("this process" if mine is not None else "reserved")}
+    if o.processes_without_figure:
+        what += (f"; {o.processes_without_figure} process(es) are listed on this GPU with no figure (NVML could not "
+                 f"attribute their memory: in a container, every rank placed on GPU {o.device_index} looks so)")
+        ex.others["processes_without_figure"] = o.processes_without_figure
     ex.lines.append(f"GPU {o.device_index}: {fmt(max(rest, 0), 2)} in use {what} (capacity {o.capacity} - free "
                     f"{o.free} - {'this process ' + fmt(mine, 2) if mine is not None else fmt(reserved, 2) + ' reserved'})")
 

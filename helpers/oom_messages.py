@@ -34,17 +34,17 @@ _UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2
 SIZE = r"\d+(?:\.\d+)?\s*(?:bytes|B|KiB|MiB|GiB|TiB|PiB)"
 
 FORMATS = {
-    "cached": "torch 1.0-1.3: '(GPU 0; X total capacity; Y already allocated; Z free; W cached)'",
-    "reserved_in_total": "torch 1.4-2.0: '(GPU 0; X total capacity; Y already allocated; Z free; W reserved in total "
+    "cached": "torch 1.0-1.3: '(GPU N; X total capacity; Y already allocated; Z free; W cached)'",
+    "reserved_in_total": "torch 1.4-2.0: '(GPU N; X total capacity; Y already allocated; Z free; W reserved in total "
                          "by PyTorch)' ('V allowed;' before the last from 1.8 when a memory fraction is set)",
-    "parenthesised_cut": "torch 1.x's '(GPU 0; X total capacity; Y already allocated; Z free; ...' cut before its "
+    "parenthesised_cut": "torch 1.x's '(GPU N; X total capacity; Y already allocated; Z free; ...' cut before its "
                          "reserved figure: what it reserved is not read",
-    "capacty": "torch 2.1: 'GPU 0 has a total capacty of X of which Y is free. Process N has Z memory in use. Of the "
+    "capacty": "torch 2.1: 'GPU N has a total capacty of X of which Y is free. Process N has Z memory in use. Of the "
                "allocated memory ...' (capacity misspelt)",
-    "this_process": "torch 2.2 and later: 'GPU 0 has a total capacity of X of which Y is free. Including non-PyTorch "
-                    "memory, this process has Z memory in use. Of the allocated memory ...' (other processes listed "
-                    "by PID before it)",
-    "process_listed": "torch 2.2 and later: 'GPU 0 has a total capacity of X of which Y is free. Process N has Z "
+    "this_process": "torch 2.2 and later: 'GPU N has a total capacity of X of which Y is free. Including non-PyTorch "
+                    "memory, this process has Z memory in use. Of the allocated memory ...' (other processes, if "
+                    "any, listed by PID)",
+    "process_listed": "torch 2.2 and later: 'GPU N has a total capacity of X of which Y is free. Process N has Z "
                       "memory in use. Of the allocated memory ...', this process too listed by PID (torch knows "
                       "itself by getpid(), which in a container is not the PID NVML reports)",
     "capacity": "torch 2.2 and later, without a process line (NVML unavailable, or ROCm)",
@@ -100,6 +100,7 @@ class CudaOOM:
     private_pools: Printed | None = None         # allocated in private pools (CUDA graphs), 2.x
     this_process: Printed | None = None          # including non-PyTorch memory (2.2+)
     processes: list[tuple[int, Printed]] = field(default_factory=list)    # 'Process N has X memory in use' (2.1+)
+    processes_without_figure: int = 0            # listed with 0 bytes or 2^64 bytes: NVML had no figure for them
     rank: int | None = None
     text: str = ""
 
@@ -128,6 +129,7 @@ class CudaOOM:
             v = getattr(self, name)
             out[name] = None if v is None else {"bytes": v.bytes, "printed": v.text}
         out["processes"] = [{"pid": pid, "bytes": p.bytes, "printed": p.text} for pid, p in self.processes]
+        out["processes_without_figure"] = self.processes_without_figure
         return out
 
 
@@ -308,7 +310,7 @@ def _read_ooms(lines: list[str], ranks: list, out: Pasted) -> None:
     flat, starts = [], []                          # the lines joined by one space; where each line starts in it
     pos = 0
     for line in lines:
-        text = line.strip()
+        text = " ".join(line.split())            # runs of spaces (a wrapped, re-indented paste) read as one
         starts.append(pos)
         flat.append(text)
         pos += len(text) + 1
@@ -332,10 +334,13 @@ def _read_ooms(lines: list[str], ranks: list, out: Pasted) -> None:
             o.capacity, o.free = size(new.group("cap")), size(new.group("free"))
             o.allocated, o.unallocated = size(new.group("alloc")), size(new.group("unalloc"))
             o.private_pools = size(new.group("pools")) if new.group("pools") else None
-            o.processes = [(int(p.group("pid")), size(p.group("size"))) for p in _PROCESS.finditer(middle)]
-            o.processes = [x for x in o.processes if x[1].bytes < 2**63]   # NVML without a figure prints 2^64 B
+            listed = [(int(p.group("pid")), size(p.group("size"))) for p in _PROCESS.finditer(middle)]
+            o.processes = [x for x in listed if 0 < x[1].bytes < 2**63]   # NVML without a figure: 2^64 B or 0
+            o.processes_without_figure = len(listed) - len(o.processes)
             this = _THIS.search(middle)
             o.this_process = size(this.group("size")) if this else None
+            if o.this_process is not None and not 0 < o.this_process.bytes < 2**63:
+                o.this_process = None                 # NVML gave no figure (2^64 B) or none for this PID (0 bytes)
             allowed = _ALLOWED.search(middle)
             o.allowed = size(allowed.group("size")) if allowed else None
             o.format = ("capacty" if new.group("cap_word") == "capacty" else
