@@ -290,7 +290,9 @@ def main(argv=None) -> int:
                               "dry-run: the full-size step on fake tensors; gpu: the full-size step on CUDA")
     measure.add_argument("--steps", type=integer, default=3, help="scaled: training steps (default 3, at most 1000)")
     measure.add_argument("--save", metavar="PATH", default=None,
-                         help="also write the result as JSON (atomically), e.g. data/results/NAME.json")
+                         help="also write the result as JSON (atomically), e.g. data/results/NAME.json; with "
+                              "--mode dry-run or gpu, a memory snapshot in PyTorch's format beside it (PATH with "
+                              ".pickle: the allocator model's at its out-of-memory or peak, or the GPU's own)")
     measure.add_argument("--no-progress", action="store_true", help="no progress bar")
     measure.add_argument("--alloc-conf", default=None, metavar="SETTINGS",
                          help="dry-run: the caching allocator's settings as PYTORCH_CUDA_ALLOC_CONF takes them, e.g. "
@@ -306,9 +308,13 @@ def main(argv=None) -> int:
                                              "DeepSpeed's see_memory_usage, nvidia-smi, a host kill) against an "
                                              "estimate of the run: the phase, what the request was, the way out")
     setup_parser(explain)
-    explain.add_argument("--message", required=True, metavar="FILE",
+    explain.add_argument("--message", metavar="FILE",
                          help="the text to explain: a file with the error as the log printed it, or - to read it "
                               "from standard input (paste, then Ctrl-D)")
+    explain.add_argument("--snapshot", metavar="FILE",
+                         help="a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's pickle, read without "
+                              "running anything in it; or `measure --mode dry-run --save X`'s X.pickle): its "
+                              "blocks named, its out-of-memory placed")
     sub.add_parser("models", help="list the model catalogue")
     try:
         try:
@@ -526,12 +532,18 @@ def _explain(a: argparse.Namespace) -> int:
     message alone), as text or one JSON object."""
     from helpers import explain, report
 
-    text = _message_text(a.message)
+    if a.message is None and a.snapshot is None:
+        raise InputError("explain needs --message FILE (the error as the log printed it; - for standard input) or "
+                         "--snapshot FILE (a memory snapshot pickle), or both")
+    from helpers import snapshots
+
+    text = None if a.message is None else _message_text(a.message)
+    snap = None if a.snapshot is None else snapshots.load(a.snapshot)
     model = setup = imported = None
     overrides: list = []
     if getattr(a, "from_files", None) or a.model is not None:
         model, setup, imported, overrides = imported_from(a)
-    ex = explain.explain(text, model, setup, gpu=a.gpu)
+    ex = explain.explain(text, model, setup, gpu=a.gpu, snapshot=snap)
     if a.json:
         doc = ex.to_json()
         if imported is not None:
@@ -566,8 +578,7 @@ def _message_text(name: str) -> str:
         raise InputError(f"--message {name!r} is over {MAX_MESSAGE_BYTES:,} bytes: give the part of the log around "
                          f"the error")
     if b"\0" in data[:8192]:
-        raise InputError(f"--message {name!r} is binary, not text (a snapshot pickle is not read yet; paste the "
-                         f"error as text)")
+        raise InputError(f"--message {name!r} is binary, not text (a memory snapshot pickle goes to --snapshot)")
     return data.decode("utf-8", errors="replace")
 
 
@@ -598,7 +609,8 @@ def _measured(a: argparse.Namespace, save: Path | None, model, setup):
             os.environ["PYTORCH_CUDA_ALLOC_CONF"] = a.alloc_conf        # read when CUDA's allocator starts
     if a.mode == "dry-run":
         from helpers.measure import dryrun
-        return dryrun.run(model, setup, progress=not a.no_progress, gpu=a.gpu, alloc_conf=a.alloc_conf)
+        return dryrun.run(model, setup, progress=not a.no_progress, gpu=a.gpu, alloc_conf=a.alloc_conf,
+                          snapshot=save.with_suffix(".pickle") if save else None)
     if a.mode == "scaled":
         from helpers.measure import scaled
         return scaled.run(model, setup, steps=a.steps, progress=not a.no_progress)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from helpers import estimate, models, oom_messages
 from helpers.errors import InputError
 from helpers.measure.allocator import allocation_size, round_size
+from helpers.measure.snapshot import OWN_FRAME
 from helpers.oom_messages import PHASE_WORDS, CudaOOM, Pasted, Printed
 from helpers.results import Result
 from helpers.training import TrainSetup, checked
@@ -91,13 +92,16 @@ class Explanation:
     beyond: dict | None = None
     ways: list = field(default_factory=list)
     preset: str | None = None
+    snapshot: dict | None = None
+    snapshot_names: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"pasted": self.pasted.to_json(), "phase": self.phase, "phase_from": self.phase_from,
                 "gpu_preset": self.preset, "at_phase": self.at_phase,
                 "matches": [c.__dict__ | {"asks": c.asks} for c in self.matches],
                 "fragmentation": self.fragmentation, "other_processes": self.others, "beyond_estimate": self.beyond,
-                "ways": [w.to_json() for w in self.ways], "text": self.lines,
+                "ways": [w.to_json() for w in self.ways], "text": self.lines, "snapshot": self.snapshot,
+                "snapshot_names": [{"name": n, "blocks": c, "bytes": b} for n, c, b in self.snapshot_names],
                 "estimate": None if self.estimate is None else {
                     "phases": self.estimate.gpu.phases, "capacity_bytes": self.estimate.gpu.capacity_bytes,
                     "oom": self.estimate.oom}}
@@ -208,28 +212,48 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
     return out
 
 
-def matching(requested: Printed, cands: list[Candidate], phases: tuple = ()) -> list[Candidate]:
+def matching(requested: Printed, cands: list[Candidate], phases: tuple = (), segment: bool = True) -> list[Candidate]:
     """The candidates whose allocator request is the printed size (within its precision), those alive in `phases`
-    first; the same name and size once."""
+    first; the same name and size once. `segment`: the size is the segment the allocator asked CUDA for (a
+    message's 'Tried to allocate'), else the block it looked for (a snapshot's 'oom' entry: round_size only)."""
     found, seen = [], set()
     for c in cands:
-        if requested.matches(c.asks) and (c.name, c.bytes) not in seen:
+        asks = c.asks if segment else round_size(c.bytes)
+        if requested.matches(asks) and (c.name, c.bytes) not in seen:
             seen.add((c.name, c.bytes))
             found.append(c)
     found.sort(key=lambda c: not (set(c.phases) & set(phases)))
     return found
 
 
-def explain(text: str, model=None, setup: TrainSetup | None = None, gpu: str | None = None,
-            fixes: bool = True) -> Explanation:
-    """The explanation of a pasted error (see the module's docstring). `model` and `setup` describe the run (None:
-    the message alone); `gpu` a preset when the message has no capacity."""
-    pasted = oom_messages.read(text)
+def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: str | None = None,
+            fixes: bool = True, snapshot=None) -> Explanation:
+    """The explanation of a pasted error and/or a memory snapshot (a helpers.snapshots.Snapshot; see the module's
+    docstring). `model` and `setup` describe the run (None: the text alone); `gpu` a preset when the message has no
+    capacity."""
+    if text is None and snapshot is None:
+        raise InputError("explain needs the error's text, a memory snapshot, or both")
+    pasted = oom_messages.read(text) if text is not None else oom_messages.Pasted()
     ex = Explanation(pasted)
     say = ex.lines.append
+    own_phase = None
+    if snapshot is not None:
+        _say_snapshot(ex, snapshot, model, setup)
+        if pasted.oom is None and snapshot.oom is not None:
+            pasted.ooms.append(_oom_of_snapshot(snapshot))
+            for f in snapshot.oom.get("frames") or []:
+                m = re.fullmatch(r"out of memory at the (\w+)", str(f.get("name", "")))
+                if f.get("filename") == OWN_FRAME and m:
+                    own_phase = m.group(1)
+                elif not pasted.frames:
+                    pasted.frames.append(oom_messages.Frame(str(f.get("filename", "")), int(f.get("line") or 0),
+                                                            str(f.get("name", ""))))
     o = pasted.oom
     _say_found(ex, pasted)
     traced = pasted.phase()
+    if own_phase in PHASE_LABELS:
+        ex.phase, ex.phase_from = own_phase, "snapshot"
+        say(f"phase: {PHASE_LABELS[own_phase]} (the snapshot's out-of-memory, written by the allocator model)")
     if traced is not None:
         ex.phase, ex.phase_from = traced[0], "traceback"
         f = traced[1]
@@ -312,6 +336,54 @@ def _host_words(h) -> str:
     return words + (f" (it asked for {fmt(h.requested.bytes, 2)})" if h.requested is not None else "")
 
 
+def _oom_of_snapshot(snap) -> CudaOOM:
+    """The snapshot's 'oom' trace entry as a message would print it: the request, and what the snapshot held."""
+    from helpers import snapshots
+
+    sm = snapshots.summary(snap)
+    exact = lambda n: Printed(int(n), 0, fmt(n, 2))          # noqa: E731  (a snapshot's bytes are exact)
+    e = snap.oom
+    o = CudaOOM("snapshot", "CUDA", exact(e.get("size") or 0), 0, device_index=snap.device)
+    o.allocated, o.reserved = exact(sm["allocated"]), exact(sm["reserved"])
+    if isinstance(e.get("device_free"), int):
+        o.free = exact(e["device_free"])
+    return o
+
+
+def _say_snapshot(ex: Explanation, snap, model, setup) -> None:
+    from helpers import snapshots
+
+    say = ex.lines.append
+    sm = snapshots.summary(snap)
+    sm["modelled"] = any(f["filename"] == OWN_FRAME for b in snap.blocks for f in b.frames)
+    ex.snapshot = sm
+    say(f"snapshot {snap.path} ({snap.format}; device {snap.device} of {snap.devices}): {sm['segments']} segments, "
+        f"{fmt(sm['reserved'], 2)} reserved, {fmt(sm['allocated'], 2)} allocated, {fmt(sm['cached_free'], 2)} cached "
+        f"free (largest free block {fmt(sm['largest_free'], 2)})   ["
+        + ("modelled: written by this package's allocator model" if sm["modelled"] else "the allocator's own bytes")
+        + "]")
+    if snap.oom is not None:
+        free = snap.oom.get("device_free")
+        say(f"  its trace ends in an out-of-memory: {fmt(snap.oom.get('size') or 0, 2)} asked"
+            + (f", {fmt(free, 2)} free on the device" if isinstance(free, int) else ""))
+    cands = []
+    if model is not None:
+        try:
+            s = checked(TrainSetup() if setup is None else setup)
+            cands = candidates(model, s, estimate.run(model, s))
+        except InputError:
+            cands = []
+    rows = snapshots.named(snap, cands)
+    ex.snapshot_names = snapshots.by_name(rows)
+    how = {r["how"] for r in rows}
+    say("  allocated blocks by what they are (" + ", ".join(sorted(how)) + "):")
+    for name, count, nbytes in ex.snapshot_names[:8]:
+        say(f"    {fmt(nbytes, 2):>11s}  {count:5d} block(s)  {name}")
+    if len(ex.snapshot_names) > 8:
+        rest = sum(x[2] for x in ex.snapshot_names[8:])
+        say(f"    {fmt(rest, 2):>11s}  in {len(ex.snapshot_names) - 8} more kinds")
+
+
 def _say_found(ex: Explanation, pasted: Pasted) -> None:
     say = ex.lines.append
     o = pasted.oom
@@ -329,8 +401,10 @@ def _say_found(ex: Explanation, pasted: Pasted) -> None:
     if o.capacity is not None:
         parts.append(f"GPU {o.device_index} of {o.capacity}" + (f" ({o.allowed} allowed to this process)"
                                                                  if o.allowed else "") + f", {o.free} free")
-    say("  " + "; ".join(parts) + "   [measured by the run's torch; GiB = 2^30 bytes]")
-    if o.requested.bytes in SMALL_SEGMENTS:
+    kind = ("modelled: this package's allocator model" if o.format == "snapshot" and ex.snapshot
+            and ex.snapshot.get("modelled") else "measured by the run's torch")
+    say("  " + "; ".join(parts) + f"   [{kind}; GiB = 2^30 bytes]")
+    if o.requested.bytes in SMALL_SEGMENTS and o.format != "snapshot":
         say(f"  {o.requested} is a segment size, not a tensor's: the allocator asks CUDA for "
             f"{'2 MiB for any request up to 1 MiB' if o.requested.bytes == 2 * MiB else '20 MiB for any request between 1 and 10 MiB'}"
             f", so the request names no buffer; the GPU was full when a small tensor needed room")
@@ -411,7 +485,11 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
     from helpers import fit
 
     ok, verdict = fit.fits(r, ex.preset)
-    say(f"  estimate's verdict at {fmt(cap, 2) if cap else 'no capacity'}: {verdict}")
+    if not cap:
+        ok = None                                 # no capacity known: neither 'fits' nor 'does not'
+        say(f"  no GPU capacity known (the input names none: give --gpu NAME or --gpu-gib X): {verdict}")
+    else:
+        say(f"  estimate's verdict at {fmt(cap, 2)}: {verdict}")
     first = r.oom["phase"] or next((p for p, b in phases.items() if cap and b + sum(_overhead(r, ex.preset).values())
                                     > cap), None)
     if ex.phase is None and first:
@@ -429,13 +507,14 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
     if o is None:
         return
     cands = candidates(model, setup, r)
-    ex.matches = matching(o.requested, cands, compare)
-    if o.requested.bytes not in SMALL_SEGMENTS:
+    ex.matches = matching(o.requested, cands, compare, segment=o.format != "snapshot")
+    if o.requested.bytes not in SMALL_SEGMENTS or o.format == "snapshot":
         if ex.matches:
             say(f"the {o.requested} request matches (as the allocator asks for it, within the message's precision):")
             for c in ex.matches[:4]:
                 alive = f"; alive in {', '.join(c.phases)}" if c.phases else ""
-                say(f"  {c.name}: {fmt(c.bytes, 2)}, asks {fmt(c.asks, 2)} ({c.why}{alive})")
+                asks = c.asks if o.format != "snapshot" else round_size(c.bytes)
+                say(f"  {c.name}: {fmt(c.bytes, 2)}, asks {fmt(asks, 2)} ({c.why}{alive})")
             if len(ex.matches) > 4:
                 say(f"  ... and {len(ex.matches) - 4} more of that size")
         else:
@@ -463,6 +542,8 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
         if ok:
             say("  so its 'fits' was wrong for this run: check the set-up given matches the run (sequence length, "
                 "micro batch, precision, LoRA)")
+    elif ok is None:
+        say("  the run held less than the estimate's figure there: consistent with it")
     elif ok:
         say("  the run died below the estimate's peak, and the estimate says the set-up fits: something else held "
             "the GPU (see other processes above) or the capacity was smaller than assumed")
@@ -471,7 +552,7 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
     else:
         say(f"  consistent: the run held what the estimate puts there, within its error band (estimates came within "
             f"{band['under']:.0%} below published peaks on {band['runs']} runs), and that does not fit this GPU")
-    if ex.fragmentation and ex.fragmentation["cause"]:
+    if ex.fragmentation and ex.fragmentation["cause"] and cap:
         short = max(phases[p] for p in compare if p in phases) + sum(_overhead(r, ex.preset).values()) - cap
         ex.fragmentation["enough"] = short <= 0
         say("  fragmentation alone: " + ("curing it may let the run fit (the estimate's tensors and the CUDA "

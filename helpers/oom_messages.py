@@ -48,6 +48,7 @@ FORMATS = {
                       "memory in use. Of the allocated memory ...', this process too listed by PID (torch knows "
                       "itself by getpid(), which in a container is not the PID NVML reports)",
     "capacity": "torch 2.2 and later, without a process line (NVML unavailable, or ROCm)",
+    "snapshot": "a memory snapshot's 'oom' trace entry (torch.cuda.memory._dump_snapshot): exact bytes",
     "requested_only": "the first sentence alone ('Tried to allocate X'): the rest of the message was not pasted",
 }
 

@@ -382,10 +382,13 @@ def refusal(setup: TrainSetup) -> str | None:
 
 
 def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu: str | None = None,
-        alloc_conf: str | None = None) -> Result:
+        alloc_conf: str | None = None, snapshot=None) -> Result:
     """Dry-run one set-up: a Result with mode 'dry-run' (GPU per rank, host per node), with the reserved view: the
     caching allocator modelled on the step's allocations (`alloc_conf` as PYTORCH_CUDA_ALLOC_CONF, e.g.
-    'expandable_segments:True'), plus the CUDA context of `gpu` (a helpers.gpus preset) and NCCL's buffers."""
+    'expandable_segments:True'), plus the CUDA context of `gpu` (a helpers.gpus preset) and NCCL's buffers.
+    `snapshot`: a path where the allocator model's state is also written as a PyTorch memory snapshot
+    (`helpers.measure.snapshot`), at its out-of-memory under the GPU's capacity less the context and NCCL, or at its
+    highest allocated moment; meta['snapshot'] says which."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from tqdm.auto import tqdm
 
@@ -448,7 +451,15 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
               "note": ("host bytes are pageable: fake tensors cannot be pinned"
                        if setup.offload_optimizer or setup.offload_params else "")},
     )
-    return reserved.attach(result, reserved.events_from(tracker), gpu, alloc_conf)
+    events = reserved.events_from(tracker)
+    result = reserved.attach(result, events, gpu, alloc_conf)
+    if snapshot is not None:
+        from helpers.measure import snapshot as snapshot_writer
+
+        limit = None if gpu_cap is None else gpu_cap - sum((result.gpu.overhead or {}).values())
+        result.meta["snapshot"] = snapshot_writer.write(snapshot, events, snapshot_writer.labels_of(tracker),
+                                                        allocator.Config.parse(alloc_conf), limit)
+    return result
 
 
 STEPS = {"replicated": SingleStep, "zero12": ZeroEquivalentStep, "fsdp2": FSDP2Step, "fsdp1": FSDP1Step}

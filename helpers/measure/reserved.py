@@ -28,6 +28,9 @@ class Replay:
     oom: dict | None = None
     segments: int = 0
     events: int = 0
+    peak_allocated: int = 0
+    peak_event: int = -1
+    """The highest allocated bytes of the whole replay, and the index of the event that reached it."""
 
     def reserved(self) -> dict[str, int]:
         return {p: v["reserved"] for p, v in self.phases.items()}
@@ -74,9 +77,12 @@ def from_trace(trace: list) -> tuple[list[tuple], int, int]:
     return events, peak, segments
 
 
-def replay(events: list[tuple], config: allocator.Config = allocator.Config(), limit_bytes: int | None = None) -> Replay:
+def replay(events: list[tuple], config: allocator.Config = allocator.Config(), limit_bytes: int | None = None,
+           until: int | None = None, keep: dict | None = None) -> Replay:
     """Run allocator events (`events_from`'s, plus ('empty_cache',) for torch.cuda.empty_cache()) through a
-    CachingAllocator; the per-phase figures (bytes), and where it ran out."""
+    CachingAllocator; the per-phase figures (bytes), and where it ran out. `until`: stop after that event's index;
+    `keep`: a dict that receives the allocator, its live blocks ({key: (block, bytes)}) and the phase where the
+    replay stopped (at `until`, at an out-of-memory, or at the end), for a snapshot of that moment."""
     alloc = allocator.CachingAllocator(config, limit_bytes)
     result = Replay(str(config), limit_bytes, events=len(events))
     live: dict[int, tuple[allocator.Block, int]] = {}
@@ -91,7 +97,9 @@ def replay(events: list[tuple], config: allocator.Config = allocator.Config(), l
         return phases[name]
 
     stats = open_phase("setup")
-    for ev in events:
+    for index, ev in enumerate(events):
+        if until is not None and index > until:
+            break
         kind = ev[0]
         if kind == "resize":
             _, key, new = ev
@@ -100,6 +108,8 @@ def replay(events: list[tuple], config: allocator.Config = allocator.Config(), l
                 try:
                     live[key] = (alloc.malloc(new), new)
                 except allocator.OutOfMemory as exc:
+                    if old is not None:
+                        live[key] = old                     # still allocated: resize_ had not freed it yet
                     result.oom = {"phase": phase, "requested_bytes": exc.requested, "segment_bytes": exc.segment,
                                   "allocated": alloc.allocated, "reserved": alloc.reserved}
                     break
@@ -109,6 +119,8 @@ def replay(events: list[tuple], config: allocator.Config = allocator.Config(), l
                         stats["reserved"] = alloc.reserved
                     if alloc.allocated > peak_alloc:
                         peak_alloc = alloc.allocated
+                        if alloc.allocated > result.peak_allocated:
+                            result.peak_allocated, result.peak_event = alloc.allocated, index
                         stats.update(allocated=alloc.allocated, requested=alloc.requested,
                                      largest_free=alloc.largest_free())
                     stats["fragmentation"] = stats["reserved"] - stats["allocated"]
@@ -126,6 +138,8 @@ def replay(events: list[tuple], config: allocator.Config = allocator.Config(), l
         elif kind == "empty_cache":
             alloc.empty_cache()
     result.segments = alloc.segments
+    if keep is not None:
+        keep.update(alloc=alloc, live=live, phase=phase)
     return result
 
 
