@@ -272,6 +272,20 @@ def _origin(imp, field: str) -> str:
     return "TrainSetup default (the files do not set it)"
 
 
+def read_flags(words: list[str]):
+    """(model, TrainSetup) from set-up flags as the CLI reads them (`--from FILE`, `--model`, `--strategy` ...):
+    what a notebook or a test gives `explain` for a set-up written as flags; InputError for a bad flag."""
+    p = Parser(prog="flags")
+    setup_parser(p)
+    Parser.argv = list(words)
+    try:
+        a = p.parse_args(list(words))
+    except SystemExit:                                     # Parser.error printed the one line already
+        raise InputError(f"bad set-up flags: {' '.join(words)[:200]}") from None
+    model, setup, _, _ = imported_from(a)
+    return model, setup
+
+
 def main(argv=None) -> int:
     if sys.stdout is None:                     # started with stdout closed (`>&-`): nothing could be said there
         if sys.stderr is not None:
@@ -558,12 +572,30 @@ def _explain(a: argparse.Namespace) -> int:
 MAX_MESSAGE_BYTES = 20_000_000
 
 
+def _tail(name: str, path, data: bytes) -> bytes:
+    """The last MAX_MESSAGE_BYTES of a file (read from its end) or of standard input's bytes, from a line's start."""
+    if path is not None:
+        with Path(path).open("rb") as f:
+            f.seek(-MAX_MESSAGE_BYTES, os.SEEK_END)
+            data = f.read()
+    else:
+        data = data[-MAX_MESSAGE_BYTES:]
+    cut = data.find(b"\n")
+    return data[cut + 1:] if 0 <= cut < 10_000 else data
+
+
 def _message_text(name: str) -> str:
     """The text of --message: a file, or standard input for '-'; InputError naming what is wrong with it."""
+    path = None
     if name == "-":
         if sys.stdin is None:
             raise InputError("--message - reads standard input, which is closed: give a file")
-        data = sys.stdin.buffer.read(MAX_MESSAGE_BYTES + 1)
+        buf = bytearray()                              # kept bounded: the end of a long pipe is what counts
+        while chunk := sys.stdin.buffer.read(1 << 20):
+            buf += chunk
+            if len(buf) > 2 * MAX_MESSAGE_BYTES:
+                del buf[:len(buf) - MAX_MESSAGE_BYTES - 1]
+        data = bytes(buf)
     else:
         path = Path(name)
         if not path.is_file():
@@ -571,12 +603,13 @@ def _message_text(name: str) -> str:
                              f"standard input)")
         try:
             with path.open("rb") as f:
-                data = f.read(MAX_MESSAGE_BYTES + 1)
+                data = f.read(MAX_MESSAGE_BYTES + 1)          # over the limit: its end is read again below
         except OSError as e:
             raise InputError(f"--message {name!r} could not be read: {e.strerror or e}") from None
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise InputError(f"--message {name!r} is over {MAX_MESSAGE_BYTES:,} bytes: give the part of the log around "
-                         f"the error")
+    if len(data) > MAX_MESSAGE_BYTES:                 # a whole log: the error is at its end
+        print(f"note: --message {name!r} is over {MAX_MESSAGE_BYTES:,} bytes: its last {MAX_MESSAGE_BYTES:,} are "
+              f"read (where a run's error is)", file=sys.stderr)
+        data = _tail(name, path if name != "-" else None, data)
     if b"\0" in data[:8192]:
         raise InputError(f"--message {name!r} is binary, not text (a memory snapshot pickle goes to --snapshot)")
     return data.decode("utf-8", errors="replace")

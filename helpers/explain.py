@@ -109,6 +109,17 @@ class Explanation:
     def text(self) -> str:
         return "\n".join(self.lines)
 
+    def reported_figures(self) -> list[dict]:
+        """What the message measured, as figures a memory curve or an explorer marks at its phase: PyTorch's
+        allocated bytes plus the request (GiB), at the phase it died in; [] without a placed message."""
+        if not self.at_phase:
+            return []
+        used = self.at_phase["allocated_plus_requested"]
+        phase = self.phase if self.phase in self.at_phase["phases"] else None
+        return [{"what": "allocated + tried to allocate, from the message", "device": "gpu",
+                 "value": round(used / GiB, 2), "unit": "GiB", "read_as": "GiB", "phase": phase,
+                 "applies_to": "reported", "why": "torch's out-of-memory message: what PyTorch held and asked for"}]
+
 
 def preset_for(capacity: Printed | None) -> str | None:
     """The GPU preset whose capacity, as CUDA gives it, is the message's 'total capacity' (within its printed
@@ -269,7 +280,8 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
             "meta-device: ranks per node x model size), or with optimizer / parameter offload (the estimate's host "
             "column); loading is not a phase of the estimate yet")
     for e in pasted.other_errors:
-        say(f"GPU: {OTHER_WORDS[e.kind]} (line {e.line})")
+        say(f"{'error' if e.kind == 'no_figures' else 'GPU'}: {OTHER_WORDS[e.kind]} (line {e.line}: "
+            f"{e.text[:100]!r})")
     for m in pasted.memory_lines:
         say(f"DeepSpeed see_memory_usage, line {m.line}{' (' + m.label[:60] + ')' if m.label else ''}: allocated "
             f"{m.ma}, max allocated {m.max_ma}, reserved {m.ca}, max reserved {m.max_ca} (DeepSpeed's 'GB' is GiB: "
@@ -300,15 +312,17 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
         except InputError as exc:
             say(f"ways out: not ranked ({exc})")
         else:
-            fitting = [w for w in ex.ways if w.fits]
-            say("ways out (estimated at this capacity; `fixes` lists them all with costs):" if fitting else
-                "ways out: no single change fits this capacity (`fixes` lists what each gives)")
+            base = r.gpu.peak_bytes / GiB
+            fitting = [w for w in ex.ways if w.fits and w.peak_gib < base - 0.005]     # fits, and lowers the peak
+            say("ways out (estimated at this capacity, each lowering the peak; `fixes` lists every change with its "
+                "costs):" if fitting else
+                "ways out: no single change both fits this capacity and lowers the peak (`fixes` lists what each "
+                "gives; a combination, such as offload with checkpointing, may)")
             for w in fitting[:5]:
-                change = ", ".join(f"{k}={v}" for k, v in w.change.items())
-                say(f"  {w.name}: {w.peak_gib:.1f} GiB per GPU ({change})")
+                change = ", ".join(f"{k}={v}" for k, v in w.change.items() if v is not None)
+                say(f"  {w.name}: {w.peak_gib:.1f} GiB per GPU, from {base:.1f} ({change})")
     if ex.fragmentation and ex.fragmentation["cause"]:
-        say("  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment (fragmentation; no change to "
-            "the set-up)" + ("" if ex.fragmentation.get("enough", True) else ": not enough alone, the estimate "
+        say("  expandable_segments:True in the allocator's settings (fragmentation; no change to the set-up)" + ("" if ex.fragmentation.get("enough", True) else ": not enough alone, the estimate "
                              "needs more than the GPU has"))
     return ex
 
@@ -323,6 +337,10 @@ HOST_WORDS = {
     "cpu_allocator": "torch's CPU allocator could not allocate host memory",
 }
 OTHER_WORDS = {
+    "no_figures": "an out-of-memory error named without its figures: paste the whole message ('Tried to allocate "
+                  "...' and what follows) for the request, the phase and the GPU's figures",
+    "mps": "Apple's MPS backend ran out of memory (its own allocator on unified memory; its 'GB' figures are read as "
+           "printed, not placed): this package estimates CUDA GPUs, so the run is not placed against an estimate",
     "cuda_error": "'CUDA error: out of memory' comes from a CUDA call outside PyTorch's caching allocator (creating "
                   "the CUDA context, NCCL's buffers, a library's workspace): the GPU was already full, or another "
                   "process held it",
@@ -400,10 +418,19 @@ def _say_found(ex: Explanation, pasted: Pasted) -> None:
         parts.append(f"{fmt(o.reserved_bytes, 2)} reserved")
     if o.capacity is not None:
         parts.append(f"GPU {o.device_index} of {o.capacity}" + (f" ({o.allowed} allowed to this process)"
-                                                                 if o.allowed else "") + f", {o.free} free")
+                                                                 if o.allowed else "")
+                     + (f", {o.free} free" if o.free is not None else ""))
     kind = ("modelled: this package's allocator model" if o.format == "snapshot" and ex.snapshot
             and ex.snapshot.get("modelled") else "measured by the run's torch")
     say("  " + "; ".join(parts) + f"   [{kind}; GiB = 2^30 bytes]")
+    cap = o.capacity.bytes if o.capacity is not None else None
+    impossible = [what for what, v in (("free", o.free), ("allocated", o.allocated), ("reserved", o.reserved))
+                  if cap and v is not None and v.bytes > cap + (o.capacity.half_step + v.half_step)]
+    if impossible:
+        say(f"  note: these figures cannot all be true ({' and '.join(impossible)} above the GPU's total capacity): "
+            f"was the message edited? What follows uses them as printed")
+    if o.this_process_without_figure:
+        say("  'this process has 0 bytes' (or 2^64 bytes): NVML had no figure for this process, as inside a container")
     if o.requested.bytes in SMALL_SEGMENTS and o.format != "snapshot":
         say(f"  {o.requested} is a segment size, not a tensor's: the allocator asks CUDA for "
             f"{'2 MiB for any request up to 1 MiB' if o.requested.bytes == 2 * MiB else '20 MiB for any request between 1 and 10 MiB'}"
@@ -416,11 +443,18 @@ def _fragmentation(ex: Explanation, o: CudaOOM) -> None:
         return
     cause = cached >= o.requested.bytes
     ex.fragmentation = {"cached_free_bytes": cached, "requested_bytes": o.requested.bytes, "cause": cause}
+    var = "PYTORCH_HIP_ALLOC_CONF" if "PYTORCH_HIP_ALLOC_CONF" in o.text or (
+        o.backend == "HIP" and "PYTORCH_CUDA_ALLOC_CONF" not in o.text) else "PYTORCH_CUDA_ALLOC_CONF"
+    if o.free is not None and o.free.bytes > o.requested.bytes:
+        ex.lines.append(f"note: {o.free} was free on the device, more than the {o.requested} asked: the driver "
+                        f"itself refused it (another process took the memory meanwhile, a memory fraction, or the driver's "
+                        f"own fragmentation), so the figures below may not add up")
     if cause:
+        share = f"{cached / o.capacity.bytes:.1%} of the GPU" if o.capacity else "what was cached"
         ex.lines.append(f"fragmentation: {fmt(cached, 2)} was reserved by PyTorch but unallocated, more than the "
                         f"{o.requested} asked, yet no cached block could hold it (the cache is in pieces, or held "
-                        f"for another stream): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow "
-                        f"instead of caching pieces (torch 2.1+)")
+                        f"for another stream): {var}=expandable_segments:True lets segments grow instead of "
+                        f"caching pieces (torch 2.1+); curing it frees at most those {fmt(cached, 2)} ({share})")
     elif cached > 0:
         ex.lines.append(f"fragmentation: not the cause ({fmt(cached, 2)} cached but unallocated, less than the "
                         f"{o.requested} asked)")
@@ -466,6 +500,19 @@ def _others(ex: Explanation, o: CudaOOM) -> None:
                     f"{o.free} - {'this process ' + fmt(mine, 2) if mine is not None else fmt(reserved, 2) + ' reserved'})")
 
 
+def _setup_words(setup: TrainSetup) -> str:
+    """The set-up in words: strategy, world, batch x seq, precision, and every option that is not its default."""
+    words = [f"{setup.strategy} on {setup.gpus} GPU(s)", f"batch {setup.batch} x seq {setup.seq}", setup.precision]
+    default = TrainSetup()
+    for name in ("grad_accum", "lora_rank", "lora_targets", "base_weights", "adapter_dtype", "optimizer", "adam_impl",
+                 "checkpointing", "attention", "fused_ce", "kv_expanded", "offload_optimizer", "offload_params",
+                 "offload_ratio", "tensor_parallel", "context_parallel"):
+        v = getattr(setup, name)
+        if v != getattr(default, name) and v is not None and not (name == "lora_targets" and not setup.lora_rank):
+            words.append(f"{name}={v}")
+    return ", ".join(words)
+
+
 def _overhead(r: Result, preset: str | None) -> dict[str, int]:
     """What the GPU holds beyond the tensors in the estimate's device total (the CUDA context, cuBLAS's workspaces,
     NCCL's buffers: helpers.gpus.overhead)."""
@@ -478,9 +525,8 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
     say = ex.lines.append
     phases = r.gpu.phases
     cap = r.gpu.capacity_bytes
-    say(f"estimate of the run: {r.model}, {setup.strategy} on {setup.gpus} GPU(s), batch {setup.batch} x seq "
-        f"{setup.seq}, {setup.precision}" + (f", LoRA rank {setup.lora_rank}" if setup.lora_rank else "")
-        + (f", on {ex.preset}" if ex.preset else "") + "   [estimated]")
+    say(f"estimate of the run: {r.model}, " + _setup_words(setup) + (f", on {ex.preset}" if ex.preset else "")
+        + "   [estimated]")
     say("  " + ", ".join(f"{PHASE_LABELS[p]} {fmt(b, 2)}" for p, b in phases.items()) + " per GPU (tensors)")
     from helpers import fit
 
@@ -494,7 +540,8 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
                                     > cap), None)
     if ex.phase is None and first:
         ex.phase, ex.phase_from = first, "figures"
-        say(f"phase: {PHASE_LABELS[first]} (no traceback: the estimate's first phase over the capacity"
+        why = ("the traceback's frames name no phase this reads" if ex.pasted.frames else "no traceback")
+        say(f"phase: {PHASE_LABELS[first]} ({why}: the estimate's first phase over the capacity"
             + ("" if r.oom["phase"] else ", with the CUDA context") + ")")
     if ex.phase in NOT_MODELLED_PHASES:
         say(f"  not placed: {NOT_MODELLED_PHASES[ex.phase]}")
@@ -527,8 +574,10 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
     band = error_band()
     ex.at_phase = {"phases": list(compare), "estimate_bytes": est, "allocated_plus_requested": used,
                    "ratio": used / est if est else None, "band": band}
+    which = max((p for p in compare if p in phases), key=lambda p: phases[p])
     label = ("estimate's peak (the phase is not known)" if ex.phase is None else
-             " / ".join(PHASE_LABELS[p] for p in compare))
+             PHASE_LABELS[ex.phase] + (f" (compared with the {PHASE_LABELS[which]}, the larger of the first and later "
+                                       f"ones: a traceback does not say which iteration)" if len(compare) > 1 else ""))
     say(f"at the {label}: the run held {o.allocated} and asked for {o.requested} ({fmt(used, 2)}); the estimate "
         f"puts {fmt(est, 2)} of tensors there" + (f" ({used / est:.0%} of it)" if est else ""))
     if est and used > est * (1 + band["under"]):
@@ -547,6 +596,10 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
     elif ok:
         say("  the run died below the estimate's peak, and the estimate says the set-up fits: something else held "
             "the GPU (see other processes above) or the capacity was smaller than assumed")
+    elif used < est and cap and est > 2 * cap:
+        say(f"  consistent, both say it does not fit: the estimate needs {fmt(est, 2)} here, {est / cap:.1f} times the GPU's "
+            f"{fmt(cap, 2)}, and the run died when the GPU filled. If the run got further than this phase, the "
+            f"set-up given is not the run's (check the sequence length, checkpointing, LoRA and the strategy)")
     elif used < est:
         say("  consistent: the run died on its way to the estimate's figure, which does not fit this GPU")
     else:

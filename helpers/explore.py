@@ -254,12 +254,14 @@ class Explorer:
         return bundle
 
 
-def explorer(model: str = "llama-3-8b", setup: TrainSetup | None = None, case: int | None = None) -> Explorer:
-    """An Explorer for `model` under `setup`, or preset to a case (its model, set-up and reported figures)."""
+def explorer(model: str = "llama-3-8b", setup: TrainSetup | None = None, case: int | None = None,
+             reported: list[dict] | None = None, source: str | None = None) -> Explorer:
+    """An Explorer for `model` under `setup` (with `reported` figures of that set-up marked, `source` under them),
+    or preset to a case (its model, set-up and reported figures)."""
     if case is not None:
         from helpers import cases
 
         c = cases.case(case)
         return Explorer(c["model"], cases.setup(case), reported=c["reported"], source=cases.citation(case),
                         fixed=cases.setup(case, fixed=True))
-    return Explorer(model, setup)
+    return Explorer(model, setup, reported=reported, source=source)

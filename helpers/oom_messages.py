@@ -47,9 +47,12 @@ FORMATS = {
     "process_listed": "torch 2.2 and later: 'GPU N has a total capacity of X of which Y is free. Process N has Z "
                       "memory in use. Of the allocated memory ...', this process too listed by PID (torch knows "
                       "itself by getpid(), which in a container is not the PID NVML reports)",
-    "capacity": "torch 2.2 and later, without a process line (NVML unavailable, or ROCm)",
+    "capacity": "torch 2.2 and later, without a process line (no NVML figures: ROCm, XPU, or NVML unavailable)",
     "snapshot": "a memory snapshot's 'oom' trace entry (torch.cuda.memory._dump_snapshot): exact bytes",
-    "requested_only": "the first sentence alone ('Tried to allocate X'): the rest of the message was not pasted",
+    "unreadable_rest": "the first sentence ('Tried to allocate X'); the figures after it are not as any torch "
+                       "release prints them (edited, or a figure out of range), so they are not read",
+    "requested_only": "the message cut short: its first sentence ('Tried to allocate X'), and the GPU's capacity "
+                      "where it gets that far",
 }
 
 
@@ -102,6 +105,7 @@ class CudaOOM:
     this_process: Printed | None = None          # including non-PyTorch memory (2.2+)
     processes: list[tuple[int, Printed]] = field(default_factory=list)    # 'Process N has X memory in use' (2.1+)
     processes_without_figure: int = 0            # listed with 0 bytes or 2^64 bytes: NVML had no figure for them
+    this_process_without_figure: bool = False    # 'this process has 0 bytes' (or 2^64): NVML had no figure for it
     rank: int | None = None
     text: str = ""
 
@@ -209,22 +213,25 @@ class Pasted:
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
-_OOM_START = re.compile(r"(?P<backend>CUDA|HIP) out of memory\.\s*Tried to allocate\s+(?P<req>" + SIZE + r")")
+_OOM_START = re.compile(r"(?P<backend>CUDA|HIP|XPU) out of memory\.\s*Tried to allocate\s+(?P<req>" + SIZE + r")")
 _OLD = re.compile(
     r"\s*\(GPU (?P<dev>\d+); (?P<cap>" + SIZE + r") total capacity; (?P<alloc>" + SIZE + r") already allocated; "
     r"(?P<free>" + SIZE + r") free;(?: (?P<allowed>" + SIZE + r") allowed;)?(?: (?P<res>" + SIZE + r") "
     r"(?P<how>reserved in total by PyTorch|cached)\))?")
 _NEW = re.compile(
-    r"\.?\s*GPU (?P<dev>\d+) has a total (?P<cap_word>capacity|capacty) of (?P<cap>" + SIZE + r") of which "
-    r"(?P<free>" + SIZE + r") is free\.(?P<middle>.*?)Of the allocated memory (?P<alloc>" + SIZE + r") is allocated "
+    r"\.?\s*GPU (?P<dev>\d+) has a total (?P<cap_word>capacity|capacty) of (?P<cap>" + SIZE + r")(?: of which "
+    r"(?P<free>" + SIZE + r") is free)?\.(?P<middle>.*?)Of the allocated memory (?P<alloc>" + SIZE + r") is allocated "
     r"by PyTorch,(?: with (?P<pools>" + SIZE + r") allocated in private pools \(e\.g\., (?:CUDA|HIP) Graphs\),)? and "
     r"(?P<unalloc>" + SIZE + r") is reserved by PyTorch but unallocated\.", re.S)
+_HEAD = re.compile(r"\.?\s*GPU (?P<dev>\d+) has a total capac(?:i)?ty of (?P<cap>" + SIZE + r")(?: of which "
+                   r"(?P<free>" + SIZE + r") is free)?")
 _PROCESS = re.compile(r"Process (?P<pid>\d+) has (?P<size>" + SIZE + r") memory in use\.")
 _THIS = re.compile(r"Including non-PyTorch memory, this process has (?P<size>" + SIZE + r") memory in use\.")
 _ALLOWED = re.compile(r"(?P<size>" + SIZE + r") allowed;")
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')       # Python's tracebacks
 _RICH_FRAME = re.compile(r"^[\s│|]*(?P<file>\S+\.py):(?P<line>\d+) in (?P<func>\S+?)\s*[│|]?\s*$")   # rich's
-_IPY_FRAME = re.compile(r"^\[?(?P<file>[^\s\[\]()]+\.py)\]?(?:\([^)\s]*\))?\s+in\s+(?P<func>[\w<>]+)\(")  # IPython's
+_IPY_FRAME = re.compile(r"^\[?(?P<file>[^\s\[\]()]+\.py|<ipython-input-[^>]*>)\]?(?:\([^)\s]*\))?\s+in\s+"
+                        r"(?P<func><cell line: \d+>|[\w<>]+)\(")                                       # IPython's
 _IPY_LINE = re.compile(r"^-+>\s*(?P<line>\d+)\s+(?P<code>.*)$")
 _SEE = re.compile(r"MA (?P<ma>[\d.]+) GB\s+Max_MA (?P<maxma>[\d.]+) GB\s+CA (?P<ca>[\d.]+) GB\s+Max_CA (?P<maxca>[\d.]+) GB")
 _SMI_GPU = re.compile(r"^\|\s+(?P<idx>\d+)\s+(?P<name>.+?)\s+(?:On|Off)\s+\|")
@@ -241,6 +248,7 @@ _HOST = (
                                  r"allocate (?P<n>\d+) bytes")),
 )
 _OTHER = (
+    ("mps", re.compile(r"MPS backend out of memory")),
     ("cuda_error", re.compile(r"CUDA error: out of memory")),
     ("cublas_alloc", re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")),
     ("nccl", re.compile(r"NCCL (?:WARN )?.*(?:Cuda failure 'out of memory'|out of memory)")),
@@ -252,15 +260,21 @@ EXPECTED = ("torch's 'CUDA out of memory. Tried to allocate ...' message (any to
 MAX_CHARS = 20_000_000
 
 
-def _clean(text: str) -> tuple[list[str], list[int | None]]:
-    """Lines without launchers' prefixes and colours, and the rank each prefix named."""
-    lines, ranks = [], []
+def _clean(text: str) -> tuple[list[str], list[int | None], int | None]:
+    """Lines without launchers' prefixes and colours, the rank each prefix named, and the width the text was folded
+    at (a terminal or a pager cuts lines at a fixed width, mid-word: the longest length, met on two lines or more),
+    or None."""
+    lines, ranks, widths = [], [], []
     for raw in text.splitlines():
         raw = _ANSI.sub("", raw)
+        widths.append(len(raw))
         m = re.match(r"^\s*\[(?:rank|default)(\d+)\]:\s?", raw)
         ranks.append(int(m.group(1)) if m else None)
         lines.append(raw[m.end():] if m else raw)
-    return lines, ranks
+    widest = max(widths, default=0)
+    folded = widest if widest >= 60 and widths.count(widest) >= 2 else None
+    lines = [x + "\0" if folded and w == folded else x for x, w in zip(lines, widths)]   # \0: joined with no space
+    return lines, ranks, folded
 
 
 def read(text: str) -> Pasted:
@@ -270,9 +284,16 @@ def read(text: str) -> Pasted:
     if len(text) > MAX_CHARS:
         raise InputError(f"the pasted text is {len(text):,} characters; at most {MAX_CHARS:,} are read (paste the "
                          f"part around the error)")
-    lines, ranks = _clean(text)
+    if not text.strip():
+        raise InputError(f"the text is empty: expected {EXPECTED}")
+    if re.search(r"Tried to allocate \d+,\d+ ?[KMGT]i?B", text):
+        raise InputError("the message's figures have decimal commas ('Tried to allocate 2,00 GiB'): torch prints a "
+                         "decimal point in every locale, so the text was retyped or translated; paste it as the log "
+                         "printed it")
+    lines, ranks, folded = _clean(text)
     out = Pasted()
-    _read_ooms(lines, ranks, out)
+    _read_ooms(lines, ranks, out, folded)
+    lines = [x.rstrip("\0") for x in lines]
     for n, line in enumerate(lines, 1):
         if m := _FRAME.search(line) or _RICH_FRAME.match(line):
             nxt = _FRAME.sub("", lines[n]).strip() if n < len(lines) else ""
@@ -295,27 +316,36 @@ def read(text: str) -> Pasted:
                 out.host.append(HostSign(kind, n, line.strip()[:300], req))
                 break
         for kind, pattern in _OTHER:
-            if pattern.search(line) and "Tried to allocate" not in line:
+            if pattern.search(line) and not _OOM_START.search(line):
                 out.other_errors.append(HostSign(kind, n, line.strip()[:300]))
                 break
         _read_smi(lines, n, line, out)
-    if not (out.ooms or out.frames or out.memory_lines or out.host or out.smi or out.other_errors):
+    if not (out.ooms or out.memory_lines or out.host or out.smi or out.other_errors):
+        for n, line in enumerate(lines, 1):       # an out-of-memory named without its figures
+            if re.search(r"out of memory|OutOfMemoryError", line, flags=re.I):
+                out.other_errors.append(HostSign("no_figures", n, line.strip()[:300]))
+                break
+    if not (out.ooms or out.memory_lines or out.host or out.smi or out.other_errors):
         first = next((x.strip() for x in lines if x.strip()), "")
+        last = next((x.strip() for x in reversed(lines) if x.strip()), "")
+        if out.frames:
+            raise InputError(f"a traceback without an out-of-memory error: it ends {last[:80]!r}; expected "
+                             f"{EXPECTED}")
         raise InputError(f"no out-of-memory report found in the text (it starts {first[:60]!r}): expected {EXPECTED}")
     return out
 
 
-def _read_ooms(lines: list[str], ranks: list, out: Pasted) -> None:
-    """Each 'out of memory. Tried to allocate' message, read over the lines it wraps onto; the same message printed by
-    several ranks is kept once per rank."""
-    flat, starts = [], []                          # the lines joined by one space; where each line starts in it
-    pos = 0
+def _read_ooms(lines: list[str], ranks: list, out: Pasted, folded: int | None = None) -> None:
+    """Each 'out of memory. Tried to allocate' message, read over the lines it wraps onto (a line cut at the fold
+    width joins the next with no space); the same message printed by several ranks is kept once per rank."""
+    whole, starts = "", []                         # the lines joined; where each line starts in it
     for line in lines:
-        text = " ".join(line.split())            # runs of spaces (a wrapped, re-indented paste) read as one
-        starts.append(pos)
-        flat.append(text)
-        pos += len(text) + 1
-    whole = " ".join(flat)
+        starts.append(len(whole))
+        if line.endswith("\0"):                  # cut at the fold width, mid-word: the next line goes on from it
+            whole += line[:-1]
+        else:
+            whole += " ".join(line.split()) + " "   # runs of spaces (a wrapped, re-indented paste) read as one
+    whole = re.sub(" +", " ", whole)
     seen = set()
     for m in _OOM_START.finditer(whole):
         rest = whole[m.end():m.end() + 2000]
@@ -332,7 +362,8 @@ def _read_ooms(lines: list[str], ranks: list, out: Pasted) -> None:
         elif (new := _NEW.match(rest)) is not None:
             middle = new.group("middle")
             o.device_index = int(new.group("dev"))
-            o.capacity, o.free = size(new.group("cap")), size(new.group("free"))
+            o.capacity = size(new.group("cap"))
+            o.free = size(new.group("free")) if new.group("free") else None
             o.allocated, o.unallocated = size(new.group("alloc")), size(new.group("unalloc"))
             o.private_pools = size(new.group("pools")) if new.group("pools") else None
             listed = [(int(p.group("pid")), size(p.group("size"))) for p in _PROCESS.finditer(middle)]
@@ -342,11 +373,21 @@ def _read_ooms(lines: list[str], ranks: list, out: Pasted) -> None:
             o.this_process = size(this.group("size")) if this else None
             if o.this_process is not None and not 0 < o.this_process.bytes < 2**63:
                 o.this_process = None                 # NVML gave no figure (2^64 B) or none for this PID (0 bytes)
+                o.this_process_without_figure = True
             allowed = _ALLOWED.search(middle)
             o.allowed = size(allowed.group("size")) if allowed else None
             o.format = ("capacty" if new.group("cap_word") == "capacty" else
                         "this_process" if this else "process_listed" if o.processes else "capacity")
             end = new.end()
+        if end == 0 and (head := _HEAD.match(rest)) is not None:   # a message cut short: what it has, read
+            o.device_index = int(head.group("dev"))
+            o.capacity = size(head.group("cap"))
+            o.free = size(head.group("free")) if head.group("free") else None
+            o.processes = [(int(p.group("pid")), size(p.group("size"))) for p in _PROCESS.finditer(rest[:2000])]
+            end = head.end()
+        if re.search(r"reserved by PyTorch but unallocated|reserved in total by PyTorch|cached\)", rest[:1500]) \
+                and o.allocated is None:
+            o.format = "unreadable_rest"              # the whole message is there, but not as torch prints it
         o.text = (m.group(0) + rest[:end]).strip()
         key = (o.rank, o.text)
         if key not in seen:
@@ -367,30 +408,38 @@ def _read_smi(lines: list[str], n: int, line: str, out: Pasted) -> None:
 
 # The phase a traceback shows, from its frames: the first rule (in this order) that any frame meets. The call chain
 # holds only active calls, so a save or an evaluation inside the training loop is found before the forward it calls.
-PHASE_RULES = (
+PHASE_RULES = (        # (phase, a pattern over a frame's 'path:function', a pattern over its code line or None)
     ("save", r"save_checkpoint|_save_checkpoint|save_model|save_pretrained|_save_to_state_dict|"
              r"consolidated_16bit_state_dict|_zero3_consolidated|full_state_dict|get_state_dict|dcp\.save|"
-             r"\bsave_state\b"),
+             r"\bsave_state\b", r"\.save_(?:checkpoint|model|pretrained)\("),
     ("resume", r"_load_from_checkpoint|_load_optimizer_and_scheduler|load_checkpoint|_load_rng_state|"
-               r"load_optimizer_state|load_state\b|dcp\.load"),
+               r"load_optimizer_state|:load_state$|dcp\.load", None),
     ("load", r"from_pretrained|_load_pretrained_model|_load_state_dict_into_meta_model|load_state_dict|"
-             r"_load_checkpoint_into|load_model\b|dispatch_model|quantize_4bit|replace_with_bnb|"
-             r"_process_model_before_weight_loading|^_apply$|^convert$|^cuda$"),
-    ("generation", r"\bgenerate\b|_generate_and_score|_sample\b|generate_sequences|vllm"),
-    ("evaluation", r"\bevaluate\b|evaluation_loop|prediction_step|prediction_loop|_maybe_log_save_evaluate|"
-                   r"\beval_step\b|validation_step|\bvalidate\b"),
-    ("setup", r"deepspeed\.initialize|^initialize$|_configure_zero_optimizer|_configure_optimizer|"
-              r"DeepSpeedZeroOptimizer|_create_fp32_partitions|_setup_for_real_optimizer|_wrap_model|"
-              r"FullyShardedDataParallel\.__init__|_init_param_handle|fully_shard|prepare_model|_prepare_deepspeed|"
-              r"_prepare_fsdp|_move_model_to_device|_init_flat_param|_broadcast_model|init_process_group"),
-    ("step", r"optimizer_step|^step$|\bstep\b|_multi_tensor_adam|_single_tensor_adam|_fused_adam|fused_adam|"
-             r"adamw?\.py|clip_grad_norm|_clip_grad_norm|unscale_|get_global_norm|"
-             r"_optimizer_step|stage_1_and_2\.py:step|stage3\.py:step|cpu_adam"),
-    ("backward", r"backward|_engine_run_backward|run_backward|reduce_ipg_grads|reduce_independent_p_g_buckets|"
-                 r"__reduce_and_partition_ipg_grads|_post_backward|allreduce_gradients|reduce_scatter"),
-    ("forward", r"forward|training_step|compute_loss|_call_impl|_wrapped_call_impl|cross_entropy|"
-                r"ForCausalLMLoss|convert_to_fp32|__call__"),
+             r"_load_checkpoint_into|:load_model$|dispatch_model|quantize_4bit|replace_with_bnb|"
+             r"_process_model_before_weight_loading|set_module_tensor_to_device|:_apply$|:convert$|:cuda$",
+     r"\bfrom_pretrained\(|\.to\(['\"]?cuda|\.cuda\(\)"),
+    ("generation", r"\bgenerate\b|_generate_and_score|:_sample$|generate_sequences|vllm/", None),
+    ("evaluation", r"\bevaluate\b|evaluation_loop|prediction_step|prediction_loop|:_maybe_log_save_evaluate$|"
+                   r"\beval_step\b|validation_step|:validate$", None),
+    ("setup", r"deepspeed/__init__\.py:initialize$|_configure_zero_optimizer|_configure_optimizer|"
+              r"DeepSpeedZeroOptimizer|_create_fp32_partitions|_setup_for_real_optimizer|:_wrap_model$|"
+              r"fully_sharded_data_parallel\.py:__init__$|_init_param_handle|fully_shard|:prepare_model$|"
+              r"_prepare_deepspeed|_prepare_fsdp|_move_model_to_device|_init_flat_param|_broadcast_model|"
+              r"trainer\w*\.py:__init__$",
+     r"\bdeepspeed\.initialize\(|\b\w*Trainer\("),
+    ("step", r"optim/\w+\.py:(?:step|_init_group|adamw?|_multi_tensor_\w+|_single_tensor_\w+|_fused_\w+)$|"
+             r"deepspeed/.*:step$|accelerate/optimizer\.py:step$|:_?optimizer_step$|fused_adam|cpu_adam|"
+             r"clip_grad_norm|:unscale_$|get_global_norm|stage_1_and_2\.py:step$|stage3\.py:step$",
+     r"\boptimi[sz]er\w*\.step\(|\bopt\.step\(|\bclip_grad_norm_?\("),
+    ("backward", r":\w*backward\w*$|run_backward|reduce_ipg_grads|reduce_independent_p_g_buckets|"
+                 r"reduce_and_partition_ipg_grads|:_post_backward\w*$|allreduce_gradients",
+     r"\.backward\(|run_backward\("),
+    ("forward", r":forward$|:training_step$|:compute_loss$|:_call_impl$|:_wrapped_call_impl$|cross_entropy|"
+                r"ForCausalLMLoss|convert_to_fp32", None),
 )
+LAUNCHERS = re.compile(r"torch/distributed/(?:elastic|launcher)/|torch/distributed/run\.py|accelerate/commands/|"
+                       r"deepspeed/launcher/|<frozen runpy>|/runpy\.py|site-packages/click/|fire/core\.py")
+"""Frames of the launcher around a run (torchrun, accelerate launch, deepspeed): they say nothing of its phase."""
 PHASE_WORDS = {
     "save": "checkpoint save", "resume": "resuming from a checkpoint", "load": "loading the model",
     "generation": "generation", "evaluation": "evaluation", "setup": "engine set-up (before the first forward)",
@@ -399,14 +448,15 @@ PHASE_WORDS = {
 
 
 def phase_of(frames: list[Frame]) -> tuple[str, Frame] | None:
-    """(phase, the frame that shows it) for a traceback's frames, or None when no rule applies."""
-    for phase, pattern in PHASE_RULES:
-        rx = re.compile(pattern)
+    """(phase, the frame that shows it) for a traceback's frames, or None when no rule applies: the first rule (in
+    PHASE_RULES' order) that a frame meets by its path and function, or by the line of code it was running."""
+    frames = [f for f in frames if not LAUNCHERS.search(f.file)]
+    for phase, where_rule, code_rule in PHASE_RULES:
+        rx, code_rx = re.compile(where_rule), re.compile(code_rule) if code_rule else None
         for f in frames:
-            where = f"{f.file.rsplit('/', 1)[-1]}:{f.function}"
-            if rx.search(f.function) or rx.search(where) or (phase in ("step", "backward", "save", "load") and
-                                                             rx.search(f.code or "")):
-                if phase == "step" and f.function == "step" and "scheduler" in f.file:
+            where = f"{f.file}:{f.function}"
+            if rx.search(where) or (code_rx is not None and code_rx.search(f.code or "")):
+                if phase == "step" and "scheduler" in where:
                     continue                            # a learning-rate scheduler's step allocates nothing
                 return phase, f
     return None

@@ -103,7 +103,7 @@ def test_measure_dry_run_prints_the_same_object_and_saves_it(capsys, tmp_path):
     for dev in ("gpu", "host"):
         assert {"peak_bytes", "peak_phase", "phases", "categories"} <= set(d[dev])
     assert json.loads(out_file.read_text())["gpu"]["peak_bytes"] == d["gpu"]["peak_bytes"]
-    from helpers import snapshots                      # and the allocator model's snapshot beside it, at its peak
+    from helpers import snapshots  # and the allocator model's snapshot beside it, at its peak
     snap = snapshots.load(out_file.with_suffix(".pickle"))
     assert d["meta"]["snapshot"]["oom"] is None and snapshots.summary(snap)["allocated"] > 0
 

@@ -23,13 +23,9 @@ def text_of(report: dict) -> str:
 
 def setup_of(report: dict):
     """(model, TrainSetup) from a report's flags, as the CLI reads them."""
-    from helpers.__main__ import Parser, imported_from, setup_parser
+    from helpers.__main__ import read_flags
 
-    p = Parser(prog="t")
-    setup_parser(p)
-    a = p.parse_args(report["flags"])
-    model, setup, _, _ = imported_from(a)
-    return model, setup
+    return read_flags(report["flags"])
 
 
 def test_every_report_is_cited_and_says_what_it_expects():
@@ -126,12 +122,72 @@ def test_nvidia_smi_table():
     assert p.smi_processes[0][:2] == (0, 12345)
 
 
-@pytest.mark.parametrize("text", ["", "hello", "Tried to allocate", "x" * 1000, "CUDA out of memory",
-                                  "\x00\x01\x02", "Traceback (most recent call last):"])
-def test_text_without_a_report_is_one_clear_line(text):
-    with pytest.raises(InputError, match="no out-of-memory report found") as e:
+@pytest.mark.parametrize("text,words", [("", "the text is empty"), ("hello", "no out-of-memory report found"),
+                                        ("Tried to allocate", "no out-of-memory report"),
+                                        ("x" * 1000, "no out-of-memory"), ("\x00\x01\x02", "no out-of-memory"),
+                                        ('Traceback (most recent call last):\n  File "t.py", line 9, in <module>\n'
+                                         "    for step, inputs in enumerate(loader):\nKeyError: 'input_ids'",
+                                         "a traceback without an out-of-memory error: it ends \"KeyError"),
+                                        ("CUDA out of memory. Tried to allocate 2,00 GiB", "decimal commas")])
+def test_text_without_a_report_is_one_clear_line(text, words):
+    with pytest.raises(InputError, match=words) as e:
         oom_messages.read(text)
     assert "\n" not in str(e.value)
+
+
+def test_an_out_of_memory_without_figures_is_said_so():
+    p = oom_messages.read("torch.cuda.OutOfMemoryError: CUDA out of memory.")
+    assert p.oom is None and p.other_errors[0].kind == "no_figures"
+    assert "without its figures" in explain.explain("torch.cuda.OutOfMemoryError: CUDA out of memory.").text()
+
+
+def test_a_message_cut_short_keeps_what_it_has():
+    o = oom_messages.read(REPORTS["unsloth-465-llama3-8b-4bit-t4-18k"]["message"]).oom
+    assert o.format == "requested_only" and o.capacity.text == "14.75 GiB" and o.free.text == "3.78 GiB"
+
+
+def test_edited_figures_are_said_unreadable_not_missing():
+    o = oom_messages.read("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of "
+                          "which 120.00 GiB is free. Of the allocated memory 20.00 GiB is allocated by PyTorch, and "
+                          "-3.00 GiB is reserved by PyTorch but unallocated.").oom
+    assert o.format == "unreadable_rest"
+
+
+def test_a_log_folded_at_a_fixed_width_is_read_whole():
+    msg = REPORTS["instructlab-2666-granite-7b-l4-two-processes"]["message"]
+    folded = "\n".join(msg[i:i + 80] for i in range(0, len(msg), 80))          # cut mid-word, as a terminal does
+    o = oom_messages.read(folded).oom
+    assert o.format == "this_process" and o.this_process.text == "17.05 GiB" and o.unallocated.text == "1.07 GiB"
+
+
+@pytest.mark.parametrize("text,kind", [
+    ("RuntimeError: MPS backend out of memory (MPS allocated: 8.89 GB, other allocations: 172.98 MB, max allowed: "
+     "9.07 GB). Tried to allocate 6.25 MB on private pool.", "mps"),
+    ("RuntimeError: CUDA error: out of memory", "cuda_error")])
+def test_other_devices_and_errors_are_named(text, kind):
+    assert oom_messages.read(text).other_errors[0].kind == kind
+
+
+def test_an_xpu_message_is_read():
+    o = oom_messages.read("torch.OutOfMemoryError: XPU out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total "
+                          "capacity of 15.11 GiB. Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes "
+                          "is reserved by PyTorch but unallocated.").oom
+    assert o.backend == "XPU" and o.capacity.text == "15.11 GiB" and o.free is None
+
+
+@pytest.mark.parametrize("frames,phase", [
+    (['File "/x/torch/distributed/launcher/api.py", line 134, in __call__'], None),     # the launcher: no phase
+    (['File "/x/transformers/trainer.py", line 1836, in _inner_training_loop',
+      "    for step, inputs in enumerate(epoch_iterator):"], None),                    # a loop variable named step
+    (['File "run_rm.py", line 40, in run_rm', "    trainer = PairwiseTrainer(",
+      'File "/x/transformers/trainer.py", line 373, in __init__'], "setup"),
+    (['File "/x/torch/optim/lr_scheduler.py", line 70, in step'], None),
+    (['File "train.py", line 9, in main', "    optimizer.step()"], "step"),
+])
+def test_phase_rules_on_frames(frames, phase):
+    text = "\n".join(frames) + "\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    got = oom_messages.read(text).phase()
+    assert (got[0] if got else None) == phase
 
 
 def test_absurd_figures_are_read_as_printed_not_crashed_on():
@@ -275,3 +331,14 @@ def test_cli_refuses_in_one_line(tmp_path, capsys, content, words):
 def test_cli_refuses_a_missing_file(capsys):
     assert main(["explain", "--message", "/nonexistent/err.txt"]) == 2
     assert "is not a file" in capsys.readouterr().err
+
+
+def test_a_log_over_the_limit_is_read_from_its_end(tmp_path, capsys, monkeypatch):
+    import helpers.__main__ as cli
+
+    monkeypatch.setattr(cli, "MAX_MESSAGE_BYTES", 200_000)
+    f = tmp_path / "train.log"
+    f.write_text("step 1 loss 2.0\n" * 50_000 + REPORTS["llamafactory-1221-llama7b-full-zero2-8xv100"]["message"])
+    assert main(["explain", "--message", str(f)]) == 0
+    out = capsys.readouterr()
+    assert "its last 200,000 are read" in out.err and "asked for 3.14 GiB" in out.out
