@@ -121,11 +121,13 @@ class Explanation:
                  "applies_to": "reported", "why": "torch's out-of-memory message: what PyTorch held and asked for"}]
 
 
-def preset_for(capacity: Printed | None) -> str | None:
-    """The GPU preset whose capacity, as CUDA gives it, is the message's 'total capacity' (within its printed
-    precision: the capacities quoted in data/published.json come from such messages), else None."""
+def presets_for(capacity: Printed | None) -> list[str]:
+    """The GPU presets whose capacity as CUDA gives it (the figures quoted in data/published.json come from such
+    messages) is the message's 'total capacity' within its printed precision. A capacity does not name a card (an
+    A100 80GB and an H100 80GB print nearly the same), so these are only candidates: `explain` uses a preset only
+    when the user names one (--gpu)."""
     if capacity is None:
-        return None
+        return []
     from helpers import gpus
 
     found = []
@@ -134,7 +136,7 @@ def preset_for(capacity: Printed | None) -> str | None:
         seen = [round(x["gib"] * GiB) for x in p["cuda_total"]] + [p["bytes"]]
         if any(abs(b - capacity.bytes) <= capacity.half_step + 0.005 * GiB for b in seen):
             found.append(name)
-    return found[0] if len(found) == 1 else None
+    return found
 
 
 def error_band() -> dict:
@@ -295,7 +297,12 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
             "the run, match the requested size to a buffer, and rank the ways out")
         return ex
     setup = checked(TrainSetup() if setup is None else setup)
-    ex.preset = gpu or preset_for(o.capacity if o else None)
+    ex.preset = gpu
+    if gpu is None and o is not None and o.capacity is not None:
+        like = presets_for(o.capacity)
+        say(f"GPU: {o.capacity} as the message prints it" + (f" (the capacity of {' or '.join(like)}, among others "
+                                                              f"possibly" if like else "")
+            + ("); " if like else "; ") + "give --gpu NAME for that card's measured CUDA context, else an assumed one")
     if o is not None and o.capacity is not None:
         cap = o.allowed if o.allowed is not None else o.capacity
         setup = setup.replace(gpu_gib=round(cap.bytes / GiB, 3))

@@ -47,7 +47,8 @@ def _overhead_words(r: Result) -> str:
     was not measured on this GPU), cuBLAS's workspaces, and NCCL's buffers where there are any."""
     parts = preset_parts(r)
     ctx = gpus.cuda_context(r.meta.get("gpu_preset"))
-    assumed = f" ({ctx['note']})" if "assumed" in ctx.get("note", "") else ""
+    short = ctx.get("gpu", "").removeprefix("NVIDIA ").split(" ")[0]
+    assumed = f" (an {short}'s, assumed)" if "assumed" in ctx.get("note", "") else ""
     if parts.get("nccl_buffers"):
         return f"the CUDA context{assumed}, cuBLAS's workspaces and NCCL's buffers"
     return f"the CUDA context{assumed} and cuBLAS's workspaces"
@@ -71,9 +72,9 @@ def device_total_oom(r: Result) -> str | None:
     if not extra or not cap or r.gpu.peak_bytes + extra <= cap:
         return None
     part = gpus.pushed_over(r.gpu.peak_bytes, r.gpu.peak_bytes, parts, cap)
-    return (f"OOM on GPU with the device total: {to_gib(r.gpu.peak_bytes + extra):.1f} GiB (tensors "
-            f"{to_gib(r.gpu.peak_bytes):.1f} + {to_gib(extra):.1f} for {_overhead_words(r)}) of "
-            f"{to_gib(cap):.1f} GiB: {gpus.PART_LABELS[part or 'cuda_context']} took it over")
+    return (f"OOM on GPU with the device total: {to_gib(r.gpu.peak_bytes + extra):.1f} of {to_gib(cap):.1f} GiB "
+            f"(tensors {to_gib(r.gpu.peak_bytes):.1f} + {to_gib(extra):.1f} for {_overhead_words(r)}): "
+            f"{gpus.PART_LABELS[part or 'cuda_context']} tips it over")
 
 
 def versioned_lines(r: Result) -> list[str]:

@@ -190,6 +190,6 @@ def test_with_a_preset_the_estimate_counts_the_cuda_context_as_fit_does(capsys):
     f = json.loads(capsys.readouterr().out)["fit"][0]
     assert main(["estimate", *base, "--seq", str(f["next_value"])]) == 0
     out = capsys.readouterr().out
-    assert "OOM on GPU with the device total" in out and "the CUDA context took it over" in out
+    assert "OOM on GPU with the device total" in out and "the CUDA context tips it over" in out
     assert main(["estimate", *base, "--seq", str(f["value"])]) == 0
     assert "fits:" in capsys.readouterr().out
