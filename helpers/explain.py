@@ -282,7 +282,7 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
             "meta-device: ranks per node x model size), or with optimizer / parameter offload (the estimate's host "
             "column); loading is not a phase of the estimate yet")
     for e in pasted.other_errors:
-        say(f"{'error' if e.kind == 'no_figures' else 'GPU'}: {OTHER_WORDS[e.kind]} (line {e.line}: "
+        say(f"{'note' if e.kind == 'no_figures' else 'GPU'}: {OTHER_WORDS[e.kind]} (line {e.line}: "
             f"{e.text[:100]!r})")
     for m in pasted.memory_lines:
         say(f"DeepSpeed see_memory_usage, line {m.line}{' (' + m.label[:60] + ')' if m.label else ''}: allocated "
@@ -382,11 +382,15 @@ def _say_snapshot(ex: Explanation, snap, model, setup) -> None:
     sm = snapshots.summary(snap)
     sm["modelled"] = any(f["filename"] == OWN_FRAME for b in snap.blocks for f in b.frames)
     ex.snapshot = sm
-    say(f"snapshot {snap.path} ({snap.format}; device {snap.device} of {snap.devices}): {sm['segments']} segments, "
-        f"{fmt(sm['reserved'], 2)} reserved, {fmt(sm['allocated'], 2)} allocated, {fmt(sm['cached_free'], 2)} cached "
-        f"free (largest free block {fmt(sm['largest_free'], 2)})   ["
-        + ("modelled: written by this package's allocator model" if sm["modelled"] else "the allocator's own bytes")
-        + "]")
+    if snap.profiler:
+        say(f"snapshot {snap.path} ({snap.format}): {fmt(sm['allocated'], 2)} allocated in {sm['blocks']} blocks "
+            f"[the profiler's tensors; it has no allocator segments, so no reserved or free figure]")
+    else:
+        say(f"snapshot {snap.path} ({snap.format}; device {snap.device} of {snap.devices}): {sm['segments']} "
+            f"segments, {fmt(sm['reserved'], 2)} reserved, {fmt(sm['allocated'], 2)} allocated, "
+            f"{fmt(sm['cached_free'], 2)} cached free (largest free block {fmt(sm['largest_free'], 2)})   ["
+            + ("modelled: written by this package's allocator model" if sm["modelled"] else
+               "the allocator's own bytes") + "]")
     if snap.oom is not None:
         free = snap.oom.get("device_free")
         say(f"  its trace ends in an out-of-memory: {fmt(snap.oom.get('size') or 0, 2)} asked"
@@ -461,7 +465,10 @@ def _fragmentation(ex: Explanation, o: CudaOOM) -> None:
         ex.lines.append(f"fragmentation: {fmt(cached, 2)} was reserved by PyTorch but unallocated, more than the "
                         f"{o.requested} asked, yet no cached block could hold it (the cache is in pieces, or held "
                         f"for another stream): {var}=expandable_segments:True lets segments grow instead of "
-                        f"caching pieces (torch 2.1+); curing it frees at most those {fmt(cached, 2)} ({share})")
+                        f"caching pieces (torch 2.1+" + (", newer than this message's torch; before it, "
+                                                         "max_split_size_mb" if o.format in ("cached",
+                                                         "reserved_in_total", "parenthesised_cut") else "")
+                        + f"); curing it frees at most those {fmt(cached, 2)} ({share})")
     elif cached > 0:
         ex.lines.append(f"fragmentation: not the cause ({fmt(cached, 2)} cached but unallocated, less than the "
                         f"{o.requested} asked)")
@@ -578,6 +585,12 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
         return
     used = o.allocated.bytes + o.requested.bytes
     est = max(phases[p] for p in compare if p in phases)
+    room = o.free.bytes if o.free is not None else (o.capacity.bytes - (o.reserved_bytes or o.allocated.bytes)
+                                                     if o.capacity is not None else None)
+    if room is not None and o.capacity is not None and room >= o.requested.bytes:
+        say(f"  the GPU was not full: {fmt(room, 2)} of {o.capacity} was left, more than the {o.requested} asked; "
+            f"the request failed for another reason (a per-allocation limit, a memory fraction, memory another "
+            f"process took meanwhile), so the comparison below says little")
     band = error_band()
     ex.at_phase = {"phases": list(compare), "estimate_bytes": est, "allocated_plus_requested": used,
                    "ratio": used / est if est else None, "band": band}
@@ -601,18 +614,25 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
     elif ok is None:
         say("  the run held less than the estimate's figure there: consistent with it")
     elif ok:
-        say("  the run died below the estimate's peak, and the estimate says the set-up fits: something else held "
-            "the GPU (see other processes above) or the capacity was smaller than assumed")
+        why = []
+        if ex.fragmentation and ex.fragmentation["cause"]:
+            why.append(f"fragmentation ({fmt(ex.fragmentation['cached_free_bytes'], 2)} cached in pieces)")
+        if ex.others and ex.others["bytes"] > 0.02 * (cap or 0):
+            why.append(f"memory outside this run's tensors ({fmt(ex.others['bytes'], 2)}, above)")
+        say("  the run died below the estimate's peak, and the estimate says the set-up fits: "
+            + ("; ".join(why) + " explain(s) the difference" if why else
+               "neither fragmentation nor other processes account for it: the set-up given is likely not the "
+               "run's (sequence length, micro batch, precision), or the run held tensors the estimate does not"))
     elif used < est and cap and est > 2 * cap:
         say(f"  consistent, both say it does not fit: the estimate needs {fmt(est, 2)} here, {est / cap:.1f} times the GPU's "
-            f"{fmt(cap, 2)}, and the run died when the GPU filled. If the run got further than this phase, the "
+            f"{fmt(cap, 2)}, and the run died holding {fmt(used, 2)}. If the run got further than this phase, the "
             f"set-up given is not the run's (check the sequence length, checkpointing, LoRA and the strategy)")
     elif used < est:
         say("  consistent: the run died on its way to the estimate's figure, which does not fit this GPU")
     else:
         say(f"  consistent: the run held what the estimate puts there, within its error band (estimates came within "
             f"{band['under']:.0%} below published peaks on {band['runs']} runs), and that does not fit this GPU")
-    if ex.fragmentation and ex.fragmentation["cause"] and cap:
+    if ex.fragmentation and ex.fragmentation["cause"] and cap and ex.beyond is None:
         short = max(phases[p] for p in compare if p in phases) + sum(_overhead(r, ex.preset).values()) - cap
         ex.fragmentation["enough"] = short <= 0
         say("  fragmentation alone: " + ("curing it may let the run fit (the estimate's tensors and the CUDA "

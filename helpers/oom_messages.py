@@ -320,6 +320,10 @@ def read(text: str) -> Pasted:
                 out.other_errors.append(HostSign(kind, n, line.strip()[:300]))
                 break
         _read_smi(lines, n, line, out)
+    for n, line in enumerate(lines, 1):           # FSDP's state_dict warning: the out-of-memory came from a save
+        if re.search(r"Failed to clone\(\) tensor with name .* \(?state_dict|_full_post_state_dict_hook", line):
+            out.frames.append(Frame("<log>", n, "state_dict", line.strip()[:200]))
+            break
     if not (out.ooms or out.memory_lines or out.host or out.smi or out.other_errors):
         for n, line in enumerate(lines, 1):       # an out-of-memory named without its figures
             if re.search(r"out of memory|OutOfMemoryError", line, flags=re.I):
@@ -409,7 +413,7 @@ def _read_smi(lines: list[str], n: int, line: str, out: Pasted) -> None:
 # The phase a traceback shows, from its frames: the first rule (in this order) that any frame meets. The call chain
 # holds only active calls, so a save or an evaluation inside the training loop is found before the forward it calls.
 PHASE_RULES = (        # (phase, a pattern over a frame's 'path:function', a pattern over its code line or None)
-    ("save", r"save_checkpoint|_save_checkpoint|save_model|save_pretrained|_save_to_state_dict|"
+    ("save", r"save_checkpoint|_save_checkpoint|save_model|save_pretrained|_save_to_state_dict|^<log>:state_dict$|"
              r"consolidated_16bit_state_dict|_zero3_consolidated|full_state_dict|get_state_dict|dcp\.save|"
              r"\bsave_state\b", r"\.save_(?:checkpoint|model|pretrained)\("),
     ("resume", r"_load_from_checkpoint|_load_optimizer_and_scheduler|load_checkpoint|_load_rng_state|"
@@ -434,8 +438,9 @@ PHASE_RULES = (        # (phase, a pattern over a frame's 'path:function', a pat
     ("backward", r":\w*backward\w*$|run_backward|reduce_ipg_grads|reduce_independent_p_g_buckets|"
                  r"reduce_and_partition_ipg_grads|:_post_backward\w*$|allreduce_gradients",
      r"\.backward\(|run_backward\("),
-    ("forward", r":forward$|:training_step$|:compute_loss$|:_call_impl$|:_wrapped_call_impl$|cross_entropy|"
-                r"ForCausalLMLoss|convert_to_fp32", None),
+    ("forward", r":forward$|:compute_loss$|:_call_impl$|:_wrapped_call_impl$|cross_entropy|"
+                r"ForCausalLMLoss|convert_to_fp32",             # not training_step: it runs backward too
+     r"\bcompute_loss\(|\bmodel\(\*\*inputs|\boutputs = model\("),
 )
 LAUNCHERS = re.compile(r"torch/distributed/(?:elastic|launcher)/|torch/distributed/run\.py|accelerate/commands/|"
                        r"deepspeed/launcher/|<frozen runpy>|/runpy\.py|site-packages/click/|fire/core\.py")

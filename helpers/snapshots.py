@@ -66,6 +66,9 @@ class Snapshot:
     trace: list[dict] = field(default_factory=list)
     devices: list[int] = field(default_factory=list)
     format: str = ""
+    profiler: bool = False
+    """Written by torch's profiler route: its 'segments' are the span of its tensors' addresses, not the allocator's
+    segments, so reserved and free figures do not mean what they mean in an allocator's snapshot."""
 
     @property
     def oom(self) -> dict | None:
@@ -81,11 +84,15 @@ def load(path, device: int | None = None) -> Snapshot:
     if p.stat().st_size > MAX_BYTES:
         raise InputError(f"--snapshot {str(path)!r} is {p.stat().st_size / GiB:.1f} GiB; at most 2 GiB are read")
     data = p.read_bytes()
-    if data[:2] == b"\x1f\x8b":
+    if data[:2] == b"\x1f\x8b":                   # gzip: inflated a piece at a time, never past MAX_BYTES
         try:
-            data = gzip.decompress(data)
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as z:
+                data = z.read(MAX_BYTES + 1)
         except (OSError, EOFError) as e:
             raise InputError(f"--snapshot {str(path)!r} is a broken gzip file ({e})") from None
+        if len(data) > MAX_BYTES:
+            raise InputError(f"--snapshot {str(path)!r} inflates to over {MAX_BYTES / GiB:.0f} GiB; at most that is "
+                             f"read")
     if not data.startswith(b"\x80"):
         raise InputError(f"--snapshot {str(path)!r} is not a pickle (torch.cuda.memory._dump_snapshot writes one; a "
                          f"pasted error goes to --message)")
@@ -139,10 +146,15 @@ def from_dict(raw, path: str = "<snapshot>", device: int | None = None) -> Snaps
             blocks.append(Block(n, addr, size, state, _int(req, path, "requested_size") if req is not None else None,
                                 [_frame(f) for f in frames or [] if isinstance(f, dict)]))
             addr += size
+    profiler = any(isinstance(e, dict) and "category" in e for t in (raw.get("device_traces") or [])
+                   if isinstance(t, list) for e in t[:50])
+    if profiler:
+        fmt = "torch's profiler route (_profile_to_snapshot): segments span the addresses its tensors had"
     traces = raw.get("device_traces") or []
     trace = traces[device] if isinstance(traces, list) and device < len(traces) and isinstance(traces[device], list) \
         else []
-    return Snapshot(path, device, mine, blocks, [e for e in trace if isinstance(e, dict)], devices, fmt)
+    return Snapshot(path, device, mine, blocks, [e for e in trace if isinstance(e, dict)], devices, fmt,
+                    profiler)
 
 
 def _int(v, path, what) -> int:

@@ -342,3 +342,24 @@ def test_a_log_over_the_limit_is_read_from_its_end(tmp_path, capsys, monkeypatch
     assert main(["explain", "--message", str(f)]) == 0
     out = capsys.readouterr()
     assert "its last 200,000 are read" in out.err and "asked for 3.14 GiB" in out.out
+
+
+def test_a_request_that_fit_the_free_memory_is_said_so():
+    ex = explain.explain("torch.OutOfMemoryError: XPU out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total "
+                         "capacity of 15.11 GiB. Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes "
+                         "is reserved by PyTorch but unallocated.", "qwen3-0.6b", TrainSetup(seq=256), fixes=False)
+    assert "the GPU was not full" in ex.text() and "died holding" not in ex.text()
+
+
+def test_fsdps_state_dict_warning_says_the_save():
+    text = ("UserWarning: Failed to clone() tensor with name lm_head.weight on rank 0. This may mean that this "
+            "state_dict entry could point to invalid memory regions after returning from state_dict() call if this "
+            "parameter is managed by FSDP.\ntorch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            "250.00 MiB")
+    assert oom_messages.read(text).phase()[0] == "save"
+
+
+def test_a_traceback_cut_at_training_step_names_no_phase():
+    text = ('File "/x/transformers/trainer.py", line 3000, in training_step\n'
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert oom_messages.read(text).phase() is None

@@ -160,3 +160,18 @@ def test_explain_needs_a_message_or_a_snapshot(capsys):
     with pytest.raises(InputError):
         explain.explain(None)
     assert GiB == 2**30
+
+
+def test_a_gzip_that_inflates_past_the_limit_is_refused_without_inflating_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(snapshots, "MAX_BYTES", 1_000_000)
+    f = tmp_path / "bomb.pickle.gz"
+    f.write_bytes(gzip.compress(b"\x80" + b"\0" * 5_000_000))
+    with pytest.raises(InputError, match="inflates to over"):
+        snapshots.load(f)
+
+
+def test_a_profiler_snapshot_has_no_reserved_figure(torch_written):
+    s = snapshots.load(torch_written)
+    assert s.profiler
+    text = explain.explain(None, snapshot=s).text()
+    assert "no reserved or free figure" in text and "reserved," not in text.split("\n")[0]
