@@ -282,7 +282,7 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
             "meta-device: ranks per node x model size), or with optimizer / parameter offload (the estimate's host "
             "column); loading is not a phase of the estimate yet")
     for e in pasted.other_errors:
-        say(f"{'note' if e.kind == 'no_figures' else 'GPU'}: {OTHER_WORDS[e.kind]} (line {e.line}: "
+        say(f"{'note' if e.kind in ('no_figures', 'cut_traceback') else 'GPU'}: {OTHER_WORDS[e.kind]} (line {e.line}: "
             f"{e.text[:100]!r})")
     for m in pasted.memory_lines:
         say(f"DeepSpeed see_memory_usage, line {m.line}{' (' + m.label[:60] + ')' if m.label else ''}: allocated "
@@ -320,7 +320,7 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
             say(f"ways out: not ranked ({exc})")
         else:
             base = r.gpu.peak_bytes / GiB
-            fitting = [w for w in ex.ways if w.fits and w.peak_gib < base - 0.005]     # fits, and lowers the peak
+            fitting = [w for w in ex.ways if w.fits and w.peak_gib <= base - 0.05]    # fits, and lowers the peak
             say("ways out (estimated at this capacity, each lowering the peak; `fixes` lists every change with its "
                 "costs):" if fitting else
                 "ways out: no single change both fits this capacity and lowers the peak (`fixes` lists what each "
@@ -344,6 +344,8 @@ HOST_WORDS = {
     "cpu_allocator": "torch's CPU allocator could not allocate host memory",
 }
 OTHER_WORDS = {
+    "cut_traceback": "a traceback cut before its error line: its frames tell the phase; paste the error's last "
+                     "lines (from 'CUDA out of memory') for the request and the GPU's figures",
     "no_figures": "an out-of-memory error named without its figures: paste the whole message ('Tried to allocate "
                   "...' and what follows) for the request, the phase and the GPU's figures",
     "mps": "Apple's MPS backend ran out of memory (its own allocator on unified memory; its 'GB' figures are read as "

@@ -320,9 +320,12 @@ def read(text: str) -> Pasted:
                 out.other_errors.append(HostSign(kind, n, line.strip()[:300]))
                 break
         _read_smi(lines, n, line, out)
-    for n, line in enumerate(lines, 1):           # FSDP's state_dict warning: the out-of-memory came from a save
+    for n, line in enumerate(lines, 1):           # lines that name the phase without a frame of their own
         if re.search(r"Failed to clone\(\) tensor with name .* \(?state_dict|_full_post_state_dict_hook", line):
-            out.frames.append(Frame("<log>", n, "state_dict", line.strip()[:200]))
+            out.frames.append(Frame("<log>", n, "state_dict", line.strip()[:200]))    # FSDP's state_dict: a save
+            break
+        if "Calls into the C++ engine to run the backward pass" in line:                # torch's backward's comment
+            out.frames.append(Frame("<log>", n, "run_backward", line.strip()[:200]))
             break
     if not (out.ooms or out.memory_lines or out.host or out.smi or out.other_errors):
         for n, line in enumerate(lines, 1):       # an out-of-memory named without its figures
@@ -332,10 +335,14 @@ def read(text: str) -> Pasted:
     if not (out.ooms or out.memory_lines or out.host or out.smi or out.other_errors):
         first = next((x.strip() for x in lines if x.strip()), "")
         last = next((x.strip() for x in reversed(lines) if x.strip()), "")
-        if out.frames:
-            raise InputError(f"a traceback without an out-of-memory error: it ends {last[:80]!r}; expected "
+        if out.frames and re.match(r"^[\w.]*(?:Error|Exception|Interrupt|Exit)\b", last):
+            raise InputError(f"a traceback that ends in another error, not an out-of-memory: {last[:80]!r}; "
+                             f"expected {EXPECTED}")
+        if out.frames:                            # cut before its error line: its frames still tell the phase
+            out.other_errors.append(HostSign("cut_traceback", len(lines), last[:300]))
+        else:
+            raise InputError(f"no out-of-memory report found in the text (it starts {first[:60]!r}): expected "
                              f"{EXPECTED}")
-        raise InputError(f"no out-of-memory report found in the text (it starts {first[:60]!r}): expected {EXPECTED}")
     return out
 
 
@@ -413,7 +420,7 @@ def _read_smi(lines: list[str], n: int, line: str, out: Pasted) -> None:
 # The phase a traceback shows, from its frames: the first rule (in this order) that any frame meets. The call chain
 # holds only active calls, so a save or an evaluation inside the training loop is found before the forward it calls.
 PHASE_RULES = (        # (phase, a pattern over a frame's 'path:function', a pattern over its code line or None)
-    ("save", r"save_checkpoint|_save_checkpoint|save_model|save_pretrained|_save_to_state_dict|^<log>:state_dict$|"
+    ("save", r"save_checkpoint|_save_checkpoint|save_model|save_pretrained|_save_to_state_dict|<log>:state_dict$|"
              r"consolidated_16bit_state_dict|_zero3_consolidated|full_state_dict|get_state_dict|dcp\.save|"
              r"\bsave_state\b", r"\.save_(?:checkpoint|model|pretrained)\("),
     ("resume", r"_load_from_checkpoint|_load_optimizer_and_scheduler|load_checkpoint|_load_rng_state|"

@@ -127,7 +127,7 @@ def test_nvidia_smi_table():
                                         ("x" * 1000, "no out-of-memory"), ("\x00\x01\x02", "no out-of-memory"),
                                         ('Traceback (most recent call last):\n  File "t.py", line 9, in <module>\n'
                                          "    for step, inputs in enumerate(loader):\nKeyError: 'input_ids'",
-                                         "a traceback without an out-of-memory error: it ends \"KeyError"),
+                                         "a traceback that ends in another error, not an out-of-memory: \"KeyError"),
                                         ("CUDA out of memory. Tried to allocate 2,00 GiB", "decimal commas")])
 def test_text_without_a_report_is_one_clear_line(text, words):
     with pytest.raises(InputError, match=words) as e:
@@ -363,3 +363,16 @@ def test_a_traceback_cut_at_training_step_names_no_phase():
     text = ('File "/x/transformers/trainer.py", line 3000, in training_step\n'
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert oom_messages.read(text).phase() is None
+
+
+def test_a_traceback_cut_before_its_error_line_still_gives_its_phase():
+    p = oom_messages.read('[rank0]: Traceback (most recent call last):\n[rank0]:   File "train.py", line 9, in main\n'
+                          "[rank0]:     optimizer.step()\n[rank0]:   File \"/x/torch/optim/optimizer.py\", line 487, "
+                          "in wrapper\n[rank0]:     ret = func(self, *args, **kwargs)")
+    assert p.phase()[0] == "step" and p.other_errors[0].kind == "cut_traceback"
+
+
+def test_torchs_backward_comment_names_the_backward():
+    p = oom_messages.read(" Calls into the C++ engine to run the backward pass\ntorch.cuda.OutOfMemoryError: CUDA out of "
+                          "memory. Tried to allocate 134.00 MiB")
+    assert p.phase()[0] == "backward"
