@@ -376,3 +376,19 @@ def test_torchs_backward_comment_names_the_backward():
     p = oom_messages.read(" Calls into the C++ engine to run the backward pass\ntorch.cuda.OutOfMemoryError: CUDA out of "
                           "memory. Tried to allocate 134.00 MiB")
     assert p.phase()[0] == "backward"
+
+
+def test_llamafactorys_prediction_is_named_not_ignored(tmp_path):
+    """A LLaMA-Factory run that also predicts (LlamaFactory#7781 ran out there, not in training): do_predict and
+    predict_with_generate are listed as not modelled, with the direction of the real figure; off, they are ignored."""
+    from helpers import readers
+
+    f = tmp_path / "lf.yaml"
+    f.write_text("model_name_or_path: Qwen/Qwen2.5-7B\nstage: sft\ndo_train: true\ndo_predict: true\n"
+                 "predict_with_generate: true\nfinetuning_type: lora\nlora_target: all\ndataset: d\ntemplate: qwen\n"
+                 "cutoff_len: 1024\nper_device_train_batch_size: 1\nbf16: true\n")
+    imp = readers.read([str(f)])
+    assert {n.key for n in imp.not_modelled} >= {"do_predict", "predict_with_generate"}
+    assert all("higher" in n.why for n in imp.not_modelled if n.key.startswith(("do_predict", "predict")))
+    f.write_text(f.read_text().replace("do_predict: true", "do_predict: false"))
+    assert "do_predict" in {i.key for i in readers.read([str(f)]).ignored}
