@@ -1,7 +1,7 @@
 """Ways out of an out-of-memory: every single change a user could make to a set-up, its new peak, whether it fits,
 and what it costs (host RAM, pinned RAM, step time where that can be computed), ranked.
 
-`ways_out(model, setup)` tries each change on its own (checkpointing full or selective, a fused cross-entropy, a
+`ways_out(model, setup)` tries each change on its own (and, where none fits the same GPUs, every pair of them) (checkpointing full or selective, a fused cross-entropy, a
 smaller micro batch with more accumulation, a higher ZeRO stage or FSDP2, optimizer / parameter offload, the
 smallest offload ratio that fits, pin_memory off, 8-bit AdamW, LoRA, the fewest GPUs that fit, flash attention).
 Which changes exist for a strategy is decided by `TrainSetup.validate` and the registry (`helpers.strategies`): a
@@ -137,8 +137,37 @@ def ways_out(model, setup: TrainSetup, gpu: str | None = None, skipped: list | N
     add(_smaller_batch(model, setup, base, gpu, skipped))
     add(_offload_ratio(model, setup, base, gpu, skipped))
     add(_more_gpus(model, setup, base, gpu, skipped))
+    if not any(w.fits for w in ways if not w.name.startswith("more GPUs")):
+        ways += _pairs(model, setup, base, gpu)       # no single change on these GPUs fits: the cheapest pairs
     ways.sort(key=lambda w: (not w.fits, w.step_seconds_added is None, w.step_seconds_added or 0.0, w.host_gib_added))
     return ways
+
+
+PAIRS_KEPT = 5
+
+
+def _pairs(model, setup: TrainSetup, base: Result, gpu) -> list[WayOut]:
+    """Where no single change fits on the same GPUs: every pair of single changes (and micro batch 1 with the
+    accumulation that keeps the global batch) that the set-up allows, estimated; the PAIRS_KEPT cheapest that fit,
+    by the same ranking as the single ones."""
+    singles = list(_candidates(model, setup))
+    if setup.batch > 1 and setup.grad_accum * setup.batch <= MAX_GRAD_ACCUM:
+        singles.append(("micro batch 1, more accumulation", {"batch": 1, "grad_accum": setup.grad_accum * setup.batch}))
+    found = []
+    for i, (name_a, a) in enumerate(singles):
+        for name_b, b in singles[i + 1:]:
+            if set(a) & set(b):
+                continue                            # two values of one setting: not a pair
+            change = a | b
+            try:
+                new = setup.replace(**change)
+                r = estimate.run(model, new)
+            except InputError:
+                continue
+            if fit.fits(r, gpu)[0]:
+                found.append(_way(model, f"{name_a} + {name_b}", change, setup, base, new, r, gpu))
+    found.sort(key=lambda w: (w.step_seconds_added is None, w.step_seconds_added or 0.0, w.host_gib_added))
+    return found[:PAIRS_KEPT]
 
 
 def _way(model, name, change, before, base, after, r, gpu) -> WayOut:

@@ -294,3 +294,16 @@ def test_more_gpus_never_proposes_as_many_or_fewer_gpus_than_the_run_has():
     ways = fixes.ways_out("llama-3-8b", setup, skipped=skipped)
     assert all(w.change.get("gpus", setup.gpus + 1) > setup.gpus for w in ways)
     assert any(name == "more GPUs" and "already has 4096 GPUs" in why for name, why in skipped)
+
+
+def test_where_no_single_change_fits_the_cheapest_pairs_are_tried():
+    """Llama 3.1 70B under FSDP2 on eight 80 GB A100s at 2 x 8192 tokens: no single change fits those GPUs (only more
+    of them would); pairs of changes are estimated, and those offered fit, each two changes at once."""
+    s = TrainSetup(strategy="fsdp2", gpus=8, seq=8192, batch=2, gpu_gib=gpus.preset("a100-80gb")["gib"])
+    ways = fixes.ways_out("llama-3.1-70b", s, gpu="a100-80gb")
+    singles = [w for w in ways if " + " not in w.name and not w.name.startswith("more GPUs")]
+    pairs = [w for w in ways if " + " in w.name]
+    assert singles and not any(w.fits for w in singles)
+    assert pairs and all(w.fits and fit.fits(w.result, "a100-80gb")[0] for w in pairs)
+    assert all(len(w.name.split(" + ")) == 2 for w in pairs)
+    assert ways[0] in pairs                                    # a pair that fits ranks above what does not
