@@ -132,7 +132,7 @@ class CudaOOM:
         for name in ("requested", "capacity", "free", "allowed", "allocated", "reserved", "unallocated",
                      "private_pools", "this_process"):
             v = getattr(self, name)
-            out[name] = None if v is None else {"bytes": v.bytes, "printed": v.text}
+            out[name] = None if v is None else {"bytes": v.bytes, "plus_minus_bytes": v.half_step, "printed": v.text}
         out["processes"] = [{"pid": pid, "bytes": p.bytes, "printed": p.text} for pid, p in self.processes]
         out["processes_without_figure"] = self.processes_without_figure
         return out
