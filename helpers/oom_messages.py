@@ -229,6 +229,7 @@ _PROCESS = re.compile(r"Process (?P<pid>\d+) has (?P<size>" + SIZE + r") memory 
 _THIS = re.compile(r"Including non-PyTorch memory, this process has (?P<size>" + SIZE + r") memory in use\.")
 _ALLOWED = re.compile(r"(?P<size>" + SIZE + r") allowed;")
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')       # Python's tracebacks
+_IPY8_FRAME = re.compile(r"File (?P<file>\S+\.py):(?P<line>\d+), in (?P<func>[\w<>.]+)")      # IPython 8's
 _RICH_FRAME = re.compile(r"^[\s│|]*(?P<file>\S+\.py):(?P<line>\d+) in (?P<func>\S+?)\s*[│|]?\s*$")   # rich's
 _IPY_FRAME = re.compile(r"^\[?(?P<file>[^\s\[\]()]+\.py|<ipython-input-[^>]*>)\]?(?:\([^)\s]*\))?\s+in\s+"
                         r"(?P<func><cell line: \d+>|[\w<>]+)\(")                                       # IPython's
@@ -300,11 +301,13 @@ def read(text: str) -> Pasted:
             out.frames.append(Frame(m.group("file"), int(m.group("line")), m.group("func"),
                                     "" if _FRAME.search(lines[n] if n < len(lines) else "") or
                                     nxt.startswith("Traceback") else nxt[-300:]))
-        elif m := _IPY_FRAME.match(line.strip()):
-            # IPython / Colab: 'file.py in func(args)', then the failing line as '--> 781   code'
+        elif (m := _IPY8_FRAME.search(line)) or (m := _IPY_FRAME.match(line.strip())):
+            # IPython and Colab: 'File path.py:109, in func(args)' (IPython 8) or 'path.py in func(args)', then
+            # the failing line as '--> 109     code'
             below = next((x for x in (y.strip() for y in lines[n:n + 20]) if _IPY_LINE.match(x)), None)
             hit = _IPY_LINE.match(below) if below else None
-            out.frames.append(Frame(m.group("file"), int(hit.group("line")) if hit else 0, m.group("func"),
+            number = int(m.group("line")) if "line" in m.re.groupindex else int(hit.group("line")) if hit else 0
+            out.frames.append(Frame(m.group("file"), number, m.group("func"),
                                     hit.group("code").strip()[:300] if hit else ""))
         if m := _SEE.search(line):
             label = lines[n - 2].strip() if n >= 2 and not _SEE.search(lines[n - 2]) else ""
@@ -427,7 +430,7 @@ PHASE_RULES = (        # (phase, a pattern over a frame's 'path:function', a pat
                r"load_optimizer_state|:load_state$|dcp\.load", None),
     ("load", r"from_pretrained|_load_pretrained_model|_load_state_dict_into_meta_model|load_state_dict|"
              r"_load_checkpoint_into|:load_model$|dispatch_model|quantize_4bit|replace_with_bnb|"
-             r"_process_model_before_weight_loading|set_module_tensor_to_device|:_apply$|:convert$|:cuda$",
+             r"_process_model_before_weight_loading|set_module_\w*tensor_to_device|:_apply$|:convert$|:cuda$",
      r"\bfrom_pretrained\(|\.to\(['\"]?cuda|\.cuda\(\)"),
     ("generation", r"\bgenerate\b|_generate_and_score|:_sample$|generate_sequences|vllm/", None),
     ("evaluation", r"\bevaluate\b|evaluation_loop|prediction_step|prediction_loop|:_maybe_log_save_evaluate$|"

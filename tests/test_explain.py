@@ -91,9 +91,15 @@ def test_two_ranks_printed_into_one_line_are_two_messages():
 
 
 @pytest.mark.parametrize("rid,phase", [(k, r["expect"]["phase"]) for k, r in REPORTS.items()
-                                       if r["expect"].get("phase") and r["frames"] and "flags" not in r])
+                                       if r["expect"].get("phase") and "flags" not in r])
 def test_the_phase_a_traceback_shows(rid, phase):
     assert oom_messages.read(text_of(REPORTS[rid])).phase()[0] == phase
+
+
+@pytest.mark.parametrize("rid", [k for k, r in REPORTS.items() if "other" in r["expect"]])
+def test_errors_outside_the_caching_allocator(rid):
+    r = REPORTS[rid]
+    assert oom_messages.read(text_of(r)).other_errors[0].kind == r["expect"]["other"]
 
 
 @pytest.mark.parametrize("rid", [k for k, r in REPORTS.items() if "host" in r["expect"]])
