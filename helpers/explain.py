@@ -561,6 +561,15 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
             + ("" if r.oom["phase"] else ", with the CUDA context") + ")")
     if ex.phase in NOT_MODELLED_PHASES:
         say(f"  not placed: {NOT_MODELLED_PHASES[ex.phase]}")
+    order = ("setup", "forward", "backward", "step")
+    if ex.phase_from == "traceback" and first in order and ex.phase in order and first != ex.phase:
+        if order.index(first) < order.index(ex.phase):
+            say(f"  the run got further than the estimate allows: the estimate runs out at the "
+                f"{PHASE_LABELS[first]}, the traceback is at the {PHASE_LABELS[ex.phase]}: the set-up given holds "
+                f"more than the run did (check the sequence length, micro batch, checkpointing)")
+        else:
+            say(f"  the run died earlier than the estimate says: the traceback is at the {PHASE_LABELS[ex.phase]}, "
+                f"the estimate first runs out at the {PHASE_LABELS[first]}")
     compare = ESTIMATE_PHASES.get(ex.phase, ())
     if ex.phase is None:
         compare = tuple(phases)         # no phase known and none over: the run held more than any phase of the estimate?

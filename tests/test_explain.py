@@ -398,3 +398,13 @@ def test_llamafactorys_prediction_is_named_not_ignored(tmp_path):
     assert all("higher" in n.why for n in imp.not_modelled if n.key.startswith(("do_predict", "predict")))
     f.write_text(f.read_text().replace("do_predict: true", "do_predict: false"))
     assert "do_predict" in {i.key for i in readers.read([str(f)]).ignored}
+
+
+def test_a_traceback_further_than_the_estimate_allows_is_said(tmp_path):
+    """The H100 run's message with a traceback at the optimizer step, told against a set-up whose estimate already
+    runs out in the forward (16,384 tokens without checkpointing): the run got further than that set-up could."""
+    rows = json.loads((models.DATA_DIR / "results" / "gpu_runs.json").read_text())["rows"]
+    seen = next(x for x in rows if (x["result"] or {}).get("meta", {}).get("oom_observed"))["result"]["meta"]["oom_observed"]
+    text = 'File "train.py", line 9, in main\n    optimizer.step()\n' + seen["message"]
+    ex = explain.explain(text, "llama-3-8b", TrainSetup(seq=16384), fixes=False)
+    assert ex.phase == "step" and "the run got further than the estimate allows" in ex.text()
