@@ -262,6 +262,8 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
                     pasted.frames.append(oom_messages.Frame(str(f.get("filename", "")), int(f.get("line") or 0),
                                                             str(f.get("name", ""))))
     o = pasted.oom
+    if snapshot is not None and o is not None and o.format != "snapshot":
+        _cross_check(ex, o, snapshot)
     _say_found(ex, pasted)
     traced = pasted.phase()
     if own_phase in PHASE_LABELS:
@@ -375,6 +377,27 @@ def _oom_of_snapshot(snap) -> CudaOOM:
     if isinstance(e.get("device_free"), int):
         o.free = exact(e["device_free"])
     return o
+
+
+def _cross_check(ex: Explanation, o: CudaOOM, snap) -> None:
+    """A message and a snapshot given together: from the same out-of-memory when the snapshot's request (its 'oom'
+    entry, round_size) asks the message's segment, and its allocated bytes are the message's, both within the
+    message's precision; said either way."""
+    from helpers import snapshots
+
+    sm = snapshots.summary(snap)
+    checks = []
+    if snap.oom is not None and snap.oom.get("size"):
+        checks.append(("the request", o.requested.matches(allocation_size(round_size(snap.oom["size"])))))
+    if o.allocated is not None and not snap.profiler:
+        checks.append(("PyTorch's allocated bytes", o.allocated.matches(sm["allocated"])))
+    if not checks:
+        return
+    off = [what for what, ok in checks if not ok]
+    ex.lines.append("snapshot and message: " + ("the same out-of-memory (" + " and ".join(w for w, _ in checks)
+                                               + " agree to the message's precision)" if not off else
+                                               "not the same moment or run: " + " and ".join(off)
+                                               + " differ; each is read on its own"))
 
 
 def _say_snapshot(ex: Explanation, snap, model, setup) -> None:

@@ -175,3 +175,25 @@ def test_a_profiler_snapshot_has_no_reserved_figure(torch_written):
     assert s.profiler
     text = explain.explain(None, snapshot=s).text()
     assert "no reserved or free figure" in text and "reserved," not in text.split("\n")[0]
+
+
+def test_a_message_and_a_snapshot_of_different_moments_are_said_so(modelled):
+    s = snapshots.load(modelled[0])
+    other = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of " \
+            "6.00 GiB of which 1.00 MiB is free. Of the allocated memory 4.00 GiB is allocated by PyTorch, and " \
+            "1.00 GiB is reserved by PyTorch but unallocated."
+    ex = explain.explain(other, snapshot=s)
+    assert "not the same moment or run" in ex.text()
+
+
+def test_a_message_and_the_snapshot_of_its_moment_agree(modelled):
+    from helpers.measure.allocator import allocation_size
+    from helpers.units import fmt
+
+    s = snapshots.load(modelled[0])
+    sm = snapshots.summary(s)
+    mib = allocation_size(s.oom["size"]) / 2**20
+    same = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {mib:.2f} MiB. GPU 0 has a total capacity "
+            f"of 6.00 GiB of which 1.00 MiB is free. Of the allocated memory {fmt(sm['allocated'], 2)} is allocated by "
+            f"PyTorch, and {fmt(sm['cached_free'], 2)} is reserved by PyTorch but unallocated.")
+    assert "the same out-of-memory" in explain.explain(same, snapshot=s).text()
