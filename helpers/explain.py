@@ -325,14 +325,15 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
             fitting = [w for w in ex.ways if w.fits and w.peak_gib <= base - 0.05]    # fits, and lowers the peak
             say("ways out (estimated at this capacity, each lowering the peak; `fixes` lists every change with its "
                 "costs):" if fitting else
-                "ways out: no single change both fits this capacity and lowers the peak (`fixes` lists what each "
-                "gives; a combination, such as offload with checkpointing, may)")
+                "ways out: no single change, nor any pair of them, both fits this capacity and lowers the peak "
+                "(`fixes` lists what each gives)")
             for w in fitting[:5]:
                 change = ", ".join(f"{k}={v}" for k, v in w.change.items() if v is not None)
                 say(f"  {w.name}: {w.peak_gib:.1f} GiB per GPU, from {base:.1f} ({change})")
     if ex.fragmentation and ex.fragmentation["cause"]:
-        say("  expandable_segments:True in the allocator's settings (fragmentation; no change to the set-up)" + ("" if ex.fragmentation.get("enough", True) else ": not enough alone, the estimate "
-                             "needs more than the GPU has"))
+        enough = ex.fragmentation.get("enough", True)
+        say("  expandable_segments:True in the allocator's settings (fragmentation; no change to the set-up)"
+            + ("" if enough else ": not enough alone, the estimate needs more than the GPU has"))
     return ex
 
 
