@@ -408,3 +408,16 @@ def test_a_traceback_further_than_the_estimate_allows_is_said(tmp_path):
     text = 'File "train.py", line 9, in main\n    optimizer.step()\n' + seen["message"]
     ex = explain.explain(text, "llama-3-8b", TrainSetup(seq=16384), fixes=False)
     assert ex.phase == "step" and "the run got further than the estimate allows" in ex.text()
+
+
+def test_trainer_evaluation_is_named_when_on(tmp_path):
+    """TrainingArguments' eval_strategy (or do_eval) turns evaluation on beside training: listed as not modelled in a
+    TRL file too, with the direction of the real figure; 'no' (or false) is ignored."""
+    from helpers import readers
+
+    f = tmp_path / "sft.yaml"
+    f.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\ndataset_name: d\nper_device_train_batch_size: 2\n"
+                 "max_length: 1024\nbf16: true\neval_strategy: steps\ndo_eval: false\n")
+    imp = readers.read([str(f)])
+    assert [n.key for n in imp.not_modelled if n.key in ("eval_strategy", "do_eval")] == ["eval_strategy"]
+    assert "do_eval" in {i.key for i in imp.ignored}

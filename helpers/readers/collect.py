@@ -183,6 +183,32 @@ def misspelt(key: str, done: set[str]) -> str | None:
     return near[0] if near else None
 
 
+EVALUATION = {
+    "do_eval": "evaluation runs forward passes outside the training step (with compute_metrics and no "
+               "eval_accumulation_steps the Trainer keeps every evaluation batch's logits on the GPU until it ends: "
+               "TrainingArguments' docs): the real figure is higher while it runs",
+    "do_predict": "prediction runs forward passes outside the training step (with predict_with_generate, generation "
+                  "and its KV cache): the real figure is higher while it runs",
+    "predict_with_generate": "generation during evaluation or prediction (a KV cache per sequence): the real figure "
+                             "is higher while it runs",
+}
+EVALUATION["eval_strategy"] = EVALUATION["evaluation_strategy"] = EVALUATION["do_eval"]
+
+
+def evaluation(c, key: str, value) -> bool:
+    """A TrainingArguments switch that runs evaluation or prediction beside training: listed as not modelled when it
+    turns one on (the real figure is higher while it runs), ignored when off; False for any other key."""
+    if key not in EVALUATION:
+        return False
+    text = str(value).strip().lower()
+    on = text not in ("no", "none", "false", "0", "") if key.endswith("strategy") else text in ("true", "1")
+    if on:
+        c.unmodelled(key, value, EVALUATION[key])
+    else:
+        c.ignore(key, value)
+    return True
+
+
 def refuse_misspelt(path, key: str, done: set[str], tool: str) -> None:
     """ConfigError naming `key` and what it looks like (see `misspelt`), when it looks like one."""
     near = misspelt(key, done)

@@ -104,12 +104,7 @@ NOT_MODELLED = {
     "fsdp_config": "FSDP through transformers' Trainer (not read by this reader)",
     "max_grad_norm": None, "torch_compile": "torch.compile changes which activations are kept",
     "train_from_scratch": None,
-    "do_predict": "prediction runs forward passes outside the training step (with predict_with_generate, "
-                  "generation and its KV cache): the real figure is higher while it runs",
-    "predict_with_generate": "generation during evaluation or prediction (a KV cache per sequence): the real figure "
-                             "is higher while it runs",
 }
-EVALUATION = {"do_predict", "predict_with_generate"}     # listed only when on: off, they change nothing
 
 
 STAGES = ("pt", "sft", "rm", "ppo", "dpo", "kto")     # finetuning_args.py `stage`: a LLaMA-Factory file's own key
@@ -371,9 +366,9 @@ class _Reader(collect.TrainerYaml):
         for key, value in data.items():
             if key in done:
                 continue
-            if key in EVALUATION and value in (False, None, "false", "False"):
-                c.ignore(key, value)
-            elif key in NOT_MODELLED and NOT_MODELLED[key]:
+            if collect.evaluation(c, key, value):           # listed when on, ignored when off
+                continue
+            if key in NOT_MODELLED and NOT_MODELLED[key]:
                 c.unmodelled(key, value, NOT_MODELLED[key])
             else:
                 collect.refuse_misspelt(self.path, key, done, TOOL)
