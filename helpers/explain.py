@@ -25,7 +25,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from helpers import estimate, models, oom_messages
+from helpers import estimate, models, oom_messages, report
 from helpers.errors import InputError
 from helpers.measure.allocator import allocation_size, round_size
 from helpers.measure.snapshot import OWN_FRAME
@@ -553,14 +553,6 @@ def _setup_words(setup: TrainSetup) -> str:
     return ", ".join(words)
 
 
-def _overhead(r: Result, preset: str | None) -> dict[str, int]:
-    """What the GPU holds beyond the tensors in the estimate's device total (the CUDA context, cuBLAS's workspaces,
-    NCCL's buffers: helpers.gpus.overhead)."""
-    from helpers import gpus
-
-    return gpus.overhead(r.setup["strategy"], r.setup["gpus"], preset)
-
-
 def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | None) -> None:
     say = ex.lines.append
     phases = r.gpu.phases
@@ -576,7 +568,7 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
         say(f"  no GPU capacity known (the input names none: give --gpu NAME or --gpu-gib X): {verdict}")
     else:
         say(f"  estimate's verdict at {fmt(cap, 2)}: {verdict}")
-    first = r.oom["phase"] or next((p for p, b in phases.items() if cap and b + sum(_overhead(r, ex.preset).values())
+    first = r.oom["phase"] or next((p for p, b in phases.items() if cap and b + sum(report.preset_parts(r).values())
                                     > cap), None)
     if ex.phase is None and first:
         ex.phase, ex.phase_from = first, "figures"
@@ -668,7 +660,7 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
         say(f"  consistent: the run held what the estimate puts there, within its error band (estimates came within "
             f"{band['under']:.0%} below published peaks on {band['runs']} runs), and that does not fit this GPU")
     if ex.fragmentation and ex.fragmentation["cause"] and cap and ex.beyond is None:
-        short = max(phases[p] for p in compare if p in phases) + sum(_overhead(r, ex.preset).values()) - cap
+        short = max(phases[p] for p in compare if p in phases) + sum(report.preset_parts(r).values()) - cap
         ex.fragmentation["enough"] = short <= 0
         say("  fragmentation alone: " + ("curing it may let the run fit (the estimate's tensors and the CUDA "
                                          "context fit the capacity at this phase)" if short <= 0 else

@@ -28,9 +28,9 @@ import re
 from dataclasses import dataclass, field
 
 from helpers.errors import InputError
-from helpers.units import GiB
+from helpers.units import UNITS
 
-_UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
+_UNITS = {k: v for k, v in UNITS.items() if k != "GB"}    # torch's binary units (its messages never print GB)
 SIZE = r"\d+(?:\.\d+)?\s*(?:bytes|B|KiB|MiB|GiB|TiB|PiB)"
 
 FORMATS = {
@@ -475,7 +475,3 @@ def phase_of(frames: list[Frame]) -> tuple[str, Frame] | None:
                     continue                            # a learning-rate scheduler's step allocates nothing
                 return phase, f
     return None
-
-
-def gib(p: Printed | None) -> float | None:
-    return None if p is None else p.bytes / GiB
