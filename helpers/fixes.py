@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from packaging.version import Version
+
 from helpers import estimate, fit, step_cost, strategies, versions
 from helpers.errors import InputError
 from helpers.results import Result
@@ -92,9 +94,12 @@ def _candidates(m, s: TrainSetup) -> list[tuple[str, dict]]:
         out.append(("pin_memory off", {"pin_memory": False}))
     if s.optimizer != "adamw-8bit":
         out.append(("8-bit AdamW", {"optimizer": "adamw-8bit", "adam_impl": None}))
-    old = sorted({r["library"] for r in versions.applied(s) if r["older"] and r["from"] == "given"})
+    old: dict[str, str] = {}
+    for r in versions.applied(s):
+        if r["older"] and r["from"] == "given":
+            old[r["library"]] = max(old.get(r["library"], r["changed_in"]), r["changed_in"], key=Version)
     if old:
-        out.append((", ".join(f"{lib} {versions.installed(lib) or '(newest)'}" for lib in old) + " (upgrade)",
+        out.append((", ".join(f"{lib} {rel} or later" for lib, rel in sorted(old.items())) + " (upgrade)",
                     {"versions": None}))
     if s.lora_rank is None:
         out.append((f"LoRA rank {LORA_RANK}", {"lora_rank": LORA_RANK}))

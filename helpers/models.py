@@ -359,6 +359,15 @@ class ModelSpec:
         return max(t.numel for t in self.tensors)
 
     @property
+    def for_loop_adam_params(self) -> int:
+        """Elements torch's single-tensor AdamW step holds at once, over the parameters in their order: while a
+        tensor's denominator is made (exp_avg_sq.sqrt(), then its quotient by the bias correction: two tensors of its
+        size), the previous tensor's denominator is still bound to `denom` (torch 2.13 optim/adam.py
+        _single_tensor_adam, and 2.0.1's _single_tensor_adamw): 2 n_i + n_(i-1) at its largest."""
+        sizes = [t.numel for t in self.tensors]
+        return max(2 * n + prev for prev, n in zip([0] + sizes, sizes))
+
+    @property
     def matmul_params(self) -> int:
         """Parameters of the matrices that linear layers read (autocast casts these): not the embedding, not 1-D
         ones, and not MoE experts' 3-D weights, which transformers multiplies with grouped_mm (not on autocast's

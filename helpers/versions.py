@@ -67,6 +67,17 @@ RULES = (
          "5.23.0; a tiny Mixtral loaded in 4 bits keeps its experts in bf16)",
          lambda s: bool(s.lora_rank),
          lambda m, s: bool(m.moe_layers) and any(t.ndim == 3 for t in m.tensors)),
+    Rule("foreach_adamw_two_lists", "torch", "2.1.0",
+         "torch AdamW's foreach step holds two temporaries the size of what one step updates at once: "
+         "exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs), then denom = torch._foreach_add(exp_avg_sq_sqrt, eps), "
+         "a new list beside it",
+         "torch AdamW's foreach step holds one temporary list the size of what one step updates: the square roots, "
+         "divided by their bias correction and eps added in place (torch._foreach_add_), are the denominator",
+         "torch 2.0.1 torch/optim/adamw.py _multi_tensor_adamw (denom = torch._foreach_add(exp_avg_sq_sqrt, eps)); "
+         "2.1.0 reuses the one list (PR #104780, '[foreach][Adam] Minimize use of intermediates to decrease peak "
+         "memory', and its AdamW follow-up); measured with the real wheels on this CPU: "
+         "data/results/torch_foreach_adamw_versions.json",
+         lambda s: s.adam == "foreach"),
     Rule("logits_upcast_in_forward", "transformers", "4.46.0",
          "the model's forward upcasts its logits to fp32 (logits = logits.float()) and returns those: the bf16 "
          "logits are freed at once",

@@ -4,10 +4,17 @@ and before 4.46 upcast them in the model's forward. The estimate places each; th
 release on the installed one, so against them the estimate is consistency, not truth (the published LitGPT QLoRA
 runs, made with bitsandbytes 0.42.0, are an independent check: tests/test_published_runs.py)."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+from packaging.version import Version
 
-from helpers import estimate, evidence, report, versions
+import helpers
+from helpers import estimate, evidence, models, report, versions
 from helpers.__main__ import main
 from helpers.errors import InputError
 from helpers.estimate import activations
@@ -69,7 +76,7 @@ def test_the_release_comes_from_the_setup_or_the_installed_library():
     assert not rules["causal_lm_loss_copies_logits"]["older"] and rules["causal_lm_loss_copies_logits"]["from"] == "installed"
     no_base = {r["key"] for r in versions.applied(TrainSetup(lora_rank=8, versions=OLD))}
     assert "bnb_4bit_input_kept" not in no_base                    # no 4-bit base: the rule does not bear
-    assert versions.applied(TrainSetup(fused_ce=True, precision="fp32")) == []   # no HF loss, no 4-bit base
+    assert versions.applied(TrainSetup(fused_ce=True, precision="fp32", adam_impl="fused")) == []   # no HF loss, 4-bit base, foreach
 
 
 SETUPS = [
@@ -143,7 +150,8 @@ def test_report_and_cli_list_the_rule(capsys):
     text = report.table(r)
     assert "bitsandbytes 0.42.0 (given) < 0.43.2: MatMul4Bit keeps each 4-bit linear's input" in text
     assert any("before 0.43.2" in i["name"] for i in r.items)
-    assert main(["estimate", "--model", "llama-3.2-1b", "--lora-rank", "8", "--fused-ce", "--versions", OLD]) == 0
+    assert main(["estimate", "--model", "llama-3.2-1b", "--lora-rank", "8", "--fused-ce", "--adam-impl", "fused",
+                 "--versions", OLD]) == 0
     assert "no rule that changed across these releases bears on this set-up" in capsys.readouterr().out
     assert main(["estimate", "--model", "llama-3.2-1b", "--versions", "cuda=12"]) == 2
     assert "error: versions: no rule here depends on the release of cuda" in capsys.readouterr().err
@@ -232,3 +240,60 @@ def test_fixes_offer_the_upgrade():
     up = next(w for name, w in ways.items() if name.startswith("bitsandbytes ") and name.endswith("(upgrade)"))
     assert up.change == {"versions": None}
     assert up.result.gpu.peak_bytes < estimate.run("llama-3.2-1b", s).gpu.peak_bytes
+
+
+# -- torch AdamW's step temporaries by release -------------------------------------------------------------------
+
+ADAMW_RUNS = json.loads((models.DATA_DIR / "results" / "torch_foreach_adamw_versions.json").read_text())["runs"]
+
+
+def _adamw_temporary(setup: TrainSetup, model: str = "llama-2-7b") -> int:
+    return sum(i["bytes"] for i in estimate.run(model, setup).items if i["name"].startswith("AdamW ")
+               and "temporary" in i["name"])
+
+
+def test_old_torch_wheels_measured_two_foreach_lists_and_the_rule_says_so():
+    """The real wheels of torch 2.0.1, 2.1.0, 2.1.2 and 2.2.0 (measured here by helpers/measure/foreach_adamw.py,
+    recorded in data/results/torch_foreach_adamw_versions.json): the foreach step held two lists the size of the
+    parameters before 2.1.0 and one from it, in fp32 and bf16 alike; the for-loop step three tensors of one parameter's
+    size (3/4 of four equal ones). The rule's release is the measured boundary."""
+    rule = next(r for r in versions.RULES if r.key == "foreach_adamw_two_lists")
+    seen = {r["torch"].split("+")[0] for r in ADAMW_RUNS}
+    assert {"2.0.1", "2.1.0", "2.1.2", "2.2.0"} <= seen
+    for r in ADAMW_RUNS:
+        assert r["reset_works"] and r["step_ran"], r
+        old = Version(r["torch"].split("+")[0]) < Version(rule.changed_in)
+        want = (2.0 if old else 1.0) if r["foreach"] else 3 / r["count"]
+        assert abs(r["temporaries"] - want) < 0.01, r
+
+
+@pytest.mark.parametrize("flag,count,want", [([], 2, 1.0), (["--for-loop"], 2, 1.5), (["--for-loop"], 1, 2.0)])
+def test_the_installed_torch_measured_live(flag, count, want):
+    """The same measurement with the installed torch, in a process of its own: foreach holds one list; for-loop two
+    tensors of a parameter's size, three once a previous parameter's denominator is still bound."""
+    out = subprocess.run([sys.executable, str(Path(helpers.__file__).parent / "measure" / "foreach_adamw.py"),
+                          "--count", str(count), "--numel", str(8 * 2**20)] + flag,
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    r = json.loads(out)
+    assert r["reset_works"] and abs(r["temporaries"] - want) < 0.02, r
+
+
+def test_the_estimate_adds_one_list_under_torch_2_0():
+    """torch 2.0.1 in the set-up: the foreach temporary is two lists of what one step updates (the whole model for
+    one GPU, the flat partition for the Trainer's AdamW under ZeRO-2); for-loop and fused are unchanged."""
+    params = models.spec("llama-2-7b").params
+    one = TrainSetup(precision="bf16", seq=512)
+    assert _adamw_temporary(one.replace(versions="torch=2.0.1")) == 2 * _adamw_temporary(one) == 2 * 2 * params
+    z2 = TrainSetup(strategy="zero2", gpus=8, seq=512, adam_impl="foreach")
+    assert _adamw_temporary(z2.replace(versions="torch=2.0.1")) - _adamw_temporary(z2) == 4 * params // 8
+    for impl in ("for-loop", "fused"):
+        s = TrainSetup(seq=512, adam_impl=impl)
+        assert _adamw_temporary(s.replace(versions="torch=2.0.1")) == _adamw_temporary(s)
+
+
+def test_for_loop_holds_the_previous_denominator():
+    """Llama 2 70B: its MLP weights (28,672 x 8,192) come three in a row, so the for-loop step's peak is three of them
+    (the previous one's denominator, this one's sqrt and quotient), more than twice the embedding (32,000 x 8,192)."""
+    m = models.spec("llama-2-70b")
+    assert m.for_loop_adam_params == 3 * 28672 * 8192 > 2 * 32000 * 8192
+    assert _adamw_temporary(TrainSetup(seq=512, adam_impl="for-loop"), "llama-2-70b") == 4 * 3 * 28672 * 8192

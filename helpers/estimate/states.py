@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from helpers import versions
 from helpers.deepspeed_rules import first_host_group, zero3_sub_groups
 from helpers.degrees import ceil_div
 from helpers.estimate import adapters, quantized
@@ -222,16 +223,23 @@ def _optimizer_states(b: Builder, m: ModelSpec, elements: int, state_bytes: int,
 def _adam_temporary(b: Builder, m: ModelSpec, elements: int, state_bytes: int, device: str,
                     largest: int | None = None, impl: str | None = None, over: str = "", source: str = "") -> None:
     """torch AdamW's step temporaries: foreach holds one full-size tensor list (`elements`: what one step call
-    updates), for-loop two of the largest tensor (`largest`, else the model's largest parameter), fused none.
+    updates; two before torch 2.1), for-loop two of the largest tensor where the call steps one (`largest`), else
+    two of a tensor and the one before it (`ModelSpec.for_loop_adam_params`), fused none.
     `impl`: the implementation (else the set-up's); `over`: what the tensors are, for the label; `source`: where
     that optimizer is made, added to the item's why."""
     impl = impl or b.setup.adam
-    if impl == "foreach":
+    if impl == "foreach" and versions.older(b.setup, "foreach_adamw_two_lists"):
+        nbytes, why = (2 * elements * state_bytes,
+                       "_multi_tensor_adamw before torch 2.1: _foreach_sqrt(exp_avg_sq) and denom = "
+                       "_foreach_add(exp_avg_sq_sqrt, eps), two full copies at once")
+    elif impl == "foreach":
         nbytes, why = elements * state_bytes, "_multi_tensor_adamw: _foreach_sqrt(exp_avg_sq) materialises a full copy"
     elif impl == "for-loop":
-        nbytes, why = (2 * (largest or m.largest_tensor_params) * state_bytes,
-                       "_single_tensor_adamw: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) holds the "
-                       "sqrt and the quotient of the largest parameter at once")
+        nbytes, why = ((2 * largest if largest else m.for_loop_adam_params) * state_bytes,
+                       "_single_tensor_adamw: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) holds "
+                       "the sqrt and the quotient of a tensor at once" + (
+                           "" if largest else ", beside the previous tensor's denom (still bound until replaced): "
+                           "2 x a tensor + the one before it, at their largest"))
     else:
         return
     add = b.gpu if device == "gpu" else b.host
