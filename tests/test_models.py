@@ -12,6 +12,7 @@ EXACT = {
     "llama-2-7b": 6_738_415_616,          # the Llama 2 paper's and model card's "7B" (6.74B), LLaMA 1 7B's too
     "llama-2-13b": 13_015_864_320,        # the card's "13B" (13.0B), LLaMA 1 13B's too
     "llama-2-70b": 68_976_648_192,        # the card's "70B" (68.98B: GQA with 8 key-value heads)
+    "llama-65b": 65_285_660_672,          # LLaMA 1 "65B" (the paper's 65.2B: 80 layers of dimension 8192)
     "llama-3.2-3b": 3_212_749_824,
     "qwen2.5-32b": 32_763_876_352,
     "qwen2.5-72b": 72_706_203_648,
@@ -25,7 +26,7 @@ def test_exact_parameter_counts(name, count):
 
 def test_catalogue_lists_the_original_five_among_its_models():
     assert set(EXACT) | {"deepseek-v2-lite"} <= set(models.catalogue())
-    assert len(models.catalogue()) == 37
+    assert len(models.catalogue()) == 38
 
 
 def test_tinyllama_count_matches_its_card_and_litgpt():
