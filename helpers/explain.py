@@ -25,7 +25,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from helpers import estimate, models, oom_messages, report
+from helpers import estimate, models, oom_messages, report, versions
 from helpers.errors import InputError
 from helpers.measure.allocator import allocation_size, round_size
 from helpers.measure.snapshot import OWN_FRAME
@@ -49,6 +49,9 @@ NOT_MODELLED_PHASES = {
     "generation": "generation (a KV cache, a vLLM engine's gpu_memory_utilization share) is not a phase of the "
                   "estimate",
 }
+# The last torch release that printed each out-of-memory format (helpers.oom_messages.FORMATS): a run whose message
+# is in that format ran that release or an older one.
+TORCH_OF_FORMAT = {"cached": "1.3.1", "reserved_in_total": "2.0.1", "parenthesised_cut": "2.0.1", "capacty": "2.1.2"}
 TWO_OR_MORE = re.compile(r" \+ |\band\b|\bboth\b")
 SMALL_SEGMENTS = (2 * MiB, 20 * MiB)   # allocation_size of any request up to 1 MiB / between 1 and 10 MiB
 LEFT_OUT = (
@@ -173,14 +176,21 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
     shapes: dict[tuple, list[str]] = {}
     for t in m.tensors:
         shapes.setdefault((t.numel, tuple(t.shape)), []).append(re.sub(r"\.\d+\.", ".N.", t.name))
+    for name, shape in _experts_as_transformers_4(m).items():
+        shapes.setdefault((shape[0] * shape[1], shape), []).append(name)
     trained = setup.lora_rank is None
     for (numel, shape), names in shapes.items():
         distinct = list(dict.fromkeys(names))
         name = " / ".join(distinct[:3]) + (f" (and {len(distinct) - 3} more)" if len(distinct) > 3 else "")
+        if any(".experts.N." in n for n in distinct):
+            name += " (each expert its own nn.Linear, as transformers 4 built it)"
         dims = "x".join(map(str, shape)) or str(numel)
         out.append(Candidate(f"one {name} [{dims}] in {'fp32' if half == 4 else '16-bit'}", numel * half,
                              ("setup", "forward", "backward", "step", "steady"),
-                             "the weight itself (loading it, gathering it) or its gradient" if trained else
+                             ("the weight itself (loading it, gathering it), its gradient, an AdamW state or a "
+                              "foreach temporary of the step (pure 16-bit training keeps them in the weights' dtype)"
+                              if trained and setup.precision == "bf16" else
+                              "the weight itself (loading it, gathering it) or its gradient") if trained else
                              "the frozen weight (loading it, or a 4-bit weight dequantised for its matmul)"))
         if trained and half == 2:
             out.append(Candidate(f"one {name} [{dims}] in fp32", numel * 4, ("step", "steady"),
@@ -223,6 +233,27 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
     ]
     out += [Candidate(n, b, ("forward", "backward", "steady"), w) for n, b, w in acts if b > 0]
     return out
+
+
+def _experts_as_transformers_4(m) -> dict[str, tuple[int, int]]:
+    """One routed expert's weights as transformers 4 stored them, by name: each expert its own nn.Linear (Mixtral's
+    experts.N.w1 / w3 [intermediate x hidden] and w2 [hidden x intermediate]; Qwen-MoE's gate_proj / up_proj /
+    down_proj), where transformers 5.0 fused them into 3-D parameters (gate_up_proj [experts x 2*intermediate x
+    hidden], down_proj [experts x hidden x intermediate]; transformers 4.57 models/mixtral/modeling_mixtral.py
+    MixtralBlockSparseTop2MLP against 5.0's MixtralExperts). A message from a run on transformers 4 asks for one of
+    these, which no tensor of the transformers 5 model is."""
+    old = {}
+    for new in ("gate_up_proj", "down_proj"):
+        names = [n for n, v in models.PEFT_MOE_NAMES.get(models.PEFT_MOE_PATTERN.get(m.model_type), {}).items()
+                 if v == new]
+        for t in m.tensors:
+            if t.ndim != 3 or not t.name.endswith(f".{new}") or not names:
+                continue
+            rows = t.shape[1] // 2 if new == "gate_up_proj" else t.shape[1]
+            prefix = re.sub(r"\.\d+\.", ".N.", t.name).rsplit(".", 1)[0]
+            for n in names:
+                old[f"{prefix}.N.{n}.weight"] = (rows, t.shape[2])
+    return old
 
 
 def matching(requested: Printed, cands: list[Candidate], phases: tuple = (), segment: bool = True) -> list[Candidate]:
@@ -308,6 +339,7 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
     if o is not None and o.capacity is not None:
         cap = o.allowed if o.allowed is not None else o.capacity
         setup = setup.replace(gpu_gib=round(cap.bytes / GiB, 3))
+    setup = _torch_of_message(ex, setup, o)
     r = estimate.run(model, setup)
     if ex.preset:
         r.meta["gpu_preset"] = ex.preset
@@ -329,7 +361,7 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
                 "(`fixes` lists what each gives)")
             for w in fitting[:5]:
                 change = ", ".join(f"{k}={v}" for k, v in w.change.items() if v is not None)
-                say(f"  {w.name}: {w.peak_gib:.1f} GiB per GPU, from {base:.1f} ({change})")
+                say(f"  {w.name}: {w.peak_gib:.1f} GiB per GPU, from {base:.1f}" + (f" ({change})" if change else ""))
     if ex.fragmentation and ex.fragmentation["cause"]:
         enough = ex.fragmentation.get("enough", True)
         say("  expandable_segments:True in the allocator's settings (fragmentation; no change to the set-up)"
@@ -437,6 +469,23 @@ def _say_snapshot(ex: Explanation, snap, model, setup) -> None:
     if len(ex.snapshot_names) > 8:
         rest = sum(x[2] for x in ex.snapshot_names[8:])
         say(f"    {fmt(rest, 2):>11s}  in {len(ex.snapshot_names) - 8} more kinds")
+
+
+def _torch_of_message(ex: Explanation, setup: TrainSetup, o: CudaOOM | None) -> TrainSetup:
+    """The set-up at the torch release the message's format says, where the user named none: the last release that
+    printed that format (the closest to the installed torch's behaviour), said in a line where a torch rule bears on
+    the set-up (helpers.versions.RULES)."""
+    newest = TORCH_OF_FORMAT.get(o.format) if o is not None else None
+    if newest is None or "torch" in versions.parse(setup.versions):
+        return setup
+    setup = setup.replace(versions=",".join(filter(None, [setup.versions, f"torch={newest}"])))
+    ruled = [r for r in versions.applied(setup) if r["library"] == "torch" and r["older"]]
+    if ruled:
+        ex.lines.append(f"torch: the message is in {oom_messages.FORMATS[o.format].split(':')[0]}'s format, so the "
+                        f"estimate takes torch {newest}'s rules, the last release that printed it (--versions "
+                        f"torch=X for another): " + "; ".join(r["before"] if "before" in r else r["does"]
+                                                             for r in ruled))
+    return setup
 
 
 def _say_found(ex: Explanation, pasted: Pasted) -> None:
