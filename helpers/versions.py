@@ -73,10 +73,10 @@ RULES = (
          "a new list beside it",
          "torch AdamW's foreach step holds one temporary list the size of what one step updates: the square roots, "
          "divided by their bias correction and eps added in place (torch._foreach_add_), are the denominator",
-         "torch 2.0.1 torch/optim/adamw.py _multi_tensor_adamw (denom = torch._foreach_add(exp_avg_sq_sqrt, eps)); "
-         "2.1.0 reuses the one list (PR #104780, '[foreach][Adam] Minimize use of intermediates to decrease peak "
-         "memory', and its AdamW follow-up); measured with the real wheels on this CPU: "
-         "data/results/torch_foreach_adamw_versions.json",
+         "torch 2.0.1 torch/optim/adamw.py _multi_tensor_adamw, lines 564-568 (denom = "
+         "torch._foreach_add(exp_avg_sq_sqrt, eps)); 2.1.0 adds eps in place (lines 599-603; PR #104898, "
+         "'[foreach][AdamW] Minimize intermediates to save peak memory', with #104780 for Adam); measured with the "
+         "real wheels on this CPU: data/results/torch_foreach_adamw_versions.json",
          lambda s: s.adam == "foreach"),
     Rule("logits_upcast_in_forward", "transformers", "4.46.0",
          "the model's forward upcasts its logits to fp32 (logits = logits.float()) and returns those: the bf16 "
