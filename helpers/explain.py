@@ -52,7 +52,7 @@ NOT_MODELLED_PHASES = {
 # The last torch release that printed each out-of-memory format (helpers.oom_messages.FORMATS): a run whose message
 # is in that format ran that release or an older one.
 TORCH_OF_FORMAT = {"cached": "1.3.1", "reserved_in_total": "2.0.1", "parenthesised_cut": "2.0.1", "capacty": "2.1.2"}
-TWO_OR_MORE = re.compile(r" \+ |\band\b|\bboth\b")
+TWO_OR_MORE = re.compile(r" \+ |\band\b|\bboth\b|\btwo\b|\blists\b")
 SMALL_SEGMENTS = (2 * MiB, 20 * MiB)   # allocation_size of any request up to 1 MiB / between 1 and 10 MiB
 LEFT_OUT = (
     "tensors kept across steps by the training script (a loss summed without .item(), outputs stored for metrics)",
@@ -97,13 +97,14 @@ class Explanation:
     preset: str | None = None
     snapshot: dict | None = None
     snapshot_names: list = field(default_factory=list)
+    ways_shown: list = field(default_factory=list)   # the names of the ways out the text lists
 
     def to_json(self) -> dict:
         return {"pasted": self.pasted.to_json(), "phase": self.phase, "phase_from": self.phase_from,
                 "gpu_preset": self.preset, "at_phase": self.at_phase,
                 "matches": [c.__dict__ | {"asks": c.asks} for c in self.matches],
                 "fragmentation": self.fragmentation, "other_processes": self.others, "beyond_estimate": self.beyond,
-                "ways": [w.to_json() for w in self.ways], "text": self.lines, "snapshot": self.snapshot,
+                "ways": [w.to_json() | {"shown": w.name in self.ways_shown} for w in self.ways], "text": self.lines, "snapshot": self.snapshot,
                 "snapshot_names": [{"name": n, "blocks": c, "bytes": b} for n, c, b in self.snapshot_names],
                 "estimate": None if self.estimate is None else {
                     "phases": self.estimate.gpu.phases, "capacity_bytes": self.estimate.gpu.capacity_bytes,
@@ -173,6 +174,11 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
                              "exp_avg or exp_avg_sq (each its own flat tensor, made at the first step), the fp32 "
                              "gradient partition, or a torch AdamW temporary over the partition "
                              "(exp_avg_sq.sqrt(), ...): ZeRO-1/2 hand the optimizer one flat tensor per group"))
+    if setup.strategy in ("zero1", "zero2") and trained_flat(setup):
+        out.append(Candidate("DeepSpeed's flat 16-bit copy of every trained parameter", m.params * 2, ("setup",),
+                             "ZeRO-1/2 flatten each parameter group's 16-bit weights into one buffer at "
+                             "deepspeed.initialize, beside the weights themselves until they are re-pointed into it "
+                             "(DeepSpeed stage_1_and_2.py, bit16_groups_flat)"))
     shapes: dict[tuple, list[str]] = {}
     for t in m.tensors:
         shapes.setdefault((t.numel, tuple(t.shape)), []).append(re.sub(r"\.\d+\.", ".N.", t.name))
@@ -235,6 +241,11 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
     return out
 
 
+def trained_flat(setup: TrainSetup) -> bool:
+    """Whether every parameter trains (a full fine-tune): then DeepSpeed's flat buffers span the whole model."""
+    return setup.lora_rank is None
+
+
 def _experts_as_transformers_4(m) -> dict[str, tuple[int, int]]:
     """One routed expert's weights as transformers 4 stored them, by name: each expert its own nn.Linear (Mixtral's
     experts.N.w1 / w3 [intermediate x hidden] and w2 [hidden x intermediate]; Qwen-MoE's gate_proj / up_proj /
@@ -257,8 +268,8 @@ def _experts_as_transformers_4(m) -> dict[str, tuple[int, int]]:
 
 
 def matching(requested: Printed, cands: list[Candidate], phases: tuple = (), segment: bool = True) -> list[Candidate]:
-    """The candidates whose allocator request is the printed size (within its precision), those alive in `phases`
-    first; the same name and size once. `segment`: the size is the segment the allocator asked CUDA for (a
+    """The candidates whose allocator request is the printed size (within its precision): those alive in `phases`
+    where there are any, else all of them; the same name and size once. `segment`: the size is the segment the allocator asked CUDA for (a
     message's 'Tried to allocate'), else the block it looked for (a snapshot's 'oom' entry: round_size only)."""
     found, seen = [], set()
     for c in cands:
@@ -266,8 +277,8 @@ def matching(requested: Printed, cands: list[Candidate], phases: tuple = (), seg
         if requested.matches(asks) and (c.name, c.bytes) not in seen:
             seen.add((c.name, c.bytes))
             found.append(c)
-    found.sort(key=lambda c: not (set(c.phases) & set(phases)))
-    return found
+    alive = [c for c in found if set(c.phases) & set(phases)]
+    return alive if alive and phases else found
 
 
 def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: str | None = None,
@@ -354,9 +365,18 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
             say(f"ways out: not ranked ({exc})")
         else:
             base = r.gpu.peak_bytes / GiB
-            fitting = [w for w in ex.ways if w.fits and w.peak_gib <= base - 0.05]    # fits, and lowers the peak
-            say("ways out (estimated at this capacity, each lowering the peak; `fixes` lists every change with its "
-                "costs):" if fitting else
+            died = [p for p in ESTIMATE_PHASES.get(ex.phase, ()) if p in r.gpu.phases]
+
+            def at_death(res: Result) -> float:     # the estimate where the run died (its peak where not known)
+                return max(res.gpu.phases[p] for p in died) / GiB if died else res.gpu.peak_bytes / GiB
+
+            # fits, lowers the peak, and lowers the phase the run died in
+            fitting = [w for w in ex.ways if w.fits and w.peak_gib <= base - 0.05
+                       and at_death(w.result) <= at_death(r) - 0.05]
+            ex.ways_shown = [w.name for w in fitting[:5]]
+            say(f"ways out (estimated at this capacity, each lowering the peak"
+                f"{' and the ' + PHASE_LABELS[ex.phase] + ' where the run died' if died else ''}; `fixes` lists every "
+                f"change with its costs):" if fitting else
                 "ways out: no single change, nor any pair of them, both fits this capacity and lowers the peak "
                 "(`fixes` lists what each gives)")
             for w in fitting[:5]:
@@ -686,7 +706,7 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
             say(f"    - {x}")
         if ok:
             say("  so its 'fits' was wrong for this run: check the set-up given matches the run (sequence length, "
-                "micro batch, precision, LoRA)")
+                "micro batch, precision, LoRA, the number of GPUs)")
     elif ok is None:
         say("  the run held less than the estimate's figure there: consistent with it")
     elif ok:
@@ -695,14 +715,17 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
             why.append(f"fragmentation ({fmt(ex.fragmentation['cached_free_bytes'], 2)} cached in pieces)")
         if ex.others and ex.others["bytes"] > 0.02 * (cap or 0):
             why.append(f"memory outside this run's tensors ({fmt(ex.others['bytes'], 2)}, above)")
-        say("  the run died below the estimate's peak, and the estimate says the set-up fits: "
+        say(("  the run died below the estimate's figure there" if used < est else
+             f"  the run held what the estimate puts there ({used / est:.0%} of it, within its error band)")
+            + ", and the estimate says the set-up fits: "
             + ("; ".join(why) + " explain(s) the difference" if why else
                "neither fragmentation nor other processes account for it: the set-up given is likely not the "
                "run's (sequence length, micro batch, precision), or the run held tensors the estimate does not"))
     elif used < est and cap and est > 2 * cap:
         say(f"  consistent, both say it does not fit: the estimate needs {fmt(est, 2)} here, {est / cap:.1f} times the GPU's "
             f"{fmt(cap, 2)}, and the run died holding {fmt(used, 2)}. If the run got further than this phase, the "
-            f"set-up given is not the run's (check the sequence length, checkpointing, LoRA and the strategy)")
+            f"set-up given is not the run's (check the sequence length, checkpointing, LoRA, the strategy and the number of "
+            f"GPUs)")
     elif used < est:
         say("  consistent: the run died on its way to the estimate's figure, which does not fit this GPU")
     else:

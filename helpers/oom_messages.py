@@ -34,7 +34,8 @@ _UNITS = {k: v for k, v in UNITS.items() if k != "GB"}    # torch's binary units
 SIZE = r"\d+(?:\.\d+)?\s*(?:bytes|B|KiB|MiB|GiB|TiB|PiB)"
 
 FORMATS = {
-    "cached": "torch 1.0-1.3: '(GPU N; X total capacity; Y already allocated; Z free; W cached)'",
+    "cached": "torch 1.0-1.3: '(GPU N; X total capacity; Y already allocated; Z free; W cached)', W the memory the "
+              "allocator held but had not allocated (pytorch/pytorch#13751)",
     "reserved_in_total": "torch 1.4-2.0: '(GPU N; X total capacity; Y already allocated; Z free; W reserved in total "
                          "by PyTorch)' ('V allowed;' before the last from 1.8 when a memory fraction is set)",
     "parenthesised_cut": "torch 1.x's '(GPU N; X total capacity; Y already allocated; Z free; ...' cut before its "
@@ -100,7 +101,7 @@ class CudaOOM:
     allowed: Printed | None = None
     allocated: Printed | None = None             # by PyTorch (torch.cuda.memory_allocated)
     reserved: Printed | None = None              # in total by PyTorch (1.x), else allocated + unallocated (2.x)
-    unallocated: Printed | None = None           # reserved by PyTorch but unallocated (2.x)
+    unallocated: Printed | None = None           # reserved by PyTorch but unallocated (2.x; 1.0-1.3's 'cached')
     private_pools: Printed | None = None         # allocated in private pools (CUDA graphs), 2.x
     this_process: Printed | None = None          # including non-PyTorch memory (2.2+)
     processes: list[tuple[int, Printed]] = field(default_factory=list)    # 'Process N has X memory in use' (2.1+)
@@ -371,6 +372,8 @@ def _read_ooms(lines: list[str], ranks: list, out: Pasted, folded: int | None = 
             o.device_index = int(old.group("dev"))
             o.capacity, o.allocated, o.free = (size(old.group(k)) for k in ("cap", "alloc", "free"))
             o.reserved = size(old.group("res")) if old.group("res") else None
+            if o.format == "cached":       # 1.0-1.3's 'cached': held by the allocator but not allocated (#13751)
+                o.reserved, o.unallocated = None, o.reserved
             o.allowed = size(old.group("allowed")) if old.group("allowed") else None
             end = old.end()
         elif (new := _NEW.match(rest)) is not None:

@@ -243,7 +243,9 @@ def _adam_temporary(b: Builder, m: ModelSpec, elements: int, state_bytes: int, d
     else:
         return
     add = b.gpu if device == "gpu" else b.host
-    add(f"AdamW {impl} temporary{over}", "temporaries", nbytes, STEP, why + (f" ({source})" if source else ""))
+    two = impl == "foreach" and versions.older(b.setup, "foreach_adamw_two_lists")
+    add(f"AdamW {impl} temporar{'ies' if two else 'y'}{over}{' (two lists, torch before 2.1)' if two else ''}",
+        "temporaries", nbytes, STEP, why + (f" ({source})" if source else ""))
 
 
 def _zero_optimizer(b: Builder, m: ModelSpec, sizes: list[int]) -> None:
