@@ -610,9 +610,12 @@ def _message_text(name: str) -> str:
         print(f"note: --message {name!r} is over {MAX_MESSAGE_BYTES:,} bytes: its last {MAX_MESSAGE_BYTES:,} are "
               f"read (where a run's error is)", file=sys.stderr)
         data = _tail(name, path if name != "-" else None, data)
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):           # UTF-16 with its mark (Windows PowerShell's '>')
+        return data.decode("utf-16", errors="replace")
     if b"\0" in data[:8192]:
-        raise InputError(f"--message {name!r} is binary, not text (a memory snapshot pickle goes to --snapshot)")
-    return data.decode("utf-8", errors="replace")
+        raise InputError(f"--message {name!r} is binary, not text (a memory snapshot pickle goes to --snapshot; "
+                         f"a UTF-16 log without its byte-order mark: save it as UTF-8)")
+    return data.decode("utf-8-sig", errors="replace")
 
 
 def _result(a: argparse.Namespace, save: Path | None):

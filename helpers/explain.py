@@ -326,7 +326,7 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
             "meta-device: ranks per node x model size), or with optimizer / parameter offload (the estimate's host "
             "column); loading is not a phase of the estimate yet")
     for e in pasted.other_errors:
-        say(f"{'note' if e.kind in ('no_figures', 'cut_traceback') else 'GPU'}: {OTHER_WORDS[e.kind]} (line {e.line}: "
+        say(f"{'note' if e.kind in ('no_figures', 'cut_traceback', 'retyped') else 'GPU'}: {OTHER_WORDS[e.kind]} (line {e.line}: "
             f"{e.text[:100]!r})")
     for m in pasted.memory_lines:
         say(f"DeepSpeed see_memory_usage, line {m.line}{' (' + m.label[:60] + ')' if m.label else ''}: allocated "
@@ -403,6 +403,9 @@ OTHER_WORDS = {
                      "lines (from 'CUDA out of memory') for the request and the GPU's figures",
     "no_figures": "an out-of-memory error named without its figures: paste the whole message ('Tried to allocate "
                   "...' and what follows) for the request, the phase and the GPU's figures",
+    "retyped": "an out-of-memory message whose figures are not as torch prints them (torch writes '3.91 GiB': two "
+               "decimals, a space, a binary unit, never 'GB'): retyped or edited, so they are not read; paste it as "
+               "the log printed it",
     "mps": "Apple's MPS backend ran out of memory (its own allocator on unified memory; its 'GB' figures are read as "
            "printed, not placed): this package estimates CUDA GPUs, so the run is not placed against an estimate",
     "cuda_error": "'CUDA error: out of memory' comes from a CUDA call outside PyTorch's caching allocator (creating "

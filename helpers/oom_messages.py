@@ -253,7 +253,8 @@ _OTHER = (
     ("mps", re.compile(r"MPS backend out of memory")),
     ("cuda_error", re.compile(r"CUDA error: out of memory")),
     ("cublas_alloc", re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")),
-    ("nccl", re.compile(r"NCCL (?:WARN )?.*(?:Cuda failure 'out of memory'|out of memory)")),
+    ("nccl", re.compile(r"NCCL (?:WARN )?.*(?:Cuda failure 'out of memory'|out of memory)|"
+                        r"^Cuda failure \d+ 'out of memory'")),      # NCCL's 'Last error:' line (its CUDACHECK)
 )
 
 EXPECTED = ("torch's 'CUDA out of memory. Tried to allocate ...' message (any torch release), a Python traceback, "
@@ -334,7 +335,9 @@ def read(text: str) -> Pasted:
     if not (out.ooms or out.memory_lines or out.host or out.smi or out.other_errors):
         for n, line in enumerate(lines, 1):       # an out-of-memory named without its figures
             if re.search(r"out of memory|OutOfMemoryError", line, flags=re.I):
-                out.other_errors.append(HostSign("no_figures", n, line.strip()[:300]))
+                retyped = re.search(r"Tried to allocate \d+(?:\.\d+)?\s*(?:[KMGT]B|[KMGT]iB?)\b", line) and not \
+                    re.search(r"Tried to allocate \d+(?:\.\d+)? (?:KiB|MiB|GiB|TiB|PiB|bytes)", line)
+                out.other_errors.append(HostSign("retyped" if retyped else "no_figures", n, line.strip()[:300]))
                 break
     if not (out.ooms or out.memory_lines or out.host or out.smi or out.other_errors):
         first = next((x.strip() for x in lines if x.strip()), "")

@@ -178,7 +178,14 @@ def test_a_log_folded_at_a_fixed_width_is_read_whole():
 @pytest.mark.parametrize("text,kind", [
     ("RuntimeError: MPS backend out of memory (MPS allocated: 8.89 GB, other allocations: 172.98 MB, max allowed: "
      "9.07 GB). Tried to allocate 6.25 MB on private pool.", "mps"),
-    ("RuntimeError: CUDA error: out of memory", "cuda_error")])
+    ("RuntimeError: CUDA error: out of memory", "cuda_error"),
+    # NCCL's own allocation: its 'Last error:' line two lines under the DistBackendError (NCCL's CUDACHECK wording)
+    ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
+     "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5\nncclUnhandledCudaError: Call "
+     "to CUDA function failed.\nLast error:\nCuda failure 2 'out of memory'", "nccl"),
+    # figures retyped in GB: torch never prints them so; not read, and said so
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.91GB. GPU 0 has a total capacity of 24GB of "
+     "which 2.1GB is free.", "retyped")])
 def test_other_devices_and_errors_are_named(text, kind):
     assert oom_messages.read(text).other_errors[0].kind == kind
 
@@ -376,6 +383,16 @@ def test_cli_explains_a_file(tmp_path, capsys):
     assert main(["explain", "--message", str(f), *r["flags"]]) == 0
     out = capsys.readouterr().out
     assert "ZeRO partition" in out and "optimizer step" in out and "ways out" in out
+
+
+def test_cli_reads_a_utf16_log_with_its_mark_and_a_utf8_one_with_its_bom(tmp_path, capsys):
+    """Windows PowerShell's '>' writes UTF-16 with a byte-order mark; Notepad may add one to UTF-8."""
+    r = REPORTS["instructlab-2666-granite-7b-l4-two-processes"]
+    for enc in ("utf-16", "utf-8-sig"):
+        f = tmp_path / f"err-{enc}.txt"
+        f.write_bytes(text_of(r).encode(enc))
+        assert main(["explain", "--message", str(f)]) == 0, enc
+        assert "asked for 238.00 MiB" in capsys.readouterr().out, enc
 
 
 def test_cli_reads_standard_input_and_prints_json():
