@@ -9,8 +9,9 @@ change they refuse is skipped (listed in `skipped` with the reason), never a cra
 the report's. Costs: host and pinned GiB from the estimate's host figures; step seconds from `helpers.step_cost`
 (recomputed FLOPs, PCIe bytes, host Adam, each at a stated rate with its source), or None where the change is not
 a matter of time (LoRA and 8-bit AdamW change what or how it trains, more GPUs cost money, a strategy change
-moves communication this package does not time): `cost_basis` says which. Ranked: fits first, then those with a
-time by the time added, then by host RAM added.
+moves communication this package does not time): `cost_basis` says which. Ranked: fits first, then those that lower
+the peak (by at least LOWERS_GIB) before those that do not (a set-up that fits as given: a faster change may hold
+more), then those with a time by the time added, then by host RAM added.
 """
 
 from __future__ import annotations
@@ -144,11 +145,14 @@ def ways_out(model, setup: TrainSetup, gpu: str | None = None, skipped: list | N
     add(_more_gpus(model, setup, base, gpu, skipped))
     if not any(w.fits for w in ways if not w.name.startswith("more GPUs")):
         ways += _pairs(model, setup, base, gpu)       # no single change on these GPUs fits: the cheapest pairs
-    ways.sort(key=lambda w: (not w.fits, w.step_seconds_added is None, w.step_seconds_added or 0.0, w.host_gib_added))
+    peak = to_gib(base.gpu.peak_bytes)
+    ways.sort(key=lambda w: (not w.fits, w.peak_gib > peak - LOWERS_GIB, w.step_seconds_added is None,
+                             w.step_seconds_added or 0.0, w.host_gib_added))
     return ways
 
 
 PAIRS_KEPT = 5
+LOWERS_GIB = 0.05          # a change lowers the peak when by at least this much (GiB): less is the estimate's rounding
 
 
 def _pairs(model, setup: TrainSetup, base: Result, gpu) -> list[WayOut]:
@@ -287,11 +291,14 @@ def table(ways: list[WayOut]) -> str:
     (GiB = 2^30 bytes), each with its cost basis on the next line."""
     if not isinstance(ways, (list, tuple)) or not all(isinstance(w, WayOut) for w in ways):
         raise InputError(f"table needs the list of WayOut that fixes.ways_out returns, got {type(ways).__name__}")
-    lines = [f"{'#':>2s}  {'change':38s}{'peak GiB':>9s}  {'fits':5s}{'+host GiB':>10s}{'+pinned':>9s}{'+s/step':>9s}"]
+    wide = min(64, max([38] + [len(w.name) for w in ways]))        # the longest name, whole (up to 64)
+    lines = [f"{'#':>2s}  {'change':{wide}s}{'peak GiB':>9s}  {'fits':5s}{'+host GiB':>10s}{'+pinned':>9s}"
+             f"{'+s/step':>9s}"]
     for n, w in enumerate(ways, 1):
         secs = "-" if w.step_seconds_added is None else f"{w.step_seconds_added:.3f}"
-        change = ", ".join(f"{k}={v}" for k, v in w.change.items())
-        lines.append(f"{n:2d}  {w.name[:38]:38s}{w.peak_gib:9.2f}  {'yes' if w.fits else 'no':5s}"
+        change = ", ".join(f"{k}={v}" if v is not None else "the installed releases" if k == "versions" else
+                           f"{k} unset" for k, v in w.change.items())
+        lines.append(f"{n:2d}  {w.name[:wide]:{wide}s}{w.peak_gib:9.2f}  {'yes' if w.fits else 'no':5s}"
                      f"{w.host_gib_added:10.2f}{w.pinned_gib_added:9.2f}{secs:>9s}")
         lines.append(f"    {change}; cost: {w.cost_basis}")
     return "\n".join(lines)

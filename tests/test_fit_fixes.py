@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from helpers import cases, estimate, fit, fixes, gpus, report, step_cost
+from helpers import cases, estimate, fit, fixes, gpus, report, step_cost, units
 from helpers.__main__ import main
 from helpers.errors import InputError
 from helpers.training import MAX_TOKENS, TrainSetup
@@ -307,3 +307,20 @@ def test_where_no_single_change_fits_the_cheapest_pairs_are_tried():
     assert pairs and all(w.fits and fit.fits(w.result, "a100-80gb")[0] for w in pairs)
     assert all(len(w.name.split(" + ")) == 2 for w in pairs)
     assert ways[0] in pairs                                    # a pair that fits ranks above what does not
+
+
+def test_ways_that_lower_the_peak_come_before_those_that_hold_more():
+    """A set-up that fits as given (Llama 3 8B, ZeRO-2 on four 80 GB GPUs, full checkpointing): selective
+    checkpointing is faster and still fits, but holds more; it is ranked after every fitting change that lowers the
+    peak, and the table names an unset field as unset (a fresh user's test ranked it first)."""
+    s = TrainSetup(strategy="zero2", gpus=4, batch=2, seq=4096, grad_checkpointing=True, gpu_gib=79.15,
+                   adam_impl="foreach")
+    base = units.to_gib(estimate.run("llama-3-8b", s).gpu.peak_bytes)
+    ways = fixes.ways_out("llama-3-8b", s)
+    lowers = [w.fits and w.peak_gib <= base - fixes.LOWERS_GIB for w in ways]
+    assert lowers == sorted(lowers, reverse=True) and any(lowers)
+    selective = next(w for w in ways if w.name == "checkpointing selective")
+    assert selective.fits and selective.peak_gib > base and selective.step_seconds_added < 0
+    assert ways.index(selective) > max(i for i, x in enumerate(lowers) if x)
+    table = fixes.table(ways)
+    assert "adam_impl=None" not in table and "strategy=zero3, adam_impl unset" in table
