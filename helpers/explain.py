@@ -175,10 +175,14 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
                              "gradient partition, or a torch AdamW temporary over the partition "
                              "(exp_avg_sq.sqrt(), ...): ZeRO-1/2 hand the optimizer one flat tensor per group"))
     if setup.strategy in ("zero1", "zero2") and trained_flat(setup):
-        out.append(Candidate("DeepSpeed's flat 16-bit copy of every trained parameter", m.params * 2, ("setup",),
+        decay = sum(t.numel for t in m.tensors if t.ndim >= 2)      # the Trainer's weight-decay group: not the norms
+        out.append(Candidate("DeepSpeed's flat 16-bit buffer of the weight-decay parameter group", decay * 2,
+                             ("setup",),
                              "ZeRO-1/2 flatten each parameter group's 16-bit weights into one buffer at "
-                             "deepspeed.initialize, beside the weights themselves until they are re-pointed into it "
-                             "(DeepSpeed stage_1_and_2.py, bit16_groups_flat)"))
+                             "deepspeed.initialize, one allocation: on the GPU beside the weights when the free "
+                             "memory allows, else built on the host and moved in (DeepSpeed 0.19.8 stage_1_and_2.py, "
+                             "flatten_on_accelerator, bit16_groups_flat); the HF Trainer's groups are the weights with "
+                             "decay and the norms and biases without"))
     shapes: dict[tuple, list[str]] = {}
     for t in m.tensors:
         shapes.setdefault((t.numel, tuple(t.shape)), []).append(re.sub(r"\.\d+\.", ".N.", t.name))
@@ -267,9 +271,11 @@ def _experts_as_transformers_4(m) -> dict[str, tuple[int, int]]:
     return old
 
 
-def matching(requested: Printed, cands: list[Candidate], phases: tuple = (), segment: bool = True) -> list[Candidate]:
-    """The candidates whose allocator request is the printed size (within its precision): those alive in `phases`
-    where there are any, else all of them; the same name and size once. `segment`: the size is the segment the allocator asked CUDA for (a
+def matching(requested: Printed, cands: list[Candidate], phases: tuple = (), segment: bool = True,
+             strict: bool = False) -> list[Candidate]:
+    """The candidates whose allocator request is the printed size (within its precision), those alive in `phases`
+    first; with `strict` (the phase is known: a traceback's or a snapshot's) only those, where there are any; the same
+    name and size once. `segment`: the size is the segment the allocator asked CUDA for (a
     message's 'Tried to allocate'), else the block it looked for (a snapshot's 'oom' entry: round_size only)."""
     found, seen = [], set()
     for c in cands:
@@ -278,7 +284,9 @@ def matching(requested: Printed, cands: list[Candidate], phases: tuple = (), seg
             seen.add((c.name, c.bytes))
             found.append(c)
     alive = [c for c in found if set(c.phases) & set(phases)]
-    return alive if alive and phases else found
+    if strict and alive:
+        return alive
+    return alive + [c for c in found if c not in alive]
 
 
 def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: str | None = None,
@@ -667,7 +675,8 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
     if o is None:
         return
     cands = candidates(model, setup, r)
-    ex.matches = matching(o.requested, cands, compare, segment=o.format != "snapshot")
+    ex.matches = matching(o.requested, cands, compare, segment=o.format != "snapshot",
+                          strict=ex.phase_from in ("traceback", "snapshot"))
     if o.requested.bytes not in SMALL_SEGMENTS or o.format == "snapshot":
         if ex.matches:
             say(f"the {o.requested} request matches (as the allocator asks for it, within the message's precision):")
