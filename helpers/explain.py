@@ -104,7 +104,8 @@ class Explanation:
                 "gpu_preset": self.preset, "at_phase": self.at_phase,
                 "matches": [c.__dict__ | {"asks": c.asks} for c in self.matches],
                 "fragmentation": self.fragmentation, "other_processes": self.others, "beyond_estimate": self.beyond,
-                "ways": [w.to_json() | {"shown": w.name in self.ways_shown} for w in self.ways], "text": self.lines, "snapshot": self.snapshot,
+                "ways": [w.to_json() | {"shown": w.name in self.ways_shown} for w in self.ways],
+                "text": self.lines, "snapshot": self.snapshot,
                 "snapshot_names": [{"name": n, "blocks": c, "bytes": b} for n, c, b in self.snapshot_names],
                 "estimate": None if self.estimate is None else {
                     "phases": self.estimate.gpu.phases, "capacity_bytes": self.estimate.gpu.capacity_bytes,
@@ -174,7 +175,8 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
                              "exp_avg or exp_avg_sq (each its own flat tensor, made at the first step), the fp32 "
                              "gradient partition, or a torch AdamW temporary over the partition "
                              "(exp_avg_sq.sqrt(), ...): ZeRO-1/2 hand the optimizer one flat tensor per group"))
-    if setup.strategy in ("zero1", "zero2") and trained_flat(setup):
+    trained = setup.lora_rank is None
+    if setup.strategy in ("zero1", "zero2") and trained:        # a full fine-tune: the flat buffers span the model
         decay = sum(t.numel for t in m.tensors if t.ndim >= 2)      # the Trainer's weight-decay group: not the norms
         out.append(Candidate("DeepSpeed's flat 16-bit buffer of the weight-decay parameter group", decay * 2,
                              ("setup",),
@@ -188,7 +190,6 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
         shapes.setdefault((t.numel, tuple(t.shape)), []).append(re.sub(r"\.\d+\.", ".N.", t.name))
     for name, shape in _experts_as_transformers_4(m).items():
         shapes.setdefault((shape[0] * shape[1], shape), []).append(name)
-    trained = setup.lora_rank is None
     for (numel, shape), names in shapes.items():
         distinct = list(dict.fromkeys(names))
         name = " / ".join(distinct[:3]) + (f" (and {len(distinct) - 3} more)" if len(distinct) > 3 else "")
@@ -243,11 +244,6 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
     ]
     out += [Candidate(n, b, ("forward", "backward", "steady"), w) for n, b, w in acts if b > 0]
     return out
-
-
-def trained_flat(setup: TrainSetup) -> bool:
-    """Whether every parameter trains (a full fine-tune): then DeepSpeed's flat buffers span the whole model."""
-    return setup.lora_rank is None
 
 
 def _experts_as_transformers_4(m) -> dict[str, tuple[int, int]]:
@@ -334,8 +330,8 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
             "meta-device: ranks per node x model size), or with optimizer / parameter offload (the estimate's host "
             "column); loading is not a phase of the estimate yet")
     for e in pasted.other_errors:
-        say(f"{'note' if e.kind in ('no_figures', 'cut_traceback', 'retyped') else 'GPU'}: {OTHER_WORDS[e.kind]} (line {e.line}: "
-            f"{e.text[:100]!r})")
+        kind = "note" if e.kind in ("no_figures", "cut_traceback", "retyped") else "GPU"
+        say(f"{kind}: {OTHER_WORDS[e.kind]} (line {e.line}: {e.text[:100]!r})")
     for m in pasted.memory_lines:
         say(f"DeepSpeed see_memory_usage, line {m.line}{' (' + m.label[:60] + ')' if m.label else ''}: allocated "
             f"{m.ma}, max allocated {m.max_ma}, reserved {m.ca}, max reserved {m.max_ca} (DeepSpeed's 'GB' is GiB: "
@@ -379,8 +375,9 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
                 return max(res.gpu.phases[p] for p in died) / GiB if died else res.gpu.peak_bytes / GiB
 
             # fits, lowers the peak, and lowers the phase the run died in
-            fitting = [w for w in ex.ways if w.fits and w.peak_gib <= base - 0.05
-                       and at_death(w.result) <= at_death(r) - 0.05]
+            low = fixes_module.LOWERS_GIB
+            fitting = [w for w in ex.ways if w.fits and w.peak_gib <= base - low
+                       and at_death(w.result) <= at_death(r) - low]
             ex.ways_shown = [w.name for w in fitting[:5]]
             say(f"ways out (estimated at this capacity, each lowering the peak"
                 f"{' and the ' + PHASE_LABELS[ex.phase] + ' where the run died' if died else ''}; `fixes` lists every "
@@ -514,8 +511,7 @@ def _torch_of_message(ex: Explanation, setup: TrainSetup, o: CudaOOM | None) -> 
     if ruled:
         ex.lines.append(f"torch: the message is in {oom_messages.FORMATS[o.format].split(':')[0]}'s format, so the "
                         f"estimate takes torch {newest}'s rules, the last release that printed it (--versions "
-                        f"torch=X for another): " + "; ".join(r["before"] if "before" in r else r["does"]
-                                                             for r in ruled))
+                        f"torch=X for another): " + "; ".join(r["does"] for r in ruled))
     return setup
 
 
@@ -736,8 +732,8 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
     elif used < est and cap and est > 2 * cap:
         say(f"  consistent, both say it does not fit: the estimate needs {fmt(est, 2)} here, {est / cap:.1f} times the GPU's "
             f"{fmt(cap, 2)}, and the run died holding {fmt(used, 2)}. If the run got further than this phase, the "
-            f"set-up given is not the run's (check the sequence length, checkpointing, LoRA, the strategy and the number of "
-            f"GPUs)")
+            f"set-up given is not the run's (check the sequence length, checkpointing, LoRA, the strategy and the "
+            f"number of GPUs)")
     elif used < est:
         say("  consistent: the run died on its way to the estimate's figure, which does not fit this GPU")
     else:

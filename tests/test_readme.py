@@ -29,3 +29,16 @@ def test_notebooks_are_committed_without_outputs():
     for p in docs.notebooks():
         nb = nbformat.read(p, as_version=4)
         assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code"), p.name
+
+
+def test_the_readmes_counts_are_the_data_files():
+    """The figures the READMEs type in: the reports notebook 08 walks through, and the catalogue's models."""
+    import json
+
+    from helpers import models
+
+    reports = len(json.loads((models.DATA_DIR / "oom_reports.json").read_text())["reports"])
+    for readme in (ROOT / "README.md", ROOT / "notebooks" / "README.md"):
+        assert f"{reports} real reports from public threads" in readme.read_text(), readme
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert f"({len(models.catalogue())} models:" in text and f"of the {len(models.catalogue())} catalogue models" in text

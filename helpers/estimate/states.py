@@ -228,7 +228,8 @@ def _adam_temporary(b: Builder, m: ModelSpec, elements: int, state_bytes: int, d
     `impl`: the implementation (else the set-up's); `over`: what the tensors are, for the label; `source`: where
     that optimizer is made, added to the item's why."""
     impl = impl or b.setup.adam
-    if impl == "foreach" and versions.older(b.setup, "foreach_adamw_two_lists"):
+    two = impl == "foreach" and versions.older(b.setup, "foreach_adamw_two_lists")
+    if two:
         nbytes, why = (2 * elements * state_bytes,
                        "_multi_tensor_adamw before torch 2.1: _foreach_sqrt(exp_avg_sq) and denom = "
                        "_foreach_add(exp_avg_sq_sqrt, eps), two full copies at once")
@@ -243,7 +244,6 @@ def _adam_temporary(b: Builder, m: ModelSpec, elements: int, state_bytes: int, d
     else:
         return
     add = b.gpu if device == "gpu" else b.host
-    two = impl == "foreach" and versions.older(b.setup, "foreach_adamw_two_lists")
     add(f"AdamW {impl} temporar{'ies' if two else 'y'}{over}{' (two lists, torch before 2.1)' if two else ''}",
         "temporaries", nbytes, STEP, why + (f" ({source})" if source else ""))
 
