@@ -34,11 +34,16 @@ lab: $(STAMP) deepspeed-ops
 # Every notebook is executed once, by nbmake, on a copy in $(EXECUTED) (outputs written there, never into notebooks/);
 # `make docs` then converts those copies. data/ is linked beside them, so the notebooks' ../data paths still resolve.
 EXECUTED := build/executed
+# Test files are shared among TEST_WORKERS processes (pytest-xdist), a whole file to each (its module fixtures, the
+# browser test's JupyterLab among them, stay in one process), in the order collected: the browser test, the longest
+# file, starts third instead of last. TEST_WORKERS=0 runs them in this one. The 25 slowest tests are listed at the end.
+TEST_WORKERS ?= 2
 
 test: $(STAMP) browser
 	rm -rf $(EXECUTED) && mkdir -p $(EXECUTED)/notebooks && ln -s ../../data $(EXECUTED)/data
 	cp notebooks/[0-9][0-9]_*.ipynb $(EXECUTED)/notebooks/
-	$(PY) -m pytest tests $(EXECUTED)/notebooks --nbmake --nbmake-kernel=python3 --overwrite
+	$(PY) -m pytest tests $(EXECUTED)/notebooks --nbmake --nbmake-kernel=python3 --overwrite \
+	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # The browser test drives Debian's chromium with Playwright (never `playwright install`: no browser download).
 browser:

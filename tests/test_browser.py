@@ -251,6 +251,27 @@ def _legends(page, notebook: str) -> dict:
     return json.loads(text[-1].split(" ", 1)[1])
 
 
+def _settled_screenshot(page, figures, timeout_s: float = 60.0) -> bytes:
+    """The figure once its redraws have stopped: two screenshots a second apart that agree. Without ipympl each redraw
+    replaces the picture, so on a loaded machine the element taken may be detached before its screenshot: taken again
+    (up to `timeout_s`)."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    last, end = None, time.monotonic() + timeout_s
+    while True:
+        try:
+            png = figures.first.screenshot()
+        except PlaywrightError as err:                  # replaced by a redraw between finding it and taking it
+            if "not attached" not in str(err) or time.monotonic() > end:
+                raise
+            png = None
+        if png is not None and png == last:
+            return png
+        assert time.monotonic() < end, f"the figure kept changing for {timeout_s:.0f} s after the sliders moved"
+        last = png
+        page.wait_for_timeout(1000)
+
+
 def _explore(page, notebook: str, tag: str, figure_selector: str) -> None:
     """Move the explorer's seq and batch sliders; the verdict and the figure must change."""
     explorer = page.locator(".widget-vbox", has=page.locator(".widget-label", has_text="micro batch")).last
@@ -269,8 +290,7 @@ def _explore(page, notebook: str, tag: str, figure_selector: str) -> None:
         for key in keys:
             handle.press(key)
     page.wait_for_timeout(3000)
-    figure = explorer.locator(figure_selector).first
-    after_text, after_png = verdict.inner_text(), figure.screenshot()
+    after_text, after_png = verdict.inner_text(), _settled_screenshot(page, explorer.locator(figure_selector))
     explorer.screenshot(path=str(ARTIFACTS / f"{tag}-after.png"))
     # sequence and batch cannot move an out-of-memory that happens before the first forward (setup, resume)
     before_forward = any(f"at the {p}" in before_text for p in ("setup", "resume"))
