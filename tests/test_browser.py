@@ -290,7 +290,8 @@ def _explore(page, notebook: str, tag: str, figure_selector: str) -> None:
         for key in keys:
             handle.press(key)
     page.wait_for_timeout(3000)
-    after_text, after_png = verdict.inner_text(), _settled_screenshot(page, explorer.locator(figure_selector))
+    after_png = _settled_screenshot(page, explorer.locator(figure_selector))
+    after_text = verdict.inner_text()                # read once the redraws have stopped, not before
     explorer.screenshot(path=str(ARTIFACTS / f"{tag}-after.png"))
     # sequence and batch cannot move an out-of-memory that happens before the first forward (setup, resume)
     before_forward = any(f"at the {p}" in before_text for p in ("setup", "resume"))
