@@ -37,11 +37,9 @@ from helpers.vocab import PHASE_LABELS
 
 # The estimate's phases a traceback's phase compares with: a forward or backward may be the first step's or a later
 # one's (the traceback does not say which), so both are read.
-ESTIMATE_PHASES = {"setup": ("setup",), "resume": ("resume",), "forward": ("forward", "steady"),
+ESTIMATE_PHASES = {"load": ("setup",), "setup": ("setup",), "resume": ("resume",), "forward": ("forward", "steady"),
                    "backward": ("backward", "steady"), "step": ("step",)}
 NOT_MODELLED_PHASES = {
-    "load": "loading the model (from_pretrained, zero.Init, FSDP's sync_module_states) is not a phase of the estimate "
-            "yet: every rank may hold full weights there before they are sharded",
     "save": "a checkpoint save (16-bit weights gathered, optimizer states consolidated) is not a phase of the "
             "estimate yet",
     "evaluation": "evaluation runs forward passes (and their logits, often in fp32 and gathered over the eval set by "
@@ -326,9 +324,9 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
     for h in pasted.host:
         say(f"host: {_host_words(h)} (line {h.line}: {h.text[:120]!r})")
     if pasted.host:
-        say("  host RAM runs out while loading (each rank reads the full weights unless loading is rank-0 only or "
-            "meta-device: ranks per node x model size), or with optimizer / parameter offload (the estimate's host "
-            "column); loading is not a phase of the estimate yet")
+        say("  host RAM runs out while loading (each rank converts the whole model into its own memory when it loads "
+            "it in a dtype other than the checkpoint's: ranks per node x model size, counted in the estimate's setup), "
+            "or with optimizer / parameter offload (the estimate's host column)")
     for e in pasted.other_errors:
         kind = "note" if e.kind in ("no_figures", "cut_traceback", "retyped") else "GPU"
         say(f"{kind}: {OTHER_WORDS[e.kind]} (line {e.line}: {e.text[:100]!r})")
@@ -380,7 +378,7 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
                        and at_death(w.result) <= at_death(r) - low]
             ex.ways_shown = [w.name for w in fitting[:5]]
             say(f"ways out (estimated at this capacity, each lowering the peak"
-                f"{' and the ' + PHASE_LABELS[ex.phase] + ' where the run died' if died else ''}; `fixes` lists every "
+                f"{' and the ' + _label(ex.phase) + ' where the run died' if died else ''}; `fixes` lists every "
                 f"change with its costs):" if fitting else
                 "ways out: no single change, nor any pair of them, both fits this capacity and lowers the peak "
                 "(`fixes` lists what each gives)")
@@ -616,13 +614,18 @@ def _others(ex: Explanation, o: CudaOOM) -> None:
                     f"{o.free} - {'this process ' + fmt(mine, 2) if mine is not None else fmt(reserved, 2) + ' reserved'})")
 
 
+def _label(phase: str) -> str:
+    """An estimate phase's label, or a traceback's phase in words ('loading the model': part of the estimate's setup)."""
+    return PHASE_LABELS.get(phase) or {"load": "model's loading (the estimate's setup)"}.get(phase) or PHASE_WORDS[phase]
+
+
 def _setup_words(setup: TrainSetup) -> str:
     """The set-up in words: strategy, world, batch x seq, precision, and every option that is not its default."""
     words = [f"{setup.strategy} on {setup.gpus} GPU(s)", f"batch {setup.batch} x seq {setup.seq}", setup.precision]
     default = TrainSetup()
     for name in ("grad_accum", "lora_rank", "lora_targets", "base_weights", "adapter_dtype", "optimizer", "adam_impl",
                  "checkpointing", "attention", "fused_ce", "kv_expanded", "offload_optimizer", "offload_params",
-                 "offload_ratio", "tensor_parallel", "context_parallel"):
+                 "offload_ratio", "zero3_init", "tensor_parallel", "context_parallel"):
         v = getattr(setup, name)
         if v != getattr(default, name) and v is not None and not (name == "lora_targets" and not setup.lora_rank):
             words.append(f"{name}={v}")
@@ -657,10 +660,10 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
     if ex.phase_from == "traceback" and first in order and ex.phase in order and first != ex.phase:
         if order.index(first) < order.index(ex.phase):
             say(f"  the run got further than the estimate allows: the estimate runs out at the "
-                f"{PHASE_LABELS[first]}, the traceback is at the {PHASE_LABELS[ex.phase]}: the set-up given holds "
+                f"{PHASE_LABELS[first]}, the traceback is at the {_label(ex.phase)}: the set-up given holds "
                 f"more than the run did (check the sequence length, micro batch, checkpointing)")
         else:
-            say(f"  the run died earlier than the estimate says: the traceback is at the {PHASE_LABELS[ex.phase]}, "
+            say(f"  the run died earlier than the estimate says: the traceback is at the {_label(ex.phase)}, "
                 f"the estimate first runs out at the {PHASE_LABELS[first]}")
     compare = ESTIMATE_PHASES.get(ex.phase, ())
     if ex.phase is None:
@@ -700,7 +703,7 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
                    "ratio": used / est if est else None, "band": band}
     which = max((p for p in compare if p in phases), key=lambda p: phases[p])
     label = ("estimate's peak (the phase is not known)" if ex.phase is None else
-             PHASE_LABELS[ex.phase] + (f" (compared with the {PHASE_LABELS[which]}, the larger of the first and later "
+             _label(ex.phase) + (f" (compared with the {PHASE_LABELS[which]}, the larger of the first and later "
                                        f"ones: a traceback does not say which iteration)" if len(compare) > 1 else ""))
     say(f"at the {label}: the run held {o.allocated} and asked for {o.requested} ({fmt(used, 2)}); the estimate "
         f"puts {fmt(est, 2)} of tensors there" + (f" ({used / est:.0%} of it)" if est else ""))

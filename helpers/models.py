@@ -334,6 +334,8 @@ class ModelSpec:
     logit_softcap: bool = False   # final_logit_softcapping: tanh over the logits (Gemma 2)
     fused_qkv: bool = False       # one qkv_proj (Phi-3): q, k, v are views of one output
     fused_gate_up: bool = False   # one gate_up_proj linear in the dense MLP (Phi-3)
+    checkpoint_dtype: str | None = None   # the weights' dtype on disk, as config.json states it ('bf16', 'fp16',
+    #                                       'fp32'; None where it states none or another): what from_pretrained reads
 
     @property
     def params(self) -> int:
@@ -608,7 +610,21 @@ def _spec_from_path(path: str) -> ModelSpec:
         logit_softcap=bool(getattr(cfg, "final_logit_softcapping", None)),
         fused_qkv=any(t.name.endswith("qkv_proj.weight") for t in first),
         fused_gate_up=any(t.name.endswith("mlp.gate_up_proj.weight") and t.linear for t in first),
+        checkpoint_dtype=checkpoint_dtype(read_config_dict(path)),
     )
+
+
+CHECKPOINT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def checkpoint_dtype(cfg: dict) -> str | None:
+    """The dtype a config.json says its weights are saved in: transformers 5 writes `dtype`, older releases
+    `torch_dtype`; None where neither names one of bfloat16, float16, float32."""
+    for key in ("dtype", "torch_dtype"):
+        value = cfg.get(key)
+        if isinstance(value, str) and value in CHECKPOINT_DTYPES:
+            return CHECKPOINT_DTYPES[value]
+    return None
 
 
 def spec(model: str | Path | ModelSpec) -> ModelSpec:

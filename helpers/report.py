@@ -8,6 +8,21 @@ from helpers.units import MiB, fmt, scale, to_gib
 from helpers.vocab import PHASE_LABELS
 
 
+def loading_bytes(r: Result, device: str) -> int:
+    """Bytes held on `device` while the model loads (the estimate's load moment, part of its setup phase)."""
+    return sum(i["bytes"] for i in r.meta.get("loading") or () if i["device"] == device)
+
+
+def loading_lines(r: Result) -> list[str]:
+    """What loading the model holds (helpers.estimate.loading), where it holds anything."""
+    items, said = r.meta.get("loading") or [], r.meta.get("loading_words")
+    if not items and not said:
+        return []
+    where = {"gpu": "per GPU", "host": "host per node"}
+    return ["", "loading the model (part of setup): " + "; ".join(
+        [f"{i['name']}, {fmt(i['bytes'])} {where[i['device']]}" for i in items] + ([said] if said else []))]
+
+
 def verdict(r: Result) -> str:
     """One line: 'fits: 61.2 of 80 GiB per GPU ...' or 'OOM on GPU at the optimizer step (...)'."""
     oom = r.oom
@@ -25,7 +40,9 @@ def verdict(r: Result) -> str:
         d = r.device(oom["device"])
         later = (f" (its peak comes later: {fmt(d.peak_bytes)} at the {PHASE_LABELS[d.peak_phase]})"
                  if d.peak_phase != oom["phase"] and d.peak_bytes > d.phases[oom["phase"]] else "")
-        return (f"OOM on {oom['device'].upper()} at the {PHASE_LABELS[oom['phase']]}: "
+        loading = oom["phase"] == "setup" and loading_bytes(r, oom["device"]) > d.capacity_bytes
+        return (f"OOM on {oom['device'].upper()} at the {PHASE_LABELS[oom['phase']]}"
+                f"{', while the model loads' if loading else ''}: "
                 f"{fmt(d.phases[oom['phase']])} needed there, {fmt(d.capacity_bytes)} available{later}")
     total = device_total_oom(r)
     if total:
@@ -134,6 +151,7 @@ def table(r: Result) -> str:
     if r.meta.get("rss_bytes"):
         lines.append("process RSS at the end of each phase (MiB, everything the process holds): " + ", ".join(
             f"{p} {v / MiB:.0f}" for p, v in r.meta["rss_bytes"].items()))
+    lines += loading_lines(r)
     if not any(r.host.phases.values()):
         lines += ["", "host: nothing offloaded (the processes' own RAM, data loaders and the CUDA context are not counted)"]
     device = device_verdict(r)

@@ -34,7 +34,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -236,6 +236,19 @@ class TrainSetup:
                         tooltip="ZeRO-3 partial offload: the fraction of optimizer sub-groups on the host"),
         applies=lambda v: v["offload_optimizer"]))
     """DeepSpeed offload_optimizer.ratio: fraction of optimizer sub-groups on the host (ZeRO-3 only)."""
+    zero3_init: bool = option(True, Face(
+        "--zero3-init", "ZeRO-3: the model built already partitioned under deepspeed.zero.Init, as the HF Trainer "
+                        "and accelerate do; --no-zero3-init: loaded whole first (a script that calls "
+                        "from_pretrained before its TrainingArguments or Accelerator exist), so DeepSpeed moves all "
+                        "of it to each GPU before partitioning it", negative="--no-zero3-init",
+        control=Control("check", "zero.Init", tooltip="ZeRO-3: the model built already partitioned (the Trainer's "
+                                                      "and accelerate's way)"),
+        applies=lambda v: strategies.get(v["strategy"]).family == "zero3", remedy=("deepspeed.zero.Init", True),
+        no_time="zero.Init changes where the weights are built, not the step"))
+    """ZeRO-3 only. True: transformers builds the model under `deepspeed.zero.Init` (already partitioned; it does so
+    whenever a stage-3 HfDeepSpeedConfig exists when from_pretrained runs: the HF Trainer's TrainingArguments,
+    accelerate's DeepSpeed plugin). False: the model is loaded whole first, and DeepSpeed's engine moves all of it to
+    the GPU before ZeRO-3 partitions it (helpers.estimate.loading)."""
     pin_memory: bool = option(True, Face("--pin-memory", "offloaded buffers page-locked", negative="--no-pin-memory",
                                          control=Control("check", "pin memory")))
     """Offloaded buffers page-locked (DeepSpeed >= 0.19.5 and torchtitan default) or pageable."""
@@ -493,6 +506,10 @@ class TrainSetup:
             raise InputError("checkpointing 'selective' is modelled for full fine-tuning; with lora_rank the adapters' "
                              "extra matmuls change which outputs the policy saves: use checkpointing 'full' or 'none'")
         library_versions.parse(self.versions)
+        if not self.zero3_init and st.family != "zero3":
+            raise InputError(f"zero3_init False (the model loaded whole before DeepSpeed partitions it) is a ZeRO-3 "
+                             f"option: use it with strategy {strategies.listing(lambda x: x.family == 'zero3', 'or')}, "
+                             f"got {self.strategy!r}")
         s = self.strategy
         if self.base_weights is not None:
             _choice("base_weights", self.base_weights, BASE_WEIGHTS)

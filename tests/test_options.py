@@ -40,6 +40,7 @@ GIVEN = {
     "gpus": (["--gpus", "4"], 4), "tensor_parallel": (["--tp", "2"], 2), "context_parallel": (["--cp", "2"], 2),
     "gpus_per_node": (["--gpus-per-node", "4"], 4), "offload_optimizer": (["--offload-optimizer"], True),
     "offload_params": (["--offload-params"], True), "offload_ratio": (["--offload-ratio", "0.5"], 0.5),
+    "zero3_init": (["--no-zero3-init"], False),
     "pin_memory": (["--no-pin-memory"], False), "checkpointing": (["--grad-checkpointing"], "full"),
     "checkpoint_every": (["--checkpoint-every", "2"], 2), "grad_accum": (["--grad-accum", "4"], 4),
     "fused_ce": (["--fused-ce"], True), "kv_expanded": (["--expanded-kv"], True),
@@ -121,7 +122,8 @@ def test_the_explorer_sets_none_and_values_off_its_stops():
 
 
 def test_fixes_takes_its_single_valued_ways_out_and_untimed_fields_from_the_faces():
-    names = [n for n, _ in fixes._candidates(None, TrainSetup(lora_rank=8, lora_dropout=0.1))]   # no remedy in effect
+    names = [n for n, _ in fixes._candidates(None, TrainSetup(lora_rank=8, lora_dropout=0.1))   # no remedy in effect
+             + fixes._candidates(None, TrainSetup(strategy="zero3", gpus=8, zero3_init=False))]
     for field, f in FACES.items():
         if f.remedy:
             assert f.remedy[0] in names, field

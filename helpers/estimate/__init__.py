@@ -1,7 +1,7 @@
 """The analytic memory estimator: pure arithmetic over a model's parameter inventory and a TrainSetup.
 
 `estimate.run(model, setup)` returns a Result: per GPU and per node host, the bytes of each phase of a training step
-(setup, resume when asked, forward, backward, optimizer step, later iterations) by category, the peak, and the
+(setup, with the model's loading, resume when asked, forward, backward, optimizer step, later iterations) by category, the peak, and the
 first phase that overflows a given capacity. Each term is an Item; see states, activations and host for sources.
 """
 
@@ -12,7 +12,7 @@ import datetime
 
 from helpers import models, versions
 from helpers.errors import InputError
-from helpers.estimate import accumulation, activations, adapters, host, parallel, states
+from helpers.estimate import accumulation, activations, adapters, host, loading, parallel, states
 from helpers.estimate.items import PHASE_MOMENTS, Item
 from helpers.results import DeviceMemory, Result, empty_breakdown
 from helpers.training import TrainSetup, checked
@@ -20,8 +20,8 @@ from helpers.units import from_gib
 from helpers.vocab import PHASES
 
 
-def items(model, setup: TrainSetup) -> list[Item]:
-    """Every buffer of the set-up, with the moments it is alive."""
+def items(model, setup: TrainSetup, load: bool = True) -> list[Item]:
+    """Every buffer of the set-up, with the moments it is alive; `load` False leaves the model's loading out."""
     m = models.spec(model)
     checked(setup)
     m.check_lora_rank(setup.lora_rank, setup.lora_targets)
@@ -38,6 +38,8 @@ def items(model, setup: TrainSetup) -> list[Item]:
     activations.add_activations(b, m)
     activations.add_logits(b, m)
     accumulation.add_accumulation(b, m)
+    if load:
+        loading.add_load(b, m)
     if setup.resume:
         host.add_resume(b, m)
     host.add_pinned_overhead(b)
@@ -62,13 +64,15 @@ def _device_memory(its: list[Item], device: str, phases, capacity_gib) -> Device
     return DeviceMemory(breakdown, None if capacity_gib is None else from_gib(capacity_gib))
 
 
-def run(model, setup: TrainSetup | None = None, **options) -> Result:
-    """Estimate memory for `model` (catalogue name, config path or ModelSpec) under `setup` (or TrainSetup(**options))."""
+def run(model, setup: TrainSetup | None = None, load: bool = True, **options) -> Result:
+    """Estimate memory for `model` (catalogue name, config path or ModelSpec) under `setup` (or TrainSetup(**options)).
+    `load` False: from the engine's set-up on, without the model's loading (helpers.estimate.loading), which is what
+    a dry run or a scaled run measures: they start from a model already built."""
     setup = checked(TrainSetup() if setup is None else setup)
     if options:
         setup = setup.replace(**options)
     m = models.spec(model)
-    its = items(m, setup)
+    its = items(m, setup, load)
     phases = phases_of(setup)
     return Result(
         model=m.name, params=m.params, mode="estimate", setup=dataclasses.asdict(setup),
@@ -78,6 +82,8 @@ def run(model, setup: TrainSetup | None = None, **options) -> Result:
                 "phases": [p for p in phases if set(PHASE_MOMENTS[p]) & i.moments], "why": i.why,
                 "pinned": i.pinned} for i in its],
         meta={"date": datetime.date.today().isoformat(), "versioned": versions.applied(setup, m),
+              "loading": [{"name": i.name, "device": i.device, "bytes": i.nbytes} for i in its if "load" in i.moments],
+              "loading_words": loading.words(setup, m) if load else None,
               "fsdp2_padding": states.fsdp2_padding(parallel.rank_model(m, setup.tensor_parallel), setup),
               "lora_unmatched": m.lora_unmatched(setup.lora_targets) if setup.lora_rank else []},
     )

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from helpers.vocab import CATEGORIES, DEVICES, check
 
 MOMENTS = (
-    "setup", "resume", "forward_init", "forward_start", "forward_gather", "forward", "backward_start", "backward_head",
+    "load", "setup", "resume", "forward_init", "forward_start", "forward_gather", "forward", "backward_start", "backward_head",
     "backward_end", "backward_done", "step_prepare", "step", "steady_forward_start", "steady_forward_gather",
     "steady_forward", "steady_backward_start", "steady_backward_head", "steady_backward_end", "steady_backward_done",
     "backward_post", "steady_backward_post",
 )
 PHASE_MOMENTS = {
-    "setup": ("setup",),
+    "setup": ("load", "setup"),
     "resume": ("resume",),
     "forward": ("forward_init", "forward_start", "forward_gather", "forward"),
     "backward": ("backward_start", "backward_head", "backward_end", "backward_post", "backward_done"),
@@ -26,7 +26,8 @@ PHASE_MOMENTS = {
                "steady_backward_end", "steady_backward_post", "steady_backward_done"),
 }
 
-ALWAYS = frozenset(MOMENTS)
+LOAD = frozenset({"load"})     # the model being loaded, before the engine is built (helpers.estimate.loading)
+ALWAYS = frozenset(MOMENTS) - LOAD   # from the engine's set-up on: what loading holds is named on its own
 LOSS = frozenset({"forward", "steady_forward"})                    # the loss being computed: logits alive
 GATHER = frozenset({"forward_gather", "steady_forward_gather"})     # the output head's parameters being gathered
 FORWARDS = LOSS | GATHER

@@ -4,6 +4,9 @@ trimmed. Used where a measurement must see everything a process holds (scratch i
 from __future__ import annotations
 
 import contextlib
+import gc
+import threading
+import time
 
 
 def status_bytes(field: str) -> int:
@@ -32,3 +35,32 @@ def trim_heap() -> None:
     if name:
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(name).malloc_trim(0)
+
+
+@contextlib.contextmanager
+def growth():
+    """Measure what the block adds: yields a dict filled on exit with 'peak' (VmHWM growth over the resident size at
+    entry, reset there), 'anon' (the peak of anonymous resident memory, RssAnon, sampled every millisecond, over its
+    value at entry: private pages, not the page cache) and 'seconds'. The heap is trimmed first, so growth is new
+    memory rather than reused free lists."""
+    gc.collect()
+    trim_heap()
+    before, anon_before = reset_peak(), status_bytes("RssAnon")
+    peak, stop, out = [anon_before], threading.Event(), {}
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], status_bytes("RssAnon"))
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.perf_counter()
+    try:
+        yield out
+    finally:
+        out["seconds"] = time.perf_counter() - started
+        stop.set()
+        sampler.join()
+        out.update(before=before, peak=status_bytes("VmHWM") - before,
+                   anon=max(peak[0], status_bytes("RssAnon")) - anon_before)

@@ -18,13 +18,10 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
-import gc
 import json
 import os
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import torch
@@ -86,26 +83,10 @@ def _load(a) -> dict:
         TorchCheckpointEngine.load = lambda self, path, map_location=None: torch.load(
             path, map_location=map_location, weights_only=False, mmap=True)
     live = _host_buffers(optimizer, s.ratio)
-    gc.collect()
-    procmem.trim_heap()                                   # freed heap memory back to the OS: growth is then new memory
-    before, anon_before = procmem.reset_peak(), procmem.status_bytes("RssAnon")
-    anon_peak, stop = [anon_before], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            anon_peak[0] = max(anon_peak[0], procmem.status_bytes("RssAnon"))
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    started = time.perf_counter()
-    engine.load_checkpoint(a.dir, tag="resume", load_optimizer_states=a.variant != "no_optimizer")
-    wall = time.perf_counter() - started
-    stop.set()
-    sampler.join()
-    return {"variant": a.variant, "rss_before": before, "peak": procmem.status_bytes("VmHWM"), "transient": procmem.status_bytes("VmHWM") - before,
-            "anon_transient": max(anon_peak[0], procmem.status_bytes("RssAnon")) - anon_before, "live_buffers": live,
-            "load_s": round(wall, 3)}
+    with procmem.growth() as g:
+        engine.load_checkpoint(a.dir, tag="resume", load_optimizer_states=a.variant != "no_optimizer")
+    return {"variant": a.variant, "rss_before": g["before"], "peak": g["before"] + g["peak"], "transient": g["peak"],
+            "anon_transient": g["anon"], "live_buffers": live, "load_s": round(g["seconds"], 3)}
 
 
 def run(model, setup: TrainSetup, variants=VARIANTS, hidden: int = HIDDEN) -> dict:

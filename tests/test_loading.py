@@ -1,0 +1,163 @@
+"""Loading the model (helpers.estimate.loading): the host copy per rank measured through transformers' own
+from_pretrained, the whole model DeepSpeed moves to the GPU without zero.Init read from its engine's tensors, and the
+rules' reach (which set-ups hold what, the verdict's words, the options' checks)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import estimate, models, report
+from helpers.errors import InputError
+from helpers.estimate import loading
+from helpers.measure import loading as measured_loading
+from helpers.training import TrainSetup
+
+GiB = 2**30
+
+
+def test_a_converted_load_holds_the_whole_model_per_rank_and_a_same_dtype_load_maps_the_file():
+    r = measured_loading.run("llama-3.2-1b")
+    same, conv = r["loads"]["same dtype"], r["loads"]["float32"]
+    # the same dtype: every parameter is a view of a checkpoint file's mapping (page cache, shared by the node)
+    assert same["params_in_file_mappings"] == same["params"] and same["estimate_per_rank"] == 0
+    assert same["anon_growth"] < 0.6 * same["param_bytes"]        # transformers' own objects, not a copy
+    # float32 from a bf16 checkpoint: no parameter in a mapping; the private memory it adds is the estimate's copy
+    assert conv["params_in_file_mappings"] == 0
+    assert conv["estimate_per_rank"] == conv["param_bytes"] == r["params"] * 4
+    assert r["converted_copy"] == pytest.approx(conv["estimate_per_rank"], rel=0.03)
+    assert conv["estimate_host_setup"] == conv["estimate_per_rank"]      # one rank: the setup phase is that copy
+
+
+def test_without_zero_init_deepspeed_holds_the_whole_16_bit_model_before_it_partitions():
+    """The real engine (one rank, gloo, on this CPU): the census of the module's parameters when
+    `_configure_distributed_model` returns (the engine's `module.to(device)`), then after `deepspeed.initialize`."""
+    code = r"""
+import json, torch
+from helpers import models
+from helpers.measure import engines, procgroup
+from helpers.measure.scaled import initialize_deepspeed, scaled_setup
+from deepspeed.runtime.engine import DeepSpeedEngine
+from helpers.training import TrainSetup
+procgroup.ensure("gloo", 1)
+twin, s = scaled_setup("llama-3.2-1b", TrainSetup(strategy="zero3", zero3_init=False, seq=64))
+seen = {}
+original = DeepSpeedEngine._configure_distributed_model
+def spy(self, model):
+    original(self, model)
+    ps = list(self.module.parameters())
+    seen["moved"] = {"bytes": sum(p.numel() * p.element_size() for p in ps), "dtypes": sorted({str(p.dtype) for p in ps}),
+                     "partitioned": sum(hasattr(p, "ds_id") for p in ps), "params": len(ps)}
+DeepSpeedEngine._configure_distributed_model = spy
+net = engines.build_model(str(twin), s, torch.float32, "sdpa")
+engine, _, _ = initialize_deepspeed(net, s)
+after = list(engine.module.parameters())
+seen["after"] = {"partitioned": sum(hasattr(p, "ds_id") for p in after), "params": len(after)}
+seen["params"] = models.spec(str(twin)).params
+print(json.dumps(seen))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    moved = seen["moved"]
+    assert moved["partitioned"] == 0 and moved["dtypes"] == ["torch.bfloat16"]     # whole, cast, not yet ZeRO's
+    assert seen["after"]["partitioned"] == seen["after"]["params"]                 # partitioned afterwards
+    twin = str(models.scaled_path("llama-3.2-1b"))
+    est = estimate.run(twin, TrainSetup(strategy="zero3", zero3_init=False, seq=64))
+    item = next(i for i in est.items if i["name"].startswith("the whole model before ZeRO-3"))
+    assert item["bytes"] == moved["bytes"] == seen["params"] * 2 and item["phases"] == ["setup"]
+
+
+@pytest.mark.parametrize("setup,dtype,copies", [
+    (TrainSetup(precision="bf16"), "bf16", False),                          # the checkpoint's dtype: mapped
+    (TrainSetup(), "fp32", True),                                           # bf16-mixed on torch: fp32 weights
+    (TrainSetup(strategy="ddp", gpus=8, precision="fp32"), "fp32", True),
+    (TrainSetup(strategy="zero2", gpus=8), "bf16", False),                  # DeepSpeed casts: loaded in bf16
+    (TrainSetup(strategy="zero3", gpus=8, precision="fp32"), "fp32", False),   # zero.Init: rank 0 maps the file
+    (TrainSetup(strategy="zero3", gpus=8, precision="fp32", zero3_init=False), "fp32", True),
+    (TrainSetup(lora_rank=8), "bf16", False),                               # LoRA: the base in its own dtype
+    (TrainSetup(lora_rank=8, base_weights="fp32"), "fp32", True),
+    (TrainSetup(lora_rank=8, base_weights="nf4"), None, False),             # QLoRA: quantised onto the GPU
+    (TrainSetup(strategy="fsdp2", gpus=8), "fp32", True),
+])
+def test_which_set_ups_hold_a_copy_per_rank(setup, dtype, copies):
+    m = models.spec("llama-3-8b")                                            # saved in bf16
+    assert m.checkpoint_dtype == "bf16"
+    assert loading.loaded_dtype(setup) == dtype
+    per_rank = loading.host_copy(setup, m)
+    assert per_rank == (m.params * loading.BYTES[dtype] if copies else 0)
+    r = estimate.run(m, setup)
+    assert sum(i["bytes"] for i in r.meta["loading"] if i["device"] == "host") == per_rank * setup.ranks_per_node
+    if copies:
+        assert r.host.phases["setup"] >= per_rank * setup.ranks_per_node
+
+
+def test_a_checkpoint_saved_in_fp32_or_of_unknown_dtype_is_copied_when_loaded_in_16_bits():
+    gemma = models.spec("gemma-2-2b")                   # its Hub checkpoint is float32
+    assert gemma.checkpoint_dtype == "fp32"
+    assert loading.host_copy(TrainSetup(precision="bf16"), gemma) == gemma.params * 2
+    assert loading.host_copy(TrainSetup(), gemma) == 0
+    assert models.checkpoint_dtype({"torch_dtype": "float16"}) == "fp16"
+    assert models.checkpoint_dtype({"dtype": "bfloat16", "torch_dtype": "float32"}) == "bf16"   # transformers 5's key
+    assert models.checkpoint_dtype({"torch_dtype": "auto"}) is None
+    assert models.checkpoint_dtype({}) is None
+
+
+def test_a_host_that_cannot_hold_every_ranks_copy_runs_out_while_the_model_loads():
+    r = estimate.run("llama-3.1-8b", TrainSetup(strategy="fsdp2", gpus=8, host_gib=128))
+    assert r.oom == {"device": "host", "phase": "setup"}
+    assert r.host.phases["setup"] == 8 * models.spec("llama-3.1-8b").params * 4
+    text = report.table(r)
+    assert "OOM on HOST at the setup, while the model loads" in text
+    assert "loading the model (part of setup): the model converted to fp32 as it loads (x8 ranks)" in text
+
+
+def test_zero3_without_zero_init_runs_out_at_setup_where_zero_init_fits():
+    with_init = estimate.run("llama-3.1-70b", TrainSetup(strategy="zero3", gpus=8, checkpointing="full",
+                                                          gpu_gib=79.1))
+    without = estimate.run("llama-3.1-70b", TrainSetup(strategy="zero3", gpus=8, checkpointing="full", gpu_gib=79.1,
+                                                        zero3_init=False))
+    assert with_init.oom["phase"] != "setup" and with_init.gpu.phases["setup"] < 70 * GiB
+    assert without.gpu.phases["setup"] == models.spec("llama-3.1-70b").params * 2
+    assert without.oom == {"device": "gpu", "phase": "setup"}
+    assert "while the model loads" in report.verdict(without)
+    assert without.gpu.phases["forward"] == with_init.gpu.phases["forward"]     # only the loading differs
+
+
+@pytest.mark.parametrize("changes,words", [
+    (dict(strategy="zero2", zero3_init=False), "zero3_init False (the model loaded whole before DeepSpeed partitions "
+                                               "it) is a ZeRO-3 option: use it with strategy zero3, got 'zero2'"),
+    (dict(strategy="zero3", zero3_init="no"), "zero3_init must be True or False, got 'no'"),
+])
+def test_bad_zero3_init_is_one_line(changes, words):
+    with pytest.raises(InputError) as e:
+        TrainSetup(**changes).validate()
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_takes_no_zero3_init_and_says_where_it_runs_out(capsys):
+    from helpers.__main__ import main
+
+    assert main(["estimate", "--model", "llama-3.1-70b", "--strategy", "zero3", "--gpus", "8", "--no-zero3-init",
+                 "--gpu", "h100-80gb", "--checkpointing", "full"]) == 0
+    out = capsys.readouterr().out
+    assert "OOM on GPU at the setup, while the model loads: 131.4 GiB needed there" in out
+    assert "the whole model before ZeRO-3 partitions it (bf16), 131.4 GiB per GPU" in out
+    assert main(["estimate", "--model", "llama-3.1-8b", "--no-zero3-init"]) == 2
+    assert "is a ZeRO-3 option" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("setup,words", [
+    (TrainSetup(strategy="zero2", gpus=8), "loaded as bf16 (DeepSpeed casts the module itself) from a bf16 checkpoint: "
+                                           "the weights are its memory-mapped files"),
+    (TrainSetup(strategy="zero3", gpus=8), "built already partitioned under deepspeed.zero.Init; global rank 0 reads"),
+    (TrainSetup(lora_rank=8, base_weights="nf4"), "a 4-bit base is quantised as it is loaded onto the GPU"),
+    (TrainSetup(strategy="fsdp2", gpus=8), "loaded as fp32 (the dtype the engine trains its weights in) from a bf16 "
+                                           "checkpoint: converted on every rank"),
+])
+def test_the_output_says_how_the_model_is_loaded_where_it_counts_nothing_too(setup, words):
+    text = report.table(estimate.run("llama-3.1-8b", setup))
+    line = next(x for x in text.splitlines() if x.startswith("loading the model (part of setup): "))
+    assert words in line
