@@ -39,6 +39,7 @@ from helpers.vocab import PHASE_LABELS
 # one's (the traceback does not say which), so both are read.
 ESTIMATE_PHASES = {"load": ("setup",), "setup": ("setup",), "resume": ("resume",), "forward": ("forward", "steady"),
                    "backward": ("backward", "steady"), "step": ("step",)}
+LOAD_LABEL = {"load": "model's loading (the estimate's setup)"}     # a traceback's phase the estimate's setup holds
 NOT_MODELLED_PHASES = {
     "save": "a checkpoint save (16-bit weights gathered, optimizer states consolidated) is not a phase of the "
             "estimate yet",
@@ -616,7 +617,7 @@ def _others(ex: Explanation, o: CudaOOM) -> None:
 
 def _label(phase: str) -> str:
     """An estimate phase's label, or a traceback's phase in words ('loading the model': part of the estimate's setup)."""
-    return PHASE_LABELS.get(phase) or {"load": "model's loading (the estimate's setup)"}.get(phase) or PHASE_WORDS[phase]
+    return PHASE_LABELS.get(phase) or LOAD_LABEL.get(phase) or PHASE_WORDS[phase]
 
 
 def _setup_words(setup: TrainSetup) -> str:

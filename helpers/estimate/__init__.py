@@ -1,8 +1,9 @@
 """The analytic memory estimator: pure arithmetic over a model's parameter inventory and a TrainSetup.
 
 `estimate.run(model, setup)` returns a Result: per GPU and per node host, the bytes of each phase of a training step
-(setup, with the model's loading, resume when asked, forward, backward, optimizer step, later iterations) by category, the peak, and the
-first phase that overflows a given capacity. Each term is an Item; see states, activations and host for sources.
+(setup, with the model's loading, resume when asked, forward, backward, optimizer step, later iterations) by category,
+the peak, and the first phase that overflows a given capacity. Each term is an Item; see states, activations, host and
+loading for sources.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ so page-locked buffers cost their rounded size from first use on, and cannot be 
 Resume: DeepSpeed's `load_checkpoint` reads each rank's optimizer shard (`*_optim_states.pt`) with
 `map_location='cpu'`: the fp32 master partition and both Adam states land in host RAM beside the live buffers, and
 `optimizer.load_state_dict` then creates (or, on the host, adopts) the states. torch strategies load the same way.
-Left out: the page cache of checkpoint files, the model's own loading path (`from_pretrained` without zero.Init
-holds a full copy per rank), other processes of the job (inference engines, data loaders).
+Left out: the page cache of checkpoint files, other processes of the job (inference engines, data loaders). The
+model's own loading is helpers.estimate.loading.
 """
 
 from __future__ import annotations

@@ -42,11 +42,16 @@ from helpers.units import fmt
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
+def _compute(setup) -> str:
+    """The compute dtype's name: 'fp32' under precision fp32, else the 16-bit one."""
+    return "fp32" if setup.precision == "fp32" else setup.half
+
+
 def loaded_dtype(setup) -> str | None:
     """The dtype the model is loaded in for `setup` ('bf16', 'fp16', 'fp32'); None for a 4-bit (QLoRA) base."""
     if setup.quantized:
         return None
-    compute = "fp32" if setup.precision == "fp32" else setup.half
+    compute = _compute(setup)
     if setup.lora_rank is not None:
         return "fp32" if setup.base_fp32 else compute
     if setup.strat.deepspeed or setup.precision == "bf16":
@@ -91,7 +96,7 @@ def add_load(b: Builder, m: ModelSpec) -> None:
            f"{dtype} in private memory: {m.params:,} x {BYTES[dtype] if dtype else 0} B = {fmt(copy)} per rank until "
            f"the model moves to the GPU (transformers 5.23 core_model_loading._materialize_copy)")
     if s.strat.family == "zero3" and not s.zero3_init:
-        compute = "fp32" if s.precision == "fp32" else s.half
+        compute = _compute(s)
         whole = m.params * BYTES[compute]
         b.gpu(f"the whole model before ZeRO-3 partitions it ({compute})", "parameters", whole, LOAD,
               f"without zero.Init, DeepSpeed's engine casts the module to {compute} and moves all of it to the GPU "
