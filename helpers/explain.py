@@ -359,7 +359,8 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
         r.meta["gpu_preset"] = ex.preset
     ex.estimate = r
     _place(ex, model, setup, r, o)
-    if fixes and setup.gpu_gib is not None:
+    dev = "host" if pasted.host and o is None else "gpu"          # where the run ran out: ways out lower that
+    if fixes and (setup.host_gib if dev == "host" else setup.gpu_gib) is not None:
         from helpers import fixes as fixes_module
 
         try:
@@ -367,25 +368,32 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
         except InputError as exc:
             say(f"ways out: not ranked ({exc})")
         else:
-            base = r.gpu.peak_bytes / GiB
-            died = [p for p in ESTIMATE_PHASES.get(ex.phase, ()) if p in r.gpu.phases]
+            where = "per GPU" if dev == "gpu" else "host per node"
+            base = r.device(dev).peak_bytes / GiB
+            died = [p for p in ESTIMATE_PHASES.get(ex.phase, ()) if p in r.device(dev).phases]
 
             def at_death(res: Result) -> float:     # the estimate where the run died (its peak where not known)
-                return max(res.gpu.phases[p] for p in died) / GiB if died else res.gpu.peak_bytes / GiB
+                d = res.device(dev)
+                return max(d.phases[p] for p in died) / GiB if died else d.peak_bytes / GiB
 
-            # fits, lowers the peak, and lowers the phase the run died in
+            # fits, lowers the peak, and lowers the phase the run died in, on the device that ran out
             low = fixes_module.LOWERS_GIB
-            fitting = [w for w in ex.ways if w.fits and w.peak_gib <= base - low
+            fitting = [w for w in ex.ways if w.fits and w.result.device(dev).peak_bytes / GiB <= base - low
                        and at_death(w.result) <= at_death(r) - low]
+            if dev == "host":                 # more host RAM lowers nothing, yet is a way out where the host ran out
+                fitting += [w for w in ex.ways if w.fits and "host_gib" in w.change and w not in fitting]
             ex.ways_shown = [w.name for w in fitting[:5]]
-            say(f"ways out (estimated at this capacity, each lowering the peak"
-                f"{' and the ' + _label(ex.phase) + ' where the run died' if died else ''}; `fixes` lists every "
+            say(f"ways out (estimated at this capacity, each lowering the peak {where}"
+                f"{' and the ' + _label(ex.phase) + ' where the run died' if died else ''}"
+                f"{', or adding the host RAM it needs' if dev == 'host' else ''}; `fixes` lists every "
                 f"change with its costs):" if fitting else
-                "ways out: no single change, nor any pair of them, both fits this capacity and lowers the peak "
-                "(`fixes` lists what each gives)")
+                f"ways out: no single change, nor any pair of them, both fits this capacity and lowers the peak "
+                f"{where} (`fixes` lists what each gives)")
             for w in fitting[:5]:
                 change = ", ".join(f"{k}={v}" for k, v in w.change.items() if v is not None)
-                say(f"  {w.name}: {w.peak_gib:.1f} GiB per GPU, from {base:.1f}" + (f" ({change})" if change else ""))
+                held = w.result.device(dev).peak_bytes / GiB
+                say(f"  {w.name}: " + (f"the run needs {held:.1f} GiB {where}" if "host_gib" in w.change else
+                                        f"{held:.1f} GiB {where}, from {base:.1f}") + (f" ({change})" if change else ""))
     if ex.fragmentation and ex.fragmentation["cause"]:
         enough = ex.fragmentation.get("enough", True)
         say("  expandable_segments:True in the allocator's settings (fragmentation; no change to the set-up)"

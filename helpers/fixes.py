@@ -24,7 +24,7 @@ from helpers import estimate, fit, step_cost, strategies, versions
 from helpers.errors import InputError
 from helpers.results import Result
 from helpers.training import FACES, MAX_GRAD_ACCUM, TrainSetup, checked
-from helpers.units import to_gib
+from helpers.units import GiB, to_gib
 
 LORA_RANK = 8                 # peft's LoraConfig default r (peft src/peft/tuners/lora/config.py, `r: int = 8`)
 RATIOS = tuple(round(0.05 * i, 2) for i in range(1, 20))     # offload ratios tried, 0.05 to 0.95
@@ -143,12 +143,26 @@ def ways_out(model, setup: TrainSetup, gpu: str | None = None, skipped: list | N
     add(_smaller_batch(model, setup, base, gpu, skipped))
     add(_offload_ratio(model, setup, base, gpu, skipped))
     add(_more_gpus(model, setup, base, gpu, skipped))
-    if not any(w.fits for w in ways if not w.name.startswith("more GPUs")):
+    for w in _host_ways(model, setup, base, gpu, skipped):
+        add(w)
+    if not any(w.fits for w in ways if not w.name.startswith(("more GPUs", "fewer GPUs per node", "more host RAM"))):
         ways += _pairs(model, setup, base, gpu)       # no single change on these GPUs fits: the cheapest pairs
-    peak = to_gib(base.gpu.peak_bytes)
-    ways.sort(key=lambda w: (not w.fits, w.peak_gib > peak - LOWERS_GIB, w.step_seconds_added is None,
+    ways.sort(key=lambda w: (not w.fits, not lowers(base, w.result), w.step_seconds_added is None,
                              w.step_seconds_added or 0.0, w.host_gib_added))
     return ways
+
+
+def failing_device(r: Result) -> str:
+    """The device whose capacity a result does not fit ('gpu' or 'host'); 'gpu' when it fits (the GPU's peak is
+    what a change is judged by then)."""
+    return r.oom["device"] or "gpu"
+
+
+def lowers(base: Result, r: Result) -> bool:
+    """Whether `r` holds less than `base` (by at least LOWERS_GIB) on the device where `base` runs out, at its
+    peak: the host's where the host runs out (loading, offload), else the GPU's."""
+    dev = failing_device(base)
+    return to_gib(r.device(dev).peak_bytes) <= to_gib(base.device(dev).peak_bytes) - LOWERS_GIB
 
 
 PAIRS_KEPT = 5
@@ -284,6 +298,37 @@ def _more_gpus(model, setup, base, gpu, skipped):
         return None
     new, r, _ = seen[hi]
     return _way(model, f"more GPUs ({hi * unit})", {"gpus": hi * unit}, setup, base, new, r, gpu)
+
+
+def _host_ways(model, setup, base, gpu, skipped) -> list[WayOut]:
+    """Where the host runs out (ranks per node x the loading copy, offloaded states): fewer GPUs per node (the
+    most that fit among the divisors of the world size: the same world size on more nodes, each full; host RAM is
+    per node) and the host RAM per node the estimate
+    needs. Changes of hardware: no step time is priced. [] where the host fits."""
+    if failing_device(base) != "host":
+        for name in ("fewer GPUs per node", "more host RAM"):
+            skipped.append((name, "the host fits as given"))
+        return []
+    out = []
+    per_node = setup.ranks_per_node
+    changes = [{"gpus_per_node": k} for k in range(per_node - 1, 0, -1) if setup.gpus % k == 0]   # whole nodes
+    got = _first_fitting(model, setup, changes, gpu) if changes else None
+    if got is None:
+        skipped.append(("fewer GPUs per node", "one GPU per node already"))
+    else:
+        k = got[0]["gpus_per_node"]
+        nodes = -(-setup.gpus // k)
+        out.append(_way(model, f"fewer GPUs per node ({k} per node, {nodes} nodes)", got[0], setup, base, got[1],
+                        got[2], gpu))
+    need = -(-base.host.peak_bytes // GiB)                           # whole GiB, rounded up
+    try:
+        new = setup.replace(host_gib=float(need))
+    except InputError as exc:
+        skipped.append(("more host RAM", str(exc)))
+        return out
+    out.append(_way(model, f"more host RAM ({need} GiB per node)", {"host_gib": float(need)}, setup, base, new,
+                    estimate.run(model, new), gpu))
+    return out
 
 
 def table(ways: list[WayOut]) -> str:

@@ -220,7 +220,9 @@ class TrainSetup:
                                      tooltip="context-parallel degree: each sequence over N ranks")))
     """Context-parallel degree: each sequence split over this many ranks (ring attention gathers keys/values)."""
     gpus_per_node: int = option(8, Face("--gpus-per-node", "GPUs sharing one host", control=Control(
-        "steps", "GPUs/node", options=(1, 2, 4, 8, 16, 72), tooltip="GPUs sharing one host (host RAM is per node)")))
+        "steps", "GPUs/node", options=(1, 2, 4, 8, 16, 72), tooltip="GPUs sharing one host (host RAM is per node)"),
+        no_time="fewer GPUs per node is the same world size on more nodes: it costs nodes, and the slower links "
+                "between nodes are not timed"))
     """GPUs sharing one host; host memory is reported per node."""
     offload_optimizer: bool = option(False, Face("--offload-optimizer", "optimizer states (and master weights) on the "
                                                                         "host", control=Control(
@@ -303,7 +305,8 @@ class TrainSetup:
         "gib", "GPU GiB", none=0.0, tooltip="0: no capacity")))
     """Capacity of one GPU in GiB, for the out-of-memory verdict."""
     host_gib: float | None = option(None, Face("--host-gib", "host RAM per node in GiB", metavar="Y", control=Control(
-        "gib", "host GiB", none=0.0, tooltip="0: no capacity")))
+        "gib", "host GiB", none=0.0, tooltip="0: no capacity"),
+        no_time="more host RAM is hardware: it costs money, not step time"))
     """Host RAM of one node in GiB, for the out-of-memory verdict."""
     resume: bool = option(False, Face("--resume", "add the resume-from-checkpoint phase", control=Control(
         "check", "resume phase", tooltip="the optimizer states loaded from a checkpoint beside the live buffers")))

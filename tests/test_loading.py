@@ -161,3 +161,46 @@ def test_the_output_says_how_the_model_is_loaded_where_it_counts_nothing_too(set
     text = report.table(estimate.run("llama-3.1-8b", setup))
     line = next(x for x in text.splitlines() if x.startswith("loading the model (part of setup): "))
     assert words in line
+
+
+def test_a_host_oom_at_load_is_answered_by_fewer_gpus_per_node_or_more_host_ram():
+    from helpers import fixes
+
+    setup = TrainSetup(strategy="fsdp1", gpus=8, gpu_gib=79.1, host_gib=128, checkpointing="full")
+    base = estimate.run("llama-2-7b", setup)
+    assert base.oom == {"device": "host", "phase": "setup"}
+    ways = fixes.ways_out("llama-2-7b", setup)
+    by = {w.name: w for w in ways}
+    per_node = by["fewer GPUs per node (4 per node, 2 nodes)"]      # 5 per node would leave a node part-full
+    assert per_node.fits and per_node.change == {"gpus_per_node": 4}
+    assert per_node.result.host.phases["setup"] * 2 == base.host.phases["setup"]       # half the ranks' copies
+    need = -(-base.host.peak_bytes // GiB)
+    ram = by[f"more host RAM ({need} GiB per node)"]
+    assert ram.fits and ram.result.host.peak_bytes == base.host.peak_bytes
+    assert per_node.step_seconds_added is None and "costs nodes" in per_node.cost_basis
+    assert ram.step_seconds_added is None and "hardware" in ram.cost_basis
+    assert [w.name for w in ways[:2]] == [per_node.name, ram.name]          # the ones that fit, first
+    assert not any(w.fits for w in ways[2:])          # nothing on the GPU side lowers the host's loading copies
+    assert all(not fixes.lowers(base, w.result) for w in ways if w.name.startswith("checkpointing"))
+
+
+def test_where_the_host_fits_no_host_change_is_offered():
+    from helpers import fixes
+
+    skipped = []
+    ways = fixes.ways_out("llama-2-7b", TrainSetup(strategy="fsdp1", gpus=8, gpu_gib=10, host_gib=512),
+                          skipped=skipped)
+    assert not any(w.name.startswith(("fewer GPUs per node", "more host RAM")) for w in ways)
+    assert ("more host RAM", "the host fits as given") in skipped
+
+
+def test_explain_answers_a_killed_load_with_the_host_ways_out():
+    from helpers import explain
+
+    log = "Loading checkpoint shards:  50%|#####     | 1/2\nKilled\n"
+    ex = explain.explain(log, "llama-2-7b", TrainSetup(strategy="fsdp1", gpus=8, gpu_gib=79.1, host_gib=128,
+                                                       checkpointing="full"))
+    text = "\n".join(ex.lines)
+    assert ex.ways_shown == ["fewer GPUs per node (4 per node, 2 nodes)", "more host RAM (201 GiB per node)"]
+    assert "fewer GPUs per node (4 per node, 2 nodes): 100.4 GiB host per node, from 200.8" in text
+    assert "more host RAM (201 GiB per node): the run needs 200.8 GiB host per node" in text
