@@ -163,7 +163,14 @@ def setup_from_args(a: argparse.Namespace, base: TrainSetup | None = None) -> Tr
     the flags did not give goes back to its default where it no longer applies (a file's every-Nth-layer
     checkpointing under --checkpointing none)."""
     typed = given(a)
-    return with_applicable(dataclasses.replace(base or TrainSetup(), **typed), keep=typed).validate()
+    setup = with_applicable(dataclasses.replace(base or TrainSetup(), **typed), keep=typed).validate()
+    if typed.get("zero3_init") and setup.strat.family != "zero3":       # the default value, typed: not dropped silently
+        from helpers import strategies
+
+        raise InputError(f"{_flag_of(a, 'zero3_init')} (the model built already partitioned under deepspeed.zero.Init) "
+                         f"is a ZeRO-3 option: use it with --strategy "
+                         f"{strategies.listing(lambda x: x.family == 'zero3', 'or')}, got {setup.strategy!r}")
+    return setup
 
 
 def _gpu_gib(a: argparse.Namespace) -> float | None:

@@ -147,6 +147,10 @@ def test_cli_takes_no_zero3_init_and_says_where_it_runs_out(capsys):
     assert "the whole model before ZeRO-3 partitions it (bf16), 131.4 GiB per GPU" in out
     assert main(["estimate", "--model", "llama-3.1-8b", "--no-zero3-init"]) == 2
     assert "is a ZeRO-3 option" in capsys.readouterr().err
+    assert main(["estimate", "--model", "llama-3.1-8b", "--strategy", "fsdp1", "--gpus", "2", "--zero3-init"]) == 2
+    err = capsys.readouterr().err                             # the default value, typed for another engine: refused
+    assert "--zero3-init (the model built already partitioned under deepspeed.zero.Init) is a ZeRO-3 option" in err
+    assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize("setup,words", [
