@@ -224,7 +224,7 @@ def _grid_rows(grid, save: bool, meta=None, merge: bool = False) -> None:
     print(f"   {'set-up':72s}{'GPU est':>9s}{'GPU dry':>9s}{'host est':>9s}{'host dry':>9s}{'peak':>7s}{'phase':>7s}")
     rows, worst = [], 0.0
     for name, setup in grid:
-        e, d = estimate.run(name, setup, load=False), dryrun.run(name, setup, progress=False)
+        e, d = estimate.run(name, setup, lifecycle=False), dryrun.run(name, setup, progress=False)
         peak, phase = compare(e, d)
         worst = max(worst, phase)
         print(f"   {_label(name, setup):72s}{to_gib(e.gpu.peak_bytes):9.2f}{to_gib(d.gpu.peak_bytes):9.2f}"
@@ -336,7 +336,7 @@ def bench_scaled(only: str | None = None) -> None:
     for name, setup in selected(SCALED, only):
         r = scaled.run(name, setup)
         twin, s = scaled.scaled_setup(name, setup)
-        e = estimate.run(str(twin), s, load=False)
+        e = estimate.run(str(twin), s, lifecycle=False)
         worst = max(abs(e.device(d).peak_bytes - r.device(d).peak_bytes) / max(r.device(d).peak_bytes, 1)
                     for d in ("gpu", "host") if r.device(d).peak_bytes or e.device(d).peak_bytes)
         phase = max(abs(e.device(d).phases[p] - v) / max(v, 1) if abs(e.device(d).phases[p] - v) > SCALED_FLOOR else 0.0

@@ -23,6 +23,23 @@ def loading_lines(r: Result) -> list[str]:
         [f"{i['name']}, {fmt(i['bytes'])} {where[i['device']]}" for i in items] + ([said] if said else []))]
 
 
+def saving_lines(r: Result) -> list[str]:
+    """What saving a checkpoint holds beside what outlives the step (helpers.estimate.saving), where it holds any."""
+    items = r.meta.get("saving") or []
+    if not items:
+        return []
+    where = {"gpu": "per GPU", "host": "host per node"}
+    return ["", "saving a checkpoint (after an optimizer step, counted in it): " + "; ".join(
+        f"{i['name']}, {fmt(i['bytes'])} {where[i['device']]}" for i in items)]
+
+
+def while_saving(r: Result, device: str, phase: str) -> bool:
+    """Whether `phase`'s figure on `device` is the moment a checkpoint is saved (the estimate's save moments)."""
+    from helpers.estimate.saving import SAVE
+
+    return phase == "step" and ((r.meta.get("peak_moments") or {}).get(device) or {}).get(phase) in SAVE
+
+
 def verdict(r: Result) -> str:
     """One line: 'fits: 61.2 of 80 GiB per GPU ...' or 'OOM on GPU at the optimizer step (...)'."""
     oom = r.oom
@@ -42,7 +59,8 @@ def verdict(r: Result) -> str:
                  if d.peak_phase != oom["phase"] and d.peak_bytes > d.phases[oom["phase"]] else "")
         loading = oom["phase"] == "setup" and loading_bytes(r, oom["device"]) > d.capacity_bytes
         return (f"OOM on {oom['device'].upper()} at the {PHASE_LABELS[oom['phase']]}"
-                f"{', while the model loads' if loading else ''}: "
+                f"{', while the model loads' if loading else ''}"
+                f"{', while the checkpoint is saved' if while_saving(r, oom['device'], oom['phase']) else ''}: "
                 f"{fmt(d.phases[oom['phase']])} needed there, {fmt(d.capacity_bytes)} available{later}")
     total = device_total_oom(r)
     if total:
@@ -152,6 +170,7 @@ def table(r: Result) -> str:
         lines.append("process RSS at the end of each phase (MiB, everything the process holds): " + ", ".join(
             f"{p} {v / MiB:.0f}" for p, v in r.meta["rss_bytes"].items()))
     lines += loading_lines(r)
+    lines += saving_lines(r)
     if not any(r.host.phases.values()):
         lines += ["", "host: nothing offloaded (the processes' own RAM, data loaders and the CUDA context are not counted)"]
     device = device_verdict(r)

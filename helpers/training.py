@@ -34,7 +34,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -251,6 +251,27 @@ class TrainSetup:
     whenever a stage-3 HfDeepSpeedConfig exists when from_pretrained runs: the HF Trainer's TrainingArguments,
     accelerate's DeepSpeed plugin). False: the model is loaded whole first, and DeepSpeed's engine moves all of it to
     the GPU before ZeRO-3 partitions it (helpers.estimate.loading)."""
+    save_16bit: bool = option(True, Face(
+        "--save-16bit", "ZeRO-3: stage3_gather_16bit_weights_on_model_save (zero3_save_16bit_model), true in "
+                        "LLaMA-Factory's, TRL's and accelerate's ZeRO-3 files: the whole 16-bit model gathered on "
+                        "rank 0's host at each save; --no-save-16bit: sharded files only (zero_to_fp32.py after)",
+        negative="--no-save-16bit",
+        control=Control("check", "16-bit save", tooltip="ZeRO-3: the whole 16-bit model gathered on rank 0's host at "
+                                                        "each checkpoint save"),
+        applies=lambda v: strategies.get(v["strategy"]).family == "zero3",
+        remedy=("no 16-bit gather at save (stage3_gather_16bit_weights_on_model_save false)", False),
+        no_time="the files a save writes, not the step"))
+    """ZeRO-3 only. True: each checkpoint save gathers the whole 16-bit model on rank 0's host
+    (helpers.estimate.saving)."""
+    sharded_save: bool = option(False, Face(
+        "--sharded-save", "FSDP: save sharded checkpoints (fsdp_state_dict_type SHARDED_STATE_DICT), each rank its "
+                          "own shard; without it the Trainer's default FULL_STATE_DICT gathers the whole model and "
+                          "optimizer state on rank 0's host",
+        control=Control("check", "sharded save", tooltip="FSDP: each rank saves its own shard (SHARDED_STATE_DICT)"),
+        applies=lambda v: strategies.get(v["strategy"]).family in ("fsdp1", "fsdp2"),
+        remedy=("sharded checkpoints (SHARDED_STATE_DICT)", True),
+        no_time="the files a save writes, not the step"))
+    """FSDP only. True: SHARDED_STATE_DICT saves (torch.distributed.checkpoint); False: FULL_STATE_DICT on rank 0."""
     pin_memory: bool = option(True, Face("--pin-memory", "offloaded buffers page-locked", negative="--no-pin-memory",
                                          control=Control("check", "pin memory")))
     """Offloaded buffers page-locked (DeepSpeed >= 0.19.5 and torchtitan default) or pageable."""
@@ -509,6 +530,13 @@ class TrainSetup:
             raise InputError("checkpointing 'selective' is modelled for full fine-tuning; with lora_rank the adapters' "
                              "extra matmuls change which outputs the policy saves: use checkpointing 'full' or 'none'")
         library_versions.parse(self.versions)
+        if not self.save_16bit and st.family != "zero3":
+            raise InputError(f"save_16bit False (no 16-bit gather at save) is a ZeRO-3 option: use it with strategy "
+                             f"{strategies.listing(lambda x: x.family == 'zero3', 'or')}, got {self.strategy!r}")
+        if self.sharded_save and st.family not in ("fsdp1", "fsdp2"):
+            raise InputError(f"sharded_save (FSDP's SHARDED_STATE_DICT) is an FSDP option: use it with strategy "
+                             f"{strategies.listing(lambda x: x.family in ('fsdp1', 'fsdp2'), 'or')}, got "
+                             f"{self.strategy!r}")
         if not self.zero3_init and st.family != "zero3":
             raise InputError(f"zero3_init False (the model loaded whole before DeepSpeed partitions it) is a ZeRO-3 "
                              f"option: use it with strategy {strategies.listing(lambda x: x.family == 'zero3', 'or')}, "

@@ -99,7 +99,7 @@ def test_zero3_accumulates_into_buffers_it_holds_anyway():
 ])
 def test_estimate_agrees_with_the_dry_run(model, setup):
     """(Qwen2's q, k, v projections have biases: addmm, which the policy neither counts nor saves.)"""
-    assert worst_phase(estimate.run(model, setup, load=False), dryrun.run(model, setup, progress=False)) < 0.03
+    assert worst_phase(estimate.run(model, setup, lifecycle=False), dryrun.run(model, setup, progress=False)) < 0.03
 
 
 @pytest.mark.parametrize("setup", [
@@ -111,7 +111,7 @@ def test_estimate_agrees_with_the_real_engine_on_the_twin(setup):
     r = scaled.run("llama-3-8b", setup, steps=2, progress=False)
     twin, s = scaled.scaled_setup("llama-3-8b", setup)
     assert r.setup["grad_accum"] == setup.grad_accum and r.meta["losses"][-1] < r.meta["losses"][0]
-    assert worst_phase(estimate.run(str(twin), s, load=False), r) < 0.03
+    assert worst_phase(estimate.run(str(twin), s, lifecycle=False), r) < 0.03
 
 
 def test_cli_and_explorer_take_both_options(capsys):

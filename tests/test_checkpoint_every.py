@@ -83,7 +83,7 @@ def test_saved_activations_counted_layer_by_layer():
                               checkpoint_every=2)),
 ])
 def test_estimate_agrees_with_the_dry_run(model, setup):
-    assert worst_phase(estimate.run(model, setup, load=False), dryrun.run(model, setup, progress=False)) < 0.03
+    assert worst_phase(estimate.run(model, setup, lifecycle=False), dryrun.run(model, setup, progress=False)) < 0.03
 
 
 @pytest.mark.parametrize("setup", [
@@ -94,7 +94,7 @@ def test_estimate_agrees_with_the_real_engine_on_the_twin(setup):
     r = scaled.run("llama-3-8b", setup, steps=2, progress=False)
     twin, s = scaled.scaled_setup("llama-3-8b", setup)
     assert r.setup["checkpoint_every"] == 2 and r.meta["losses"][-1] < r.meta["losses"][0]
-    assert worst_phase(estimate.run(str(twin), s, load=False), r) < 0.03
+    assert worst_phase(estimate.run(str(twin), s, lifecycle=False), r) < 0.03
 
 
 def test_cli_explorer_and_readers_take_it(capsys, tmp_path):

@@ -101,7 +101,7 @@ def test_ratio_keeps_first_sub_groups_on_gpu():
 
 def test_pinned_rounding_is_powers_of_two():
     s = TrainSetup(strategy="fsdp2", gpus=2, gpus_per_node=2, seq=512, offload_optimizer=True, offload_params=True)
-    pinned, pageable = estimate.run(M, s, load=False), estimate.run(M, s.replace(pin_memory=False), load=False)
+    pinned, pageable = estimate.run(M, s, lifecycle=False), estimate.run(M, s.replace(pin_memory=False), lifecycle=False)
     shards = [math.ceil(t.numel / 2) * 4 for t in models.spec(M).tensors]
     rounding = sum(next_power_of_2(b) - b for b in shards)
     assert cat(pinned, "host", "setup", "pinned_overhead") == 2 * rounding          # params, 2 ranks

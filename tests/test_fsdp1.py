@@ -58,7 +58,7 @@ def test_offload_puts_shards_gradients_and_states_on_the_host():
 @pytest.mark.parametrize("options", [dict(seq=128, adam_impl="fused"), dict(seq=256, grad_accum=2)])
 def test_dry_run_agrees_with_the_estimate_on_every_phase(options):
     s = TrainSetup(strategy="fsdp1", gpus=2, gpus_per_node=2, **options)
-    d, e = dryrun.run("llama-3.2-1b", s, progress=False), estimate.run("llama-3.2-1b", s, load=False)
+    d, e = dryrun.run("llama-3.2-1b", s, progress=False), estimate.run("llama-3.2-1b", s, lifecycle=False)
     assert "FSDP1" in d.meta["engine"]
     for phase, got in d.gpu.phases.items():
         assert e.gpu.phases[phase] == pytest.approx(got, rel=0.03), phase
@@ -74,7 +74,7 @@ def test_scaled_run_with_cpu_offload_under_torchrun():
     assert "FSDP1" in r.meta["engine"] and "torchrun" in r.meta["engine"]
     assert r.meta["losses"][1] < r.meta["losses"][0]
     twin, ts = scaled.scaled_setup("llama-3.2-1b", s)
-    e = estimate.run(str(twin), ts, load=False)
+    e = estimate.run(str(twin), ts, lifecycle=False)
     # GPU side: forward and backward. At the step the GPU holds nothing here, but gloo's collectives run on their own
     # thread, so the root's last reduce-scattered shard (its copy to the host done) is sometimes still being freed
     # when the step starts (seen once: 2 MiB, the twin's root shard in fp32); on a GPU, FSDP1's end-of-backward

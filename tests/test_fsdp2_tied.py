@@ -20,7 +20,7 @@ from helpers.training import TrainSetup
 ])
 def test_estimate_agrees_with_the_dry_run(model, setup):
     assert models.spec(model).tied
-    assert worst_phase(estimate.run(model, setup, load=False), dryrun.run(model, setup, progress=False)) < 0.01
+    assert worst_phase(estimate.run(model, setup, lifecycle=False), dryrun.run(model, setup, progress=False)) < 0.01
 
 
 def test_the_tied_group_is_counted_whole_where_the_dry_run_finds_it():

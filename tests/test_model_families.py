@@ -96,7 +96,7 @@ def agree(e, d, rel=0.03):
 @pytest.mark.parametrize("precision", ["bf16", "bf16-mixed", "fp32"])
 def test_deepseek_v2_lite_dry_run_at_every_precision(precision):
     s = TrainSetup(precision=precision, adam_impl="fused", seq=256)
-    agree(estimate.run("deepseek-v2-lite", s, load=False), dryrun.run("deepseek-v2-lite", s, progress=False))
+    agree(estimate.run("deepseek-v2-lite", s, lifecycle=False), dryrun.run("deepseek-v2-lite", s, progress=False))
 
 
 @pytest.mark.parametrize("name,precision", [("mixtral-8x7b", "bf16-mixed"), ("qwen1.5-moe-a2.7b", "bf16"),
@@ -104,7 +104,7 @@ def test_deepseek_v2_lite_dry_run_at_every_precision(precision):
                                             ("gemma-3-1b", "bf16-mixed"), ("phi-3-mini", "fp32")])
 def test_moe_gemma_and_phi_dry_runs_agree_with_the_estimate(name, precision):
     s = TrainSetup(precision=precision, adam_impl="fused", seq=256)
-    agree(estimate.run(name, s, load=False), dryrun.run(name, s, progress=False))
+    agree(estimate.run(name, s, lifecycle=False), dryrun.run(name, s, progress=False))
 
 
 @pytest.mark.parametrize("name", ["qwen1.5-moe-a2.7b", "qwen3-30b-a3b", "gemma-2-2b", "gemma-3-1b"])
@@ -112,7 +112,7 @@ def test_moe_and_gemma_scaled_runs_agree_with_the_estimate(name):
     setup = TrainSetup(precision="bf16", batch=2, seq=128)
     r = scaled.run(name, setup, steps=2, progress=False)
     twin, s = scaled.scaled_setup(name, setup)
-    agree(estimate.run(str(twin), s, load=False), r)
+    agree(estimate.run(str(twin), s, lifecycle=False), r)
     assert r.meta["losses"][-1] < r.meta["losses"][0]
 
 

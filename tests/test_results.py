@@ -65,7 +65,7 @@ def test_dryrun_vs_estimate_file_is_what_the_code_gives_now():
     doc = json.loads((Path(__file__).resolve().parent.parent / "data" / "results" / "dryrun_vs_estimate.json").read_text())
     assert {"date", "versions", "device", "rows"} <= set(doc) and len(doc["rows"]) >= 20
     for row in doc["rows"]:
-        now = estimate.run(row["model"], TrainSetup(**row["setup"]), load=False)
+        now = estimate.run(row["model"], TrainSetup(**row["setup"]), lifecycle=False)
         for dev in ("gpu", "host"):
             assert now.to_dict()[dev]["phases"] == row["estimate"][dev]["phases"], (row["model"], row["setup"], dev)
     cheapest = sorted(doc["rows"], key=lambda r: r["dry_run"]["params"] * r["setup"]["seq"])[:2]

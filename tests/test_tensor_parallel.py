@@ -153,6 +153,6 @@ def test_dry_run_agrees_with_the_estimate_within_3_percent_per_phase(options):
     from helpers.measure import dryrun
 
     s = TrainSetup(**options)
-    e, d = estimate.run("llama-3-8b", s, load=False), dryrun.run("llama-3-8b", s, progress=False)
+    e, d = estimate.run("llama-3-8b", s, lifecycle=False), dryrun.run("llama-3-8b", s, progress=False)
     assert compare(e, d)[1] <= 0.03
     assert d.meta["engine"].startswith("FSDP2") and "tensor parallel" in d.meta["engine"]

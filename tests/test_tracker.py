@@ -109,7 +109,7 @@ def test_fsdp2_shards_are_numel_times_element_size():
 def test_estimate_agrees_with_dry_run(model, setup, rel):
     from helpers import estimate
 
-    e, d = estimate.run(model, setup, load=False), dryrun.run(model, setup, progress=False)
+    e, d = estimate.run(model, setup, lifecycle=False), dryrun.run(model, setup, progress=False)
     for dev in ("gpu", "host"):
         for phase, measured in d.device(dev).phases.items():
             assert e.device(dev).phases[phase] == pytest.approx(measured, rel=rel, abs=1024), (dev, phase)

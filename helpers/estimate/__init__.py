@@ -13,7 +13,7 @@ import datetime
 
 from helpers import models, versions
 from helpers.errors import InputError
-from helpers.estimate import accumulation, activations, adapters, host, loading, parallel, states
+from helpers.estimate import accumulation, activations, adapters, host, loading, parallel, saving, states
 from helpers.estimate.items import PHASE_MOMENTS, Item
 from helpers.results import DeviceMemory, Result, empty_breakdown
 from helpers.training import TrainSetup, checked
@@ -21,8 +21,9 @@ from helpers.units import from_gib
 from helpers.vocab import PHASES
 
 
-def items(model, setup: TrainSetup, load: bool = True) -> list[Item]:
-    """Every buffer of the set-up, with the moments it is alive; `load` False leaves the model's loading out."""
+def items(model, setup: TrainSetup, lifecycle: bool = True) -> list[Item]:
+    """Every buffer of the set-up, with the moments it is alive; `lifecycle` False leaves out the model's loading and
+    the checkpoint's save around the step."""
     m = models.spec(model)
     checked(setup)
     m.check_lora_rank(setup.lora_rank, setup.lora_targets)
@@ -39,8 +40,9 @@ def items(model, setup: TrainSetup, load: bool = True) -> list[Item]:
     activations.add_activations(b, m)
     activations.add_logits(b, m)
     accumulation.add_accumulation(b, m)
-    if load:
+    if lifecycle:
         loading.add_load(b, m)
+        saving.add_save(b, m)
     if setup.resume:
         host.add_resume(b, m)
     host.add_pinned_overhead(b)
@@ -51,7 +53,8 @@ def phases_of(setup: TrainSetup) -> tuple[str, ...]:
     return tuple(p for p in PHASES if p != "resume" or setup.resume)
 
 
-def _device_memory(its: list[Item], device: str, phases, capacity_gib) -> DeviceMemory:
+def _device_memory(its: list[Item], device: str, phases, capacity_gib, moments: dict | None = None) -> DeviceMemory:
+    """Per phase, the categories at its highest moment; `moments`, when given, receives that moment per phase."""
     breakdown = empty_breakdown(phases)
     for phase in phases:
         best = None
@@ -59,32 +62,39 @@ def _device_memory(its: list[Item], device: str, phases, capacity_gib) -> Device
             alive = [i for i in its if i.device == device and moment in i.moments]
             total = sum(i.nbytes for i in alive)
             if best is None or total > best[0]:
-                best = (total, alive)
+                best = (total, alive, moment)
         for i in best[1]:
             breakdown[phase][i.category] += i.nbytes
+        if moments is not None:
+            moments[phase] = best[2]
     return DeviceMemory(breakdown, None if capacity_gib is None else from_gib(capacity_gib))
 
 
-def run(model, setup: TrainSetup | None = None, load: bool = True, **options) -> Result:
+def run(model, setup: TrainSetup | None = None, lifecycle: bool = True, **options) -> Result:
     """Estimate memory for `model` (catalogue name, config path or ModelSpec) under `setup` (or TrainSetup(**options)).
-    `load` False: from the engine's set-up on, without the model's loading (helpers.estimate.loading), which is what
-    a dry run or a scaled run measures: they start from a model already built."""
+    `lifecycle` False: the step alone, without the model's loading (helpers.estimate.loading) and the checkpoint's
+    save (helpers.estimate.saving), which is what a dry run or a scaled run measures: they start from a model
+    already built and save nothing."""
     setup = checked(TrainSetup() if setup is None else setup)
     if options:
         setup = setup.replace(**options)
     m = models.spec(model)
-    its = items(m, setup, load)
+    its = items(m, setup, lifecycle)
     phases = phases_of(setup)
+    peaks: dict[str, dict] = {}
     return Result(
         model=m.name, params=m.params, mode="estimate", setup=dataclasses.asdict(setup),
-        gpu=_device_memory(its, "gpu", phases, setup.gpu_gib),
-        host=_device_memory(its, "host", phases, setup.host_gib),
+        gpu=_device_memory(its, "gpu", phases, setup.gpu_gib, peaks.setdefault("gpu", {})),
+        host=_device_memory(its, "host", phases, setup.host_gib, peaks.setdefault("host", {})),
         items=[{"name": i.name, "category": i.category, "device": i.device, "bytes": i.nbytes,
                 "phases": [p for p in phases if set(PHASE_MOMENTS[p]) & i.moments], "why": i.why,
                 "pinned": i.pinned} for i in its],
         meta={"date": datetime.date.today().isoformat(), "versioned": versions.applied(setup, m),
               "loading": [{"name": i.name, "device": i.device, "bytes": i.nbytes} for i in its if "load" in i.moments],
-              "loading_words": loading.words(setup, m) if load else None,
+              "loading_words": loading.words(setup, m) if lifecycle else None,
+              "saving": [{"name": i.name, "device": i.device, "bytes": i.nbytes, "moment": sorted(i.moments & saving.SAVE)}
+                         for i in its if i.moments & saving.SAVE and not saving.PERSISTENT <= i.moments],
+              "peak_moments": peaks,
               "fsdp2_padding": states.fsdp2_padding(parallel.rank_model(m, setup.tensor_parallel), setup),
               "lora_unmatched": m.lora_unmatched(setup.lora_targets) if setup.lora_rank else []},
     )

@@ -12,7 +12,7 @@ from helpers.vocab import CATEGORIES, DEVICES, check
 
 MOMENTS = (
     "load", "setup", "resume", "forward_init", "forward_start", "forward_gather", "forward", "backward_start", "backward_head",
-    "backward_end", "backward_done", "step_prepare", "step", "steady_forward_start", "steady_forward_gather",
+    "backward_end", "backward_done", "step_prepare", "step", "save_model", "save_states", "steady_forward_start", "steady_forward_gather",
     "steady_forward", "steady_backward_start", "steady_backward_head", "steady_backward_end", "steady_backward_done",
     "backward_post", "steady_backward_post",
 )
@@ -21,7 +21,7 @@ PHASE_MOMENTS = {
     "resume": ("resume",),
     "forward": ("forward_init", "forward_start", "forward_gather", "forward"),
     "backward": ("backward_start", "backward_head", "backward_end", "backward_post", "backward_done"),
-    "step": ("step_prepare", "step"),
+    "step": ("step_prepare", "step", "save_model", "save_states"),     # a checkpoint saved after a step
     "steady": ("steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start", "steady_backward_head",
                "steady_backward_end", "steady_backward_post", "steady_backward_done"),
 }

@@ -67,7 +67,7 @@ def scaled_setup(model, setup: TrainSetup, hidden: int = models.SCALE_HIDDEN) ->
 
 def guard(twin: Path, setup: TrainSetup) -> None:
     """Refuse, before it starts, a scaled run whose estimate would not fit in this machine's available RAM."""
-    e = estimate.run(str(twin), setup, load=False)
+    e = estimate.run(str(twin), setup, lifecycle=False)
     processes = setup.gpus if setup.strat.one_process_per_gpu else 1
     need = e.gpu.peak_bytes * processes + e.host.peak_bytes + PROCESS_OVERHEAD * processes
     available = psutil.virtual_memory().available

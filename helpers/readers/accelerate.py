@@ -288,8 +288,15 @@ def _deepspeed(c: Record, path: Path, ds: dict, given, trainer, hidden) -> list[
                                                         "gradient_accumulation_steps")
         else:
             c.set(p + "gradient_accumulation_steps", n, f"grad_accum={n}", grad_accum=n)
+    if "zero3_save_16bit_model" in ds and stage == 3:       # DeepSpeedPlugin -> stage3_gather_16bit_weights_on_model_save
+        on = c.flag(p + "zero3_save_16bit_model", ds["zero3_save_16bit_model"])
+        c.set(p + "zero3_save_16bit_model", on, f"save_16bit={on}", save_16bit=on)
+    elif stage == 3:
+        c.default(TOOL, p + "zero3_save_16bit_model", False, SRC + " DeepSpeedPlugin.zero3_save_16bit_model "
+                  "(ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL, false)", "save_16bit=False", save_16bit=False)
     for key in ds:
-        if key not in ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_accumulation_steps"):
+        if key not in ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_accumulation_steps",
+                       "zero3_save_16bit_model") or (key == "zero3_save_16bit_model" and stage != 3):
             c.ignore(p + key, ds[key])
     return []
 
@@ -345,9 +352,16 @@ def _fsdp(c: Record, fsdp: dict) -> None:
         else:
             c.set(p + "fsdp_activation_checkpointing", on, "FSDP's own checkpointing wrapper off (the trainer's "
                                                            "gradient_checkpointing still applies)")
+    kind = fsdp.get("fsdp_state_dict_type")
+    if kind is not None:
+        if str(kind).upper() not in ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT"):
+            raise ConfigError(c.path, f"{p}fsdp_state_dict_type must be FULL_STATE_DICT, SHARDED_STATE_DICT or "
+                                      f"LOCAL_STATE_DICT, got {kind!r}")
+        sharded = str(kind).upper() != "FULL_STATE_DICT"
+        c.set(p + "fsdp_state_dict_type", kind, f"sharded_save={sharded}", sharded_save=sharded)
     for key, value in fsdp.items():
         if key not in ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy", "fsdp_offload_params",
-                       "fsdp_activation_checkpointing"):
+                       "fsdp_activation_checkpointing", "fsdp_state_dict_type"):
             c.ignore(p + key, value)
 
 

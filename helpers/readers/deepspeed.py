@@ -69,7 +69,10 @@ READ = {"zero_optimization.stage", "zero_optimization.offload_optimizer.device",
         "zero_optimization.reduce_bucket_size", "zero_optimization.sub_group_size",
         "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.overlap_comm", "bf16.enabled",
         "fp16.enabled", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-        "activation_checkpointing", "optimizer.type", "optimizer.params.torch_adam", "bfloat16.enabled"}
+        "activation_checkpointing", "optimizer.type", "optimizer.params.torch_adam", "bfloat16.enabled",
+        *(f"zero_optimization.{k}" for k in ("stage3_gather_16bit_weights_on_model_save",
+                                              "gather_16bit_weights_on_model_save",
+                                              "stage3_gather_fp16_weights_on_model_save"))}
 CONTAINERS = {"zero_optimization", "zero_optimization.offload_optimizer", "zero_optimization.offload_param", "bf16",
               "fp16", "bfloat16", "optimizer"}
 
@@ -276,7 +279,7 @@ class _Reader:
 
     def read(self) -> Record:
         for topic in (self.stage_, self.offload, self.buckets, self.precision, self.sizes, self.ds_checkpointing,
-                      self.optimizer, self.rest):
+                      self.optimizer, self.saves, self.rest):
             topic()
         return self.out
 
@@ -602,6 +605,31 @@ class _Reader:
                     else "foreach")
             self.setting("optimizer.params.torch_adam", True, f"adam_impl={impl} (torch.optim.AdamW in place of "
                                                               f"FusedAdam)", adam_impl=impl)
+
+    def saves(self) -> None:
+        """stage3_gather_16bit_weights_on_model_save (and its older names) -> save_16bit: the whole 16-bit model
+        gathered on rank 0's host at each save (ZeRO-3 only; DeepSpeed's default false)."""
+        out, f, line, zero = self.out, self.f, self.out.lines.get, self.zero
+        keys = [k for k in ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+                            "stage3_gather_fp16_weights_on_model_save") if k in zero]
+        if self.stage != 3:
+            for k in keys:
+                out.ignored.append(Ignored(f, line(f"zero_optimization.{k}"), f"zero_optimization.{k}", zero[k]))
+            return
+        if not keys:
+            out.defaults.append(Default(DS_VERSION, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                                        False, "save_16bit=False", DS_SOURCE, {"save_16bit": False}))
+            return
+        dotted, value = f"zero_optimization.{keys[0]}", zero[keys[0]]
+        if value == "auto":
+            self.setting(dotted, value, "save_16bit=False (auto -> accelerate's zero3_save_16bit_model, false unless "
+                                        "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL=true: accelerate 1.15 "
+                                        "utils/dataclasses.py DeepSpeedPlugin, which the Trainer builds)",
+                         save_16bit=False)
+        elif isinstance(value, bool):
+            self.setting(dotted, value, f"save_16bit={value}", save_16bit=value)
+        else:
+            raise ConfigError(self.path, f"{dotted} must be true, false or \"auto\", got {value!r}")
 
     def rest(self) -> None:
         """The rest: not modelled (listed) or ignored."""
