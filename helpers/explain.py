@@ -38,11 +38,10 @@ from helpers.vocab import PHASE_LABELS
 # The estimate's phases a traceback's phase compares with: a forward or backward may be the first step's or a later
 # one's (the traceback does not say which), so both are read.
 ESTIMATE_PHASES = {"load": ("setup",), "setup": ("setup",), "resume": ("resume",), "forward": ("forward", "steady"),
-                   "backward": ("backward", "steady"), "step": ("step",)}
-LOAD_LABEL = {"load": "model's loading (the estimate's setup)"}     # a traceback's phase the estimate's setup holds
+                   "backward": ("backward", "steady"), "step": ("step",), "save": ("step",)}
+LOAD_LABEL = {"load": "model's loading (the estimate's setup)",      # a traceback's phase inside an estimate phase
+              "save": "checkpoint save (counted in the estimate's optimizer step)"}
 NOT_MODELLED_PHASES = {
-    "save": "a checkpoint save (16-bit weights gathered, optimizer states consolidated) is not a phase of the "
-            "estimate yet",
     "evaluation": "evaluation runs forward passes (and their logits, often in fp32 and gathered over the eval set by "
                   "eval_accumulation_steps=None) outside the training step this package estimates",
     "generation": "generation (a KV cache, a vLLM engine's gpu_memory_utilization share) is not a phase of the "

@@ -34,6 +34,8 @@ PRESETS = {                     # --gpu NAME -> the name nvidia-smi prints (its 
     "v100-32gb": "Tesla V100-SXM2-32GB",
     "v100-16gb": "Tesla V100-SXM2-16GB",
     "rtx-3060": "NVIDIA GeForce RTX 3060",
+    "l20": "NVIDIA L20",
+    "rtx-6000-ada": "NVIDIA RTX 6000 Ada Generation",
 }
 NCCL_CHANNELS_ASSUMED = 16      # channels NCCL opens: topology-dependent, no documented default (assumed)
 NCCL_PEERS_RING = 2             # a ring's two neighbours per channel (assumed: the ring algorithm, Simple protocol)

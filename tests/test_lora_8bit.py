@@ -66,7 +66,7 @@ def test_8bit_states_are_about_2_bytes_per_param_at_full_size():
 def test_scaled_runs_agree_with_the_estimate(setup):
     r = scaled.run(M, setup, progress=False)
     twin, s = scaled.scaled_setup(M, setup)
-    e = estimate.run(str(twin), s)
+    e = estimate.run(str(twin), s, lifecycle=False)
     assert r.meta["losses"][-1] < r.meta["losses"][0]
     for device in ("gpu", "host"):
         for phase, measured in r.device(device).phases.items():
@@ -79,7 +79,7 @@ def test_scaled_runs_agree_with_the_estimate(setup):
 
 def test_lora_dry_run_agrees_with_the_estimate_at_full_size():
     s = TrainSetup(strategy="zero2", lora_rank=16, seq=128, grad_checkpointing=True, attention="flash")
-    d, e = dryrun.run(M, s, progress=False), estimate.run(M, s)
+    d, e = dryrun.run(M, s, progress=False), estimate.run(M, s, lifecycle=False)
     for phase, dry in d.gpu.phases.items():
         assert abs(e.gpu.phases[phase] - dry) <= 0.01 * dry, phase
 

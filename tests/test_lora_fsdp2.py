@@ -77,7 +77,7 @@ def test_items_match_exact_counts_of_the_meta_model(gpus, rank, precision):
 ], ids=["untied-bf16", "16-ranks-qv", "tied-mixed-ckpt", "tied-offload"])
 def test_dry_run_agrees_with_the_estimate_on_every_phase(name, options):
     s = TrainSetup(strategy="fsdp2", lora_rank=8, **options)
-    d, e = dryrun.run(name, s, progress=False), estimate.run(name, s)
+    d, e = dryrun.run(name, s, progress=False), estimate.run(name, s, lifecycle=False)
     for dev in ("gpu", "host"):
         for phase, got in d.device(dev).phases.items():
             assert e.device(dev).phases[phase] == pytest.approx(got, rel=0.03, abs=BUFFERS_FLOOR), (dev, phase)
@@ -110,7 +110,7 @@ def test_scaled_run_under_torchrun_reduces_only_the_adapters(options):
         where = r.gpu
     assert where.breakdown["step"]["gradients"] == want
     assert where.breakdown["step"]["optimizer_states"] == 2 * want
-    e = estimate.run(str(twin), ts)
+    e = estimate.run(str(twin), ts, lifecycle=False)
     # gloo's collectives finish on their own threads, so in some runs (about one in four here) a buffer is freed a
     # moment earlier or later than a GPU's streams would order it: a block's reduce-scatter input (72,704 bytes on
     # this twin) still alive when the step starts, or a block's all-gathered copy already gone at the backward moment

@@ -179,7 +179,7 @@ def test_the_merged_expert_weights_are_what_the_recorded_dry_runs_hold():
     rows = [r for r in doc["rows"] if r["setup"]["lora_rank"] and models.spec(r["model"]).peft_expert_names()]
     assert len(rows) >= 3
     for r in rows:
-        e = estimate.run(r["model"], TrainSetup(**r["setup"]))
+        e = estimate.run(r["model"], TrainSetup(**r["setup"]), lifecycle=False)
         for phase, got in r["dry_run"]["gpu"]["phases"].items():
             want = e.gpu.phases[phase]
             assert abs(want - got) <= 0.03 * got and want >= got - 16 * 2**20, (r["model"], phase, want, got)
@@ -189,7 +189,7 @@ def test_a_dry_run_of_deepseek_lora_agrees():
     from helpers.measure import dryrun
 
     s = TrainSetup(lora_rank=8, seq=256)
-    e, d = estimate.run("deepseek-v2-lite", s), dryrun.run("deepseek-v2-lite", s, progress=False)
+    e, d = estimate.run("deepseek-v2-lite", s, lifecycle=False), dryrun.run("deepseek-v2-lite", s, progress=False)
     merged = next(i for i in e.items if i["name"].startswith("merged expert weights"))
     assert merged["bytes"] > 0.4 * e.gpu.phases["forward"]                 # the merged weights dominate the forward
     for phase, got in d.gpu.phases.items():

@@ -37,7 +37,7 @@ def test_scaled_deepspeed_run_agrees_on_the_model_states(setup):
     in `bench scaled`); at several ranks it is there."""
     r = scaled.run(M, setup, steps=2, progress=False)
     twin, s = scaled.scaled_setup(M, setup)
-    e = estimate.run(str(twin), s)
+    e = estimate.run(str(twin), s, lifecycle=False)
     assert r.meta["losses"][-1] < r.meta["losses"][0]
     for device in ("gpu", "host"):
         got, want = r.device(device), e.device(device)

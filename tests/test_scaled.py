@@ -18,7 +18,7 @@ def twin_params(model=M) -> int:
 
 def within_10_percent_of_estimate(r, model, setup, devices=("gpu", "host")):
     twin, s = scaled.scaled_setup(model, setup)
-    e = estimate.run(str(twin), s)
+    e = estimate.run(str(twin), s, lifecycle=False)
     for dev in devices:
         assert r.device(dev).peak_bytes == pytest.approx(e.device(dev).peak_bytes, rel=0.10), dev
 

@@ -93,7 +93,8 @@ def run(model, setup: TrainSetup | None = None, lifecycle: bool = True, **option
               "loading": [{"name": i.name, "device": i.device, "bytes": i.nbytes} for i in its if "load" in i.moments],
               "loading_words": loading.words(setup, m) if lifecycle else None,
               "saving": [{"name": i.name, "device": i.device, "bytes": i.nbytes, "moment": sorted(i.moments & saving.SAVE)}
-                         for i in its if i.moments & saving.SAVE and not saving.PERSISTENT <= i.moments],
+                         for i in its if i.moments & saving.SAVE and not saving.PERSISTENT <= i.moments
+                         and i.category != "pinned_overhead"],
               "peak_moments": peaks,
               "fsdp2_padding": states.fsdp2_padding(parallel.rank_model(m, setup.tensor_parallel), setup),
               "lora_unmatched": m.lora_unmatched(setup.lora_targets) if setup.lora_rank else []},

@@ -70,6 +70,22 @@ def model_bytes(b: Builder) -> int:
     return per_gpu * (s.degrees.shard if "parameters" in s.strat.shards else 1)
 
 
+def largest_sub_group(m: ModelSpec, s, n_dp: int) -> int:
+    """Elements of the largest ZeRO-3 optimizer sub-group of one rank: the trained parameters' partitions (weights
+    with weight decay, the Trainer's larger parameter group; a LoRA run's adapters as one group) taken in order, a
+    group closed once it reaches sub_group_size (DeepSpeed 0.19.8 stage3.py _create_fp16_sub_groups)."""
+    if s.lora_rank:
+        return min(-(-_trainable(m, s) // n_dp), s.sub_group_size)     # small: at most the whole adapter partition
+    best = run = 0
+    for t in m.tensors:
+        if t.ndim < 2:
+            continue
+        run += -(-t.numel // n_dp)
+        if run >= s.sub_group_size:
+            best, run = max(best, run), 0
+    return max(best, run)
+
+
 def _node(b: Builder, name: str, nbytes: int, moments, why: str) -> None:
     """A host item of the node that holds it (rank 0's, where one rank writes), its bytes already per node."""
     if nbytes > 0:
@@ -91,9 +107,12 @@ def add_save(b: Builder, m: ModelSpec) -> None:
     each = f" (x{g} ranks)" if g > 1 else ""
     if fam == "zero12":
         opt = 0 if s.offload_optimizer else -(-trained // n_dp) * 4
-        _node(b, f"state dict cloned to the host for save_model{each}", g * model, SAVE_MODEL,
+        tied = m.tensors[0].numel * (4 if s.precision == "fp32" or s.base_fp32 else 2) if m.tied else 0
+        _node(b, f"state dict cloned to the host for save_model{each}", g * (model + tied), SAVE_MODEL,
               f"Trainer.save_model -> accelerate get_state_dict -> clone_tensors_for_torch_save: the whole model "
-              f"({fmt(model)}) on every rank's host, though rank 0 alone writes it ({SOURCE})")
+              f"({fmt(model)}) on every rank's host, though rank 0 alone writes it"
+              + (f", the tied embedding cloned twice (once per state-dict key, {fmt(tied)})" if tied else "")
+              + f" ({SOURCE})")
         _node(b, "checkpoint files written (rank 0's model file, each rank's optimizer shard)",
               max(model, opt) + (g - 1) * opt, SAVE_STATES,
               f"engine.save_checkpoint: torch.save copies one storage at a time, on rank 0 the whole 16-bit flat "
@@ -109,10 +128,11 @@ def add_save(b: Builder, m: ModelSpec) -> None:
             b.gpu("the largest module's parameters gathered for the save", "temporaries", widest * 2, SAVE_MODEL,
                   f"the largest leaf module's weight at full size (16-bit), gathered, copied, re-partitioned "
                   f"({SOURCE})")
-        opt = 0 if s.offload_optimizer else 4 * min(s.sub_group_size, -(-trained // n_dp))
+        opt = 0 if s.offload_optimizer else 4 * largest_sub_group(m, s, n_dp)
         _node(b, f"optimizer sub-group written{each}", g * opt, SAVE_STATES if s.save_16bit else SAVE,
-              f"engine.save_checkpoint: torch.save copies one fp32 sub-group storage at a time, 4 B x min("
-              f"sub_group_size, the rank's partition) per rank ({SOURCE})")
+              f"engine.save_checkpoint: torch.save copies one fp32 sub-group storage at a time, 4 B x the largest "
+              f"sub-group's elements per rank (parameters' partitions taken in order until they reach "
+              f"sub_group_size: stage3.py _create_fp16_sub_groups; {SOURCE})")
     elif fam in ("fsdp1", "fsdp2"):
         opt = trained * 8
         if s.sharded_save:

@@ -41,7 +41,8 @@ def trim_heap() -> None:
 def growth():
     """Measure what the block adds: yields a dict filled on exit with 'peak' (VmHWM growth over the resident size at
     entry, reset there), 'anon' (the peak of anonymous resident memory, RssAnon, sampled every millisecond, over its
-    value at entry: private pages, not the page cache) and 'seconds'. The heap is trimmed first, so growth is new
+    value at entry: private pages, not the page cache), 'anon_after' (RssAnon on exit over its value at entry: what the
+    block left held) and 'seconds'. The heap is trimmed first, so growth is new
     memory rather than reused free lists."""
     gc.collect()
     trim_heap()
@@ -63,4 +64,5 @@ def growth():
         stop.set()
         sampler.join()
         out.update(before=before, peak=status_bytes("VmHWM") - before,
-                   anon=max(peak[0], status_bytes("RssAnon")) - anon_before)
+                   anon=max(peak[0], status_bytes("RssAnon")) - anon_before,
+                   anon_after=status_bytes("RssAnon") - anon_before)

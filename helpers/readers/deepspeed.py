@@ -617,8 +617,8 @@ class _Reader:
                 out.ignored.append(Ignored(f, line(f"zero_optimization.{k}"), f"zero_optimization.{k}", zero[k]))
             return
         if not keys:
-            out.defaults.append(Default(DS_VERSION, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                                        False, "save_16bit=False", DS_SOURCE, {"save_16bit": False}))
+            out.default(DS_VERSION, "zero_optimization.stage3_gather_16bit_weights_on_model_save", False, DS_SOURCE,
+                        "save_16bit=False", save_16bit=False)
             return
         dotted, value = f"zero_optimization.{keys[0]}", zero[keys[0]]
         if value == "auto":

@@ -421,6 +421,10 @@ class _Reader:
         d.default("OpenRLHF get_train_ds_config", "reduce_bucket_size, stage3_prefetch_bucket_size, sub_group_size",
                   "auto", f"{DS_UTILS}: 'auto', which DeepSpeed's config model drops (DeepSpeedConfigModel "
                   f"ignores 'auto' values), so DeepSpeed's own defaults apply", sets="DeepSpeed's defaults")
+        if stage == 3:
+            d.default("OpenRLHF get_train_ds_config", "stage3_gather_16bit_weights_on_model_save", False,
+                      f"{DS_UTILS}: not written, so DeepSpeed's default (false) applies; OpenRLHF's checkpoints are "
+                      f"engine.save_checkpoint's sharded files (save_ckpt)", save_16bit=False)
         self.zero = stage
 
     def sizes(self, world: int, tp: int, ring: int):

@@ -1,0 +1,148 @@
+"""Saving a checkpoint (helpers.estimate.saving): the save items against the real DeepSpeed engine's save calls
+(recorded by helpers.measure.saving, one case run live), and the rules' reach: which set-ups hold what while the
+Trainer saves, the verdict's words, the ways out, and the options read from users' files."""
+
+import json
+
+import pytest
+
+from helpers import estimate, fixes, models, report
+from helpers.errors import InputError
+from helpers.estimate import saving
+from helpers.measure import saving as measured_saving
+from helpers.training import TrainSetup
+
+GiB = 2**30
+P8 = models.spec("llama-3.1-8b").params
+
+
+def _saving(r, name):
+    return sum(i["bytes"] for i in r.meta["saving"] if i["name"].startswith(name))
+
+
+def test_the_recorded_save_calls_of_the_real_engine_agree_with_the_rules():
+    doc = json.loads(measured_saving.SAVED.read_text())
+    spec = models.spec(doc["twin"])
+    assert {(x["case"], x["world"]) for x in doc["rows"]} == {(c[0], c[1]) for c in measured_saving.CASES}
+    for x in doc["rows"]:
+        r = estimate.run(spec, TrainSetup(gpus=x["world"], gpus_per_node=x["world"], **x["setup"]))
+        rule = _saving(r, x["estimate_item"])
+        assert rule == x["estimate"], x["case"]                          # the rule has not moved since the record
+        assert abs(x["measured"] / rule - 1) < 0.01, (x["case"], x["world"], x["measured"], rule)
+        assert len(x["ranks"]) == x["world"]
+
+
+def test_a_live_zero2_save_model_clones_the_whole_model_and_the_tied_embedding_twice():
+    import os
+    import sys
+
+    from helpers.measure import children
+
+    twin = str(models.scaled_path(measured_saving.MODEL, measured_saving.HIDDEN))
+    spec = models.spec(twin)
+    proc = children.run([sys.executable, "-m", "helpers.measure.saving", "--worker", "--twin", twin, "--call",
+                         "clone"], {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}, timeout=600,
+                        what="the save measurement")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    rule = _saving(estimate.run(spec, TrainSetup(strategy="zero2")), "state dict cloned")
+    assert rule == spec.params * 2 + spec.tensors[0].numel * 2          # tied: one clone per state-dict key
+    assert abs(got["peak"] / rule - 1) < 0.01
+
+
+def test_the_trainer_under_zero2_clones_the_model_on_every_rank_of_the_node():
+    r = estimate.run("llama-3.1-8b", TrainSetup(strategy="zero2", gpus=8, host_gib=64))
+    assert _saving(r, "state dict cloned") == 8 * (P8 * 2)
+    assert r.oom == {"device": "host", "phase": "step"}
+    assert "OOM on HOST at the optimizer step, while the checkpoint is saved" in report.verdict(r)
+    assert "saving a checkpoint (after an optimizer step, counted in it)" in report.table(r)
+    step_only = estimate.run("llama-3.1-8b", TrainSetup(strategy="zero2", gpus=8, host_gib=64), lifecycle=False)
+    assert step_only.oom["device"] is None and not step_only.meta["saving"]
+
+
+def test_zero3_gathers_the_16_bit_model_on_rank_0_unless_told_not_to():
+    on = estimate.run("llama-3.1-8b", TrainSetup(strategy="zero3", gpus=8))
+    off = estimate.run("llama-3.1-8b", TrainSetup(strategy="zero3", gpus=8, save_16bit=False))
+    assert _saving(on, "16-bit model gathered") == P8 * 2
+    assert _saving(off, "16-bit model gathered") == 0
+    assert _saving(on, "the largest module") == max(t.numel for t in models.spec("llama-3.1-8b").tensors) * 2
+    m = models.spec("llama-3.1-8b")
+    assert saving.largest_sub_group(m, TrainSetup(strategy="zero3", gpus=8), 8) >= 10**9      # sub_group_size
+    lora = estimate.run("llama-3.1-8b", TrainSetup(strategy="zero3", gpus=8, lora_rank=8))
+    assert _saving(lora, "16-bit model gathered") < 200 * 2**20               # the adapters alone
+
+
+def test_fsdp_saves_the_full_state_dicts_on_rank_0_or_each_rank_its_shard():
+    full = estimate.run("llama-3.1-8b", TrainSetup(strategy="fsdp2", gpus=8))
+    sharded = estimate.run("llama-3.1-8b", TrainSetup(strategy="fsdp2", gpus=8, sharded_save=True))
+    assert _saving(full, "full model state dict") == P8 * 4                  # fp32 weights (bf16-mixed)
+    assert _saving(full, "full optimizer state dict") == P8 * 8               # exp_avg and exp_avg_sq
+    assert _saving(sharded, "sharded checkpoint") == 8 * -(-P8 * 8 // 8)
+    pinned = [i for i in sharded.items if i["name"].startswith("sharded checkpoint")][0]
+    assert "steady" in pinned["phases"]                       # the pinned blocks stay cached after the save
+
+
+def test_one_gpu_writes_the_model_then_one_optimizer_tensor_at_a_time():
+    r = estimate.run("qwen3-0.6b", TrainSetup())
+    m = models.spec("qwen3-0.6b")
+    assert _saving(r, "model written by save_pretrained") == m.params * 4
+    assert _saving(r, "optimizer state written") == 4 * max(t.numel for t in m.tensors)
+    assert _saving(estimate.run("qwen3-0.6b", TrainSetup(lora_rank=8)), "model written") < 50 * 2**20
+
+
+def test_a_host_oom_at_save_is_answered_by_the_save_options():
+    setup = TrainSetup(strategy="fsdp2", gpus=16, precision="bf16", gpu_gib=79.1, host_gib=48)    # two nodes
+    base = estimate.run("llama-3.1-8b", setup)
+    assert base.oom == {"device": "host", "phase": "step"} and base.host.phases["step"] == P8 * 8
+    by = {w.name: w for w in fixes.ways_out("llama-3.1-8b", setup)}
+    sharded = by["sharded checkpoints (SHARDED_STATE_DICT)"]
+    assert sharded.fits and sharded.result.host.phases["step"] == 8 * -(-P8 * 8 // 16)    # a node's 8 shards
+    one_node = estimate.run("llama-3.1-8b", setup.replace(gpus=8, sharded_save=True))
+    assert one_node.host.phases["step"] == base.host.phases["step"]    # every shard on one node: no lower there
+    z3 = {w.name: w for w in fixes.ways_out("llama-3.1-70b", TrainSetup(strategy="zero3", gpus=32, gpu_gib=79.1,
+                                                                        host_gib=128, checkpointing="full"))}
+    assert z3["no 16-bit gather at save (stage3_gather_16bit_weights_on_model_save false)"].fits
+
+
+@pytest.mark.parametrize("changes,words", [
+    (dict(strategy="zero2", save_16bit=False), "save_16bit False (no 16-bit gather at save) is a ZeRO-3 option"),
+    (dict(strategy="zero3", sharded_save=True), "sharded_save (FSDP's SHARDED_STATE_DICT) is an FSDP option"),
+    (dict(strategy="fsdp2", sharded_save="yes"), "sharded_save must be True or False, got 'yes'"),
+])
+def test_bad_save_options_are_one_line(changes, words):
+    with pytest.raises(InputError) as e:
+        TrainSetup(**changes).validate()
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text,expect", [
+    ('{"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}}', True),
+    ('{"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": "auto"}}', False),
+    ('{"zero_optimization": {"stage": 3}}', False),
+    ('{"zero_optimization": {"stage": 3, "gather_16bit_weights_on_model_save": false}}', False),
+])
+def test_the_deepspeed_reader_sets_the_16_bit_gather(tmp_path, text, expect):
+    from helpers import readers
+
+    f = tmp_path / "ds.json"
+    f.write_text(text)
+    assert readers.read([str(f)]).setup.save_16bit is expect
+
+
+@pytest.mark.parametrize("kind,expect", [("FULL_STATE_DICT", False), ("SHARDED_STATE_DICT", True)])
+def test_the_accelerate_reader_sets_the_state_dict_type(tmp_path, kind, expect):
+    from helpers import readers
+
+    f = tmp_path / "acc.yaml"
+    f.write_text(f"distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: 2\n"
+                 f"  fsdp_state_dict_type: {kind}\n")
+    assert readers.read([str(f)]).setup.sharded_save is expect
+
+
+def test_a_bad_state_dict_type_is_one_line(tmp_path):
+    from helpers import readers
+
+    f = tmp_path / "acc.yaml"
+    f.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: HALF\n")
+    with pytest.raises(InputError) as e:
+        readers.read([str(f)])
+    assert "fsdp_state_dict_type must be FULL_STATE_DICT, SHARDED_STATE_DICT or LOCAL_STATE_DICT, got 'HALF'" in str(e.value)
