@@ -146,3 +146,18 @@ def test_a_bad_state_dict_type_is_one_line(tmp_path):
     with pytest.raises(InputError) as e:
         readers.read([str(f)])
     assert "fsdp_state_dict_type must be FULL_STATE_DICT, SHARDED_STATE_DICT or LOCAL_STATE_DICT, got 'HALF'" in str(e.value)
+
+
+def test_an_fp32_zero3_run_gathers_its_fp32_parameters():
+    r = estimate.run("llama-3.1-8b", TrainSetup(strategy="zero3", gpus=8, precision="fp32"))
+    assert _saving(r, "fp32 model gathered on rank 0") == P8 * 4          # DeepSpeed gathers the parameters' dtype
+
+
+@pytest.mark.parametrize("flag,expect", [("false", False), ("true", True)])
+def test_accelerates_zero3_init_flag_sets_zero3_init(tmp_path, flag, expect):
+    from helpers import readers
+
+    f = tmp_path / "acc.yaml"
+    f.write_text(f"distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n  zero_stage: 3\n"
+                 f"  zero3_init_flag: {flag}\n")
+    assert readers.read([str(f)]).setup.zero3_init is expect

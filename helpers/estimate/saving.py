@@ -120,13 +120,15 @@ def add_save(b: Builder, m: ModelSpec) -> None:
               + (f"{fmt(opt)} each" if opt else "offloaded: on the host already, written without a copy") + ")")
     elif fam == "zero3":
         if s.save_16bit:
-            whole = trained * (4 if s.adapters_fp32 else 2) if s.lora_rank else m.params * 2
-            _node(b, "16-bit model gathered on rank 0 (stage3_gather_16bit_weights_on_model_save)", whole, SAVE_MODEL,
+            size = 4 if s.precision == "fp32" else 2          # the parameters' own dtype (fp32 without bf16/fp16)
+            whole = trained * (4 if s.adapters_fp32 else 2) if s.lora_rank else m.params * size
+            _node(b, f"{'16-bit' if size == 2 else 'fp32'} model gathered on rank 0 "
+                     f"(stage3_gather_16bit_weights_on_model_save)", whole, SAVE_MODEL,
                   f"_zero3_consolidated_16bit_state_dict: each module's parameters gathered and copied to rank 0's "
                   f"host, the whole {'adapters (exclude_frozen_parameters)' if s.lora_rank else 'model'} "
                   f"accumulating ({SOURCE})")
-            b.gpu("the largest module's parameters gathered for the save", "temporaries", widest * 2, SAVE_MODEL,
-                  f"the largest leaf module's weight at full size (16-bit), gathered, copied, re-partitioned "
+            b.gpu("the largest module's parameters gathered for the save", "temporaries", widest * size, SAVE_MODEL,
+                  f"the largest leaf module's weight at full size ({size} B each), gathered, copied, re-partitioned "
                   f"({SOURCE})")
         opt = 0 if s.offload_optimizer else 4 * largest_sub_group(m, s, n_dp)
         _node(b, f"optimizer sub-group written{each}", g * opt, SAVE_STATES if s.save_16bit else SAVE,

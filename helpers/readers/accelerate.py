@@ -256,7 +256,9 @@ def _deepspeed(c: Record, path: Path, ds: dict, given, trainer, hidden) -> list[
             applied.fields.pop("precision", None)
         c.merge(applied)
         for key in ds:
-            if key != "deepspeed_config_file":
+            if key == "zero3_init_flag" and c.fields.get("strategy") == "zero3":
+                _zero3_init(c, p, ds[key])
+            elif key != "deepspeed_config_file":
                 c.ignore(p + key, ds[key])
         return [str(ds_path)]
     stage = ds.get("zero_stage")
@@ -288,6 +290,8 @@ def _deepspeed(c: Record, path: Path, ds: dict, given, trainer, hidden) -> list[
                                                         "gradient_accumulation_steps")
         else:
             c.set(p + "gradient_accumulation_steps", n, f"grad_accum={n}", grad_accum=n)
+    if "zero3_init_flag" in ds and stage == 3:
+        _zero3_init(c, p, ds["zero3_init_flag"])
     if "zero3_save_16bit_model" in ds and stage == 3:       # DeepSpeedPlugin -> stage3_gather_16bit_weights_on_model_save
         on = c.flag(p + "zero3_save_16bit_model", ds["zero3_save_16bit_model"])
         c.set(p + "zero3_save_16bit_model", on, f"save_16bit={on}", save_16bit=on)
@@ -296,9 +300,17 @@ def _deepspeed(c: Record, path: Path, ds: dict, given, trainer, hidden) -> list[
                   "(ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL, false)", "save_16bit=False", save_16bit=False)
     for key in ds:
         if key not in ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_accumulation_steps",
-                       "zero3_save_16bit_model") or (key == "zero3_save_16bit_model" and stage != 3):
+                       "zero3_save_16bit_model", "zero3_init_flag") or (
+                key in ("zero3_save_16bit_model", "zero3_init_flag") and stage != 3):
             c.ignore(p + key, ds[key])
     return []
+
+
+def _zero3_init(c: Record, p: str, value) -> None:
+    """deepspeed_config.zero3_init_flag -> zero3_init: false builds the model whole before DeepSpeed partitions it
+    (accelerate 1.15 DeepSpeedPlugin: unset, it follows the stage, true for ZeRO-3)."""
+    on = c.flag(p + "zero3_init_flag", value)
+    c.set(p + "zero3_init_flag", on, f"zero3_init={on}", zero3_init=on)
 
 
 def _fsdp(c: Record, fsdp: dict) -> None:
