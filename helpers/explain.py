@@ -326,7 +326,8 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
     if pasted.host:
         say("  host RAM runs out while loading (each rank converts the whole model into its own memory when it loads "
             "it in a dtype other than the checkpoint's: ranks per node x model size, counted in the estimate's setup), "
-            "or with optimizer / parameter offload (the estimate's host column)")
+            "while a checkpoint is saved (the state dict gathered or cloned on the host: the estimate's optimizer step), or "
+            "with optimizer / parameter offload (the estimate's host column)")
     for e in pasted.other_errors:
         kind = "note" if e.kind in ("no_figures", "cut_traceback", "retyped") else "GPU"
         say(f"{kind}: {OTHER_WORDS[e.kind]} (line {e.line}: {e.text[:100]!r})")

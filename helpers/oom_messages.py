@@ -280,6 +280,9 @@ def _clean(text: str) -> tuple[list[str], list[int | None], int | None]:
     return lines, ranks, folded
 
 
+SAVING_LOG = re.compile(r"Saving model checkpoint to |\[engine\.py:\d+:save_checkpoint\]|save_16bit_model")
+SAVING_NEAR = 20     # a save logged within this many lines before the error is where the run died
+
 def read(text: str) -> Pasted:
     """Everything `text` says about memory (see the module docstring); InputError when it says nothing this reads."""
     if not isinstance(text, str):
@@ -325,7 +328,13 @@ def read(text: str) -> Pasted:
                 out.other_errors.append(HostSign(kind, n, line.strip()[:300]))
                 break
         _read_smi(lines, n, line, out)
+    first = min([o.line for o in out.ooms] + [h.line for h in out.host], default=None)
+    saving = [n for n, line in enumerate(lines, 1) if SAVING_LOG.search(line) and first is not None and n < first]
+    if saving and first - saving[-1] <= SAVING_NEAR:   # the Trainer's "Saving model checkpoint to" just before it
+        out.frames.append(Frame("<log>", saving[-1], "state_dict", lines[saving[-1] - 1].strip()[:200]))
     for n, line in enumerate(lines, 1):           # lines that name the phase without a frame of their own
+        if saving and first - saving[-1] <= SAVING_NEAR:
+            break
         if re.search(r"Failed to clone\(\) tensor with name .* \(?state_dict|_full_post_state_dict_hook", line):
             out.frames.append(Frame("<log>", n, "state_dict", line.strip()[:200]))    # FSDP's state_dict: a save
             break

@@ -161,3 +161,18 @@ def test_accelerates_zero3_init_flag_sets_zero3_init(tmp_path, flag, expect):
     f.write_text(f"distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n  zero_stage: 3\n"
                  f"  zero3_init_flag: {flag}\n")
     assert readers.read([str(f)]).setup.zero3_init is expect
+
+
+def test_explain_places_a_kill_just_after_the_trainers_save_line_at_the_save(tmp_path):
+    from helpers import explain
+
+    log = ("  10%|#   | 500/5000 [1:02:11<9:20:00, 7.4s/it]\n"
+           "[INFO|trainer.py:3705] Saving model checkpoint to out/checkpoint-500\n"
+           "[INFO] [launch.py:319:sigkill_handler] Killing subprocess 4101\nKilled\n")
+    ex = explain.explain(log, "llama-3.1-8b", TrainSetup(strategy="zero2", gpus=8, gpu_gib=79.1, host_gib=100))
+    assert ex.phase == "save"
+    assert "OOM on HOST at the optimizer step, while the checkpoint is saved" in ex.text()
+    assert "fewer GPUs per node (4 per node, 2 nodes)" in ex.ways_shown
+    far = "Saving model checkpoint to out/checkpoint-500\n" + "step\n" * 30 + "Killed\n"     # a save long before
+    assert explain.explain(far, "llama-3.1-8b", TrainSetup(strategy="zero2", gpus=8, gpu_gib=79.1,
+                                                          host_gib=100), fixes=False).phase != "save"
