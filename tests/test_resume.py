@@ -17,7 +17,8 @@ def test_resume_transient_is_the_loaded_shard():
 
 
 @pytest.mark.parametrize("changes,needle", [
-    (dict(strategy="fsdp2", offload_optimizer=True, offload_params=True, offload_ratio=None, gpus=2), "runs DeepSpeed ZeRO"),
+    (dict(strategy="fsdp2", offload_optimizer=True, offload_params=True, offload_ratio=None, gpus=2, save_16bit=True),
+     "runs DeepSpeed ZeRO"),
     (dict(gpus=8), "gpus=8"),
 ])
 def test_unsupported_set_ups_are_refused(changes, needle):
