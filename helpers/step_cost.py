@@ -107,9 +107,9 @@ def recompute_flops(model, setup: TrainSetup) -> float:
 
 
 def _trainable(m: models.ModelSpec, setup: TrainSetup) -> int:
-    from helpers.estimate.adapters import converted
+    from helpers.estimate.adapters import trained_params
 
-    return m.lora_params(setup.lora_rank, setup.lora_targets, converted(m, setup)) if setup.lora_rank else m.params
+    return trained_params(m, setup)
 
 
 def offload_traffic(model, setup: TrainSetup) -> tuple[float, float]:

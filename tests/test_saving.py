@@ -16,6 +16,15 @@ GiB = 2**30
 P8 = models.spec("llama-3.1-8b").params
 
 
+def _read(tmp_path, name, text):
+    """The set-up the readers make of one file written with `text`."""
+    from helpers import readers
+
+    f = tmp_path / name
+    f.write_text(text)
+    return readers.read([str(f)]).setup
+
+
 def _saving(r, name):
     return sum(i["bytes"] for i in r.meta["saving"] if i["name"].startswith(name))
 
@@ -129,30 +138,18 @@ def test_bad_save_options_are_one_line(changes, words):
     ('{"zero_optimization": {"stage": 3, "gather_16bit_weights_on_model_save": false}}', False),
 ])
 def test_the_deepspeed_reader_sets_the_16_bit_gather(tmp_path, text, expect):
-    from helpers import readers
-
-    f = tmp_path / "ds.json"
-    f.write_text(text)
-    assert readers.read([str(f)]).setup.save_16bit is expect
+    assert _read(tmp_path, "ds.json", text).save_16bit is expect
 
 
 @pytest.mark.parametrize("kind,expect", [("FULL_STATE_DICT", False), ("SHARDED_STATE_DICT", True)])
 def test_the_accelerate_reader_sets_the_state_dict_type(tmp_path, kind, expect):
-    from helpers import readers
-
-    f = tmp_path / "acc.yaml"
-    f.write_text(f"distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: 2\n"
-                 f"  fsdp_state_dict_type: {kind}\n")
-    assert readers.read([str(f)]).setup.sharded_save is expect
+    assert _read(tmp_path, "acc.yaml", f"distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: 2\n"
+                                       f"  fsdp_state_dict_type: {kind}\n").sharded_save is expect
 
 
 def test_a_bad_state_dict_type_is_one_line(tmp_path):
-    from helpers import readers
-
-    f = tmp_path / "acc.yaml"
-    f.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: HALF\n")
     with pytest.raises(InputError) as e:
-        readers.read([str(f)])
+        _read(tmp_path, "acc.yaml", "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: HALF\n")
     assert "fsdp_state_dict_type must be FULL_STATE_DICT, SHARDED_STATE_DICT or LOCAL_STATE_DICT, got 'HALF'" in str(e.value)
 
 
@@ -163,12 +160,8 @@ def test_an_fp32_zero3_run_gathers_its_fp32_parameters():
 
 @pytest.mark.parametrize("flag,expect", [("false", False), ("true", True)])
 def test_accelerates_zero3_init_flag_sets_zero3_init(tmp_path, flag, expect):
-    from helpers import readers
-
-    f = tmp_path / "acc.yaml"
-    f.write_text(f"distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n  zero_stage: 3\n"
-                 f"  zero3_init_flag: {flag}\n")
-    assert readers.read([str(f)]).setup.zero3_init is expect
+    assert _read(tmp_path, "acc.yaml", f"distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n"
+                                       f"  zero_stage: 3\n  zero3_init_flag: {flag}\n").zero3_init is expect
 
 
 def test_explain_places_a_kill_just_after_the_trainers_save_line_at_the_save(tmp_path):

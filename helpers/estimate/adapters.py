@@ -36,6 +36,11 @@ def converted(m: ModelSpec, setup) -> bool:
     return not versions.older(setup, rule)
 
 
+
+def trained_params(m: ModelSpec, setup) -> int:
+    """Parameters the optimizer updates: the adapters' (as peft converts the targets) with LoRA, else the model's."""
+    return m.lora_params(setup.lora_rank, setup.lora_targets, converted(m, setup)) if setup.lora_rank else m.params
+
 def targets(m: ModelSpec, setup) -> tuple[Tensor, ...]:
     """The weights the set-up's LoRA adapts (`ModelSpec.lora_targets`, converted where peft converts them)."""
     return m.lora_targets(setup.lora_targets, converted(m, setup))

@@ -41,6 +41,7 @@ every frozen parameter, not measured); MoE checkpoints' per-expert files.
 
 from __future__ import annotations
 
+from helpers.estimate.adapters import trained_params
 from helpers.estimate.items import Item
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
@@ -56,12 +57,6 @@ SOURCE = ("transformers 5.23 trainer.py _save_checkpoint; accelerate 1.15 Accele
           "engine.py save_checkpoint, _zero3_consolidated_16bit_state_dict; torch 2.13 serialization.py _save")
 
 
-def _trainable(m: ModelSpec, s) -> int:
-    from helpers.estimate.adapters import converted
-
-    return m.lora_params(s.lora_rank, s.lora_targets, converted(m, s)) if s.lora_rank else m.params
-
-
 def model_bytes(b: Builder) -> int:
     """The model's state dict in the bytes each parameter is kept in on the GPU, whole (unsharded): the parameters
     items alive at the step, times the shards they were split into."""
@@ -75,7 +70,7 @@ def largest_sub_group(m: ModelSpec, s, n_dp: int) -> int:
     with weight decay, the Trainer's larger parameter group; a LoRA run's adapters as one group) taken in order, a
     group closed once it reaches sub_group_size (DeepSpeed 0.19.8 stage3.py _create_fp16_sub_groups)."""
     if s.lora_rank:
-        return min(-(-_trainable(m, s) // n_dp), s.sub_group_size)     # small: at most the whole adapter partition
+        return min(-(-trained_params(m, s) // n_dp), s.sub_group_size)     # small: at most the whole adapter partition
     best = run = 0
     for t in m.tensors:
         if t.ndim < 2:
@@ -98,7 +93,7 @@ def add_save(b: Builder, m: ModelSpec) -> None:
     for n, i in enumerate(b.items):                               # what is alive between two steps
         if PERSISTENT <= i.moments:
             b.items[n] = Item(i.name, i.category, i.device, i.nbytes, i.moments | SAVE, i.why, i.blocks)
-    trained = _trainable(m, s)
+    trained = trained_params(m, s)
     n_dp = s.degrees.shard if "optimizer_states" in s.strat.shards else 1
     g = s.ranks_per_node
     fam = s.strat.family
