@@ -195,6 +195,18 @@ def test_5_a_timeout_ends_the_child_and_its_own_session_workers(tmp_path):
     assert seen and all(_gone(pid) for pid in seen)
 
 
+def test_5_a_child_does_not_inherit_its_parents_process_group(tmp_path):
+    """A parent with a gloo group of its own has RANK, MASTER_PORT... in os.environ (procgroup writes them); a child
+    given them bound the parent's live port (EADDRINUSE, CI at stop 45). children.run passes none of them on."""
+    env = {**os.environ, "MASTER_PORT": "29500", "MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0",
+           "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "x", "OOM_KEEP_ME": "yes"}
+    code = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
+            "('MASTER_PORT', 'MASTER_ADDR', 'RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'TORCHELASTIC_RUN_ID', 'OOM_KEEP_ME')}))")
+    got = json.loads(children.run([sys.executable, "-c", code], env, timeout=60, what="the child").stdout)
+    assert got == {"MASTER_PORT": None, "MASTER_ADDR": None, "RANK": None, "LOCAL_RANK": None, "WORLD_SIZE": None,
+                   "TORCHELASTIC_RUN_ID": None, "OOM_KEEP_ME": "yes"}
+
+
 def test_5_workers_exit_when_their_owner_is_killed_outright(tmp_path):
     """SIGKILL runs no clean-up in the owner: the worker's watchdog ends it (what a notebook kernel's death does)."""
     script = tmp_path / "launcher.py"

@@ -45,13 +45,14 @@ def test_a_live_zero2_save_model_clones_the_whole_model_and_the_tied_embedding_t
     import os
     import sys
 
-    from helpers.measure import children
+    from helpers.measure import children, procgroup
 
     twin = str(models.scaled_path(measured_saving.MODEL, measured_saving.HIDDEN))
     spec = models.spec(twin)
     from helpers.errors import MeasurementError
 
-    for attempt in range(3):         # the worker's free port can be taken by another process before gloo binds it
+    procgroup.ensure("gloo", 1)     # as in CI, where an earlier test on this worker made one: the child must not bind its port
+    for attempt in range(3):         # a free port, chosen and let go, can still be taken before gloo binds it
         try:
             proc = children.run([sys.executable, "-m", "helpers.measure.saving", "--worker", "--twin", twin, "--call",
                                  "clone"], {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},

@@ -23,6 +23,11 @@ import psutil
 from helpers.errors import MeasurementError
 
 OWNER_ENV = "OOM_CASEBOOK_OWNER"
+# A process group's rendezvous, as torch.distributed's env:// reads it (torch/distributed/rendezvous.py) and torchrun
+# sets it. A parent that made a group of its own (helpers.measure.procgroup writes these into os.environ) would
+# otherwise hand its live MASTER_PORT to the child, whose gloo store then fails with EADDRINUSE.
+RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                  "MASTER_ADDR", "MASTER_PORT")
 GRACE_S = 5.0
 _live: set[subprocess.Popen] = set()
 
@@ -33,8 +38,10 @@ def _owner_id(pid: int) -> str:
 
 def run(cmd: list[str], env: dict, timeout: float, what: str) -> subprocess.CompletedProcess:
     """Run `cmd` to completion (stdout and stderr captured as text); MeasurementError on a non-zero exit or after
-    `timeout` seconds; the child and all its descendants are ended on any way out of this call."""
-    env = {**env, OWNER_ENV: _owner_id(os.getpid())}
+    `timeout` seconds; the child and all its descendants are ended on any way out of this call. The child starts
+    outside any process group of its parent's: the rendezvous variables and torchrun's own are not passed on."""
+    env = {k: v for k, v in env.items() if k not in RENDEZVOUS_ENV and not k.startswith("TORCHELASTIC_")}
+    env[OWNER_ENV] = _owner_id(os.getpid())
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     _live.add(proc)
