@@ -28,6 +28,11 @@ def test_a_converted_load_holds_the_whole_model_per_rank_and_a_same_dtype_load_m
     assert conv["estimate_per_rank"] == conv["param_bytes"] == r["params"] * 4
     assert r["converted_copy"] == pytest.approx(conv["estimate_per_rank"], rel=0.03)
     assert conv["estimate_host_setup"] == conv["estimate_per_rank"]      # one rank: the setup phase is that copy
+    # accelerate's FSDP with cpu_ram_efficient_loading (transformers 5.23): rank 1 converts the whole model too
+    f = r["fsdp_cpu_ram_efficient_loading"]
+    assert [x["rank"] for x in f["ranks"]] == [0, 1] and all(x["env"] == measured_loading.FSDP_ENV for x in f["ranks"])
+    assert f["estimate_per_rank"] == conv["estimate_per_rank"]
+    assert all(c == pytest.approx(f["estimate_per_rank"], rel=0.03) for c in f["converted_copy_per_rank"])
 
 
 def test_without_zero_init_deepspeed_holds_the_whole_16_bit_model_before_it_partitions():

@@ -486,7 +486,8 @@ def test_axolotl_fsdp_both_key_styles(tmp_path):
     s = a.setup
     assert (s.strategy, s.offload_params, s.offload_optimizer, (s.checkpointing == "full")) == ("fsdp2", True, True, True)
     assert "fsdp_config.fsdp_offload_params" in keyed(a.settings) and "fsdp_config.offload_params" in keyed(b.settings)
-    assert "fsdp_config.fsdp_state_dict_type" in keyed(a.ignored)
+    assert "fsdp_config.fsdp_state_dict_type" in keyed(a.settings) and "fsdp_config.state_dict_type" in keyed(b.settings)
+    assert a.setup.sharded_save is False                   # FULL_STATE_DICT: the whole model on rank 0 at a save
 
 
 def test_axolotl_fsdp1_and_not_modelled(tmp_path):

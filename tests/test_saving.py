@@ -8,7 +8,7 @@ import pytest
 
 from helpers import estimate, fixes, models, report
 from helpers.errors import InputError
-from helpers.estimate import saving
+from helpers.estimate import loading, saving
 from helpers.measure import saving as measured_saving
 from helpers.training import TrainSetup
 
@@ -178,3 +178,39 @@ def test_explain_places_a_kill_just_after_the_trainers_save_line_at_the_save(tmp
     far = "Saving model checkpoint to out/checkpoint-500\n" + "step\n" * 30 + "Killed\n"     # a save long before
     assert explain.explain(far, "llama-3.1-8b", TrainSetup(strategy="zero2", gpus=8, gpu_gib=79.1,
                                                           host_gib=100), fixes=False).phase != "save"
+
+
+@pytest.mark.parametrize("name,text", [
+    ("ax.yaml", "base_model: meta-llama/Llama-3.1-8B\nfsdp_version: 2\nfsdp_config:\n  state_dict_type: {kind}\n"),
+    ("ax.yaml", "base_model: meta-llama/Llama-3.1-8B\nfsdp_version: 2\nfsdp_config:\n  fsdp_state_dict_type: {kind}\n"),
+    ("sft.yaml", "model_name_or_path: Qwen/Qwen2.5-7B\nfsdp: full_shard auto_wrap\nfsdp_config:\n  state_dict_type: {kind}\n"),
+], ids=["axolotl", "axolotl-prefixed", "trl"])
+def test_axolotl_and_trl_files_set_the_state_dict_type_too(tmp_path, name, text):
+    """axolotl hands fsdp_config to accelerate's plugin (either key style); TRL's TrainingArguments read
+    fsdp_config.state_dict_type (transformers training_args.py, FULL_STATE_DICT when unset)."""
+    assert _read(tmp_path, name, text.format(kind="SHARDED_STATE_DICT")).sharded_save is True
+    assert _read(tmp_path, name, text.format(kind="full_state_dict")).sharded_save is False
+    with pytest.raises(InputError, match="state_dict_type must be FULL_STATE_DICT, SHARDED_STATE_DICT or "
+                                         "LOCAL_STATE_DICT, got 'HALF'"):
+        _read(tmp_path, name, text.format(kind="HALF"))
+
+
+@pytest.mark.parametrize("name,text,key", [
+    ("acc.yaml", "distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: 2\n"
+                 "  fsdp_cpu_ram_efficient_loading: true\n", "fsdp_config.fsdp_cpu_ram_efficient_loading"),
+    ("ax.yaml", "base_model: meta-llama/Llama-3.1-8B\nfsdp_version: 2\nfsdp_config:\n  cpu_ram_efficient_loading: true\n",
+     "fsdp_config.cpu_ram_efficient_loading"),
+], ids=["accelerate", "axolotl"])
+def test_cpu_ram_efficient_loading_is_read_and_said_to_change_nothing(tmp_path, name, text, key):
+    """transformers 5.23 converts the whole model on every rank with it (measured: test_loading's first test)."""
+    from helpers import readers
+
+    f = tmp_path / name
+    f.write_text(text)
+    got = readers.read([str(f)])
+    entry = next(x for x in got.settings if x.key == key)
+    assert entry.value is True and entry.sets == loading.RAM_EFFICIENT_WORDS and not entry.fields
+    assert key not in [x.key for x in got.ignored]
+    base = estimate.run("llama-3.1-8b", TrainSetup(strategy="fsdp2", gpus=8, precision="bf16-mixed"))
+    assert estimate.run("llama-3.1-8b", got.setup.replace(precision="bf16-mixed", gpus=8, gpus_per_node=8)).host.phases["setup"] == \
+        base.host.phases["setup"] == 8 * P8 * 4

@@ -12,6 +12,13 @@ Read from transformers 5.23, DeepSpeed 0.19.8 and accelerate 1.15 (the releases 
   for fp32 master weights), every tensor is converted into private memory: the whole model in the loaded dtype, on
   every rank of the node, until the engine or the Trainer moves it to the GPU (`model.to(device)` frees it).
   `low_cpu_mem_usage` is accepted and ignored (`from_pretrained` pops it: "Not used anymore").
+- **FSDP's `cpu_ram_efficient_loading` does not lower it.** accelerate sets ACCELERATE_USE_FSDP and
+  FSDP_CPU_RAM_EFFICIENT_LOADING, and transformers 4 then left every rank's weights but local rank 0's on the meta
+  device; transformers 5.23 reads the variables only for buffers and initialisation (`modeling_utils.py`
+  `_move_missing_keys_from_meta_to_device`, `_initialize_missing_keys`) and converts the whole checkpoint on every
+  rank. Measured (`helpers.measure.loading`, two ranks under torchrun with both variables set): rank 1's private copy
+  equals rank 0's and the one-rank load's. Under `--versions transformers=4.x` this rule still counts a copy per
+  rank (higher than such a run, not lower).
 - **ZeRO-3 under zero.Init** (transformers builds the model inside `deepspeed.zero.Init` whenever a stage-3
   HfDeepSpeedConfig exists): parameters are partitioned as each module is built, and only global rank 0 reads the
   checkpoint (`map_location="cpu" if rank == 0 else "meta"`), copying it in module by module under
@@ -40,6 +47,9 @@ from helpers.models import ModelSpec
 from helpers.units import fmt
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+RAM_EFFICIENT_WORDS = "each rank still converts (measured)"
+"""What a file's FSDP cpu_ram_efficient_loading sets, in the readers' "sets" column (35 characters): nothing, with
+transformers 5.23 (the module's docstring)."""
 
 
 def _compute(setup) -> str:

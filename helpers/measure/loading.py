@@ -10,6 +10,11 @@ file, or not). The estimate's rule (`helpers.estimate.loading.host_copy`) is set
 dtypes agree (the parameters are views of the memory-mapped files), the whole model in the loaded dtype when they
 differ. What the process allocates besides (transformers' own objects, a thread pool) is the same in both loads; the
 difference of the two loads' private peaks is the converted copy.
+A third load runs the float32 load on two ranks (torchrun, gloo) as accelerate's FSDP sets them up with
+`fsdp_cpu_ram_efficient_loading: true` (ACCELERATE_USE_FSDP and FSDP_CPU_RAM_EFFICIENT_LOADING in the environment,
+which transformers' `is_fsdp_enabled` reads): transformers 4 left the parameters of every rank but local rank 0 on
+the meta device, and accelerate's comments still say so; whether the installed transformers does is measured, not
+assumed (rank 1's private memory against the one-rank load's).
 The twin is wider than the default one (hidden 1024) so the copy is hundreds of MiB, well above a Python process's
 noise. `python -m helpers.measure.loading MODEL` prints the measurement; `--save` writes it to
 data/results/model_loading.json.
@@ -29,7 +34,7 @@ from pathlib import Path
 from helpers import estimate, models, provenance
 from helpers.errors import InputError
 from helpers.estimate import loading
-from helpers.measure import children, procmem
+from helpers.measure import children, procgroup, procmem
 from helpers.training import TrainSetup
 from helpers.units import fmt, to_gib
 
@@ -79,6 +84,21 @@ def _load(checkpoint: str, dtype: str) -> dict:
             "anon_growth": g["anon"], "peak_growth": g["peak"], "load_s": round(g["seconds"], 3)}
 
 
+FSDP_RANKS = 2
+FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
+
+
+def _fsdp_load(checkpoint: str, dtype: str) -> dict:
+    """One rank's load under torchrun with accelerate's FSDP variables set (the process group made first, as
+    accelerate's Accelerator makes it before the Trainer loads the model)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    got = _load(checkpoint, dtype) | {"rank": dist.get_rank(), "env": {k: os.environ.get(k) for k in FSDP_ENV}}
+    dist.barrier()
+    return got
+
+
 def run(model: str, hidden: int = HIDDEN) -> dict:
     """Save `model`'s twin (hidden `hidden`) as a checkpoint, load it in each LOADS dtype in a fresh process, and set
     the estimate's per-rank host copy beside each load's private memory."""
@@ -105,8 +125,17 @@ def run(model: str, hidden: int = HIDDEN) -> dict:
             got["estimate_per_rank"] = loading.host_copy(setup, spec) if dtype != spec.checkpoint_dtype else 0
             got["estimate_host_setup"] = estimate.run(spec, setup).host.phases["setup"]
             out["loads"][name] = got
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(FSDP_RANKS), "--master_port",
+               str(procgroup.free_port()), "-m", "helpers.measure.loading", "--twin", twin, "--dir", tmp, "--action",
+               "load-fsdp", "--dtype", "fp32"]
+        proc = children.run(cmd, env | FSDP_ENV, timeout=600, what="the FSDP loading measurement")
+        ranks = sorted((json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")), key=lambda r: r["rank"])
     same, conv = out["loads"]["same dtype"], out["loads"]["float32"]
     out["converted_copy"] = conv["anon_growth"] - same["anon_growth"]
+    fsdp = TrainSetup(strategy="fsdp2", gpus=FSDP_RANKS, precision="bf16-mixed")
+    out["fsdp_cpu_ram_efficient_loading"] = {
+        "env": FSDP_ENV, "ranks": ranks, "estimate_per_rank": loading.host_copy(fsdp, spec),
+        "converted_copy_per_rank": [x["anon_growth"] - same["anon_growth"] for x in ranks]}
     return out
 
 
@@ -127,6 +156,11 @@ def describe(r: dict) -> str:
     est = r["loads"]["float32"]["estimate_per_rank"]
     lines.append(f"  converted copy (private memory of the float32 load less the same-dtype load's): "
                  f"{fmt(r['converted_copy'])}, estimate {fmt(est)} ({r['converted_copy'] / est - 1:+.2%})")
+    f = r.get("fsdp_cpu_ram_efficient_loading")
+    if f:
+        each = ", ".join(f"rank {x['rank']} {fmt(c)}" for x, c in zip(f["ranks"], f["converted_copy_per_rank"]))
+        lines.append(f"  float32 on {len(f['ranks'])} ranks under accelerate's FSDP with cpu_ram_efficient_loading: "
+                     f"converted copy {each}; estimate {fmt(f['estimate_per_rank'])} per rank")
     return "\n".join(lines)
 
 
@@ -135,7 +169,7 @@ if __name__ == "__main__":
     p.add_argument("model", nargs="?")
     p.add_argument("--twin")
     p.add_argument("--dir")
-    p.add_argument("--action", choices=["save", "load"])
+    p.add_argument("--action", choices=["save", "load", "load-fsdp"])
     p.add_argument("--dtype", choices=list(TORCH_DTYPES))
     p.add_argument("--save", action="store_true", help=f"write the measurement to {SAVED}")
     args = p.parse_args()
@@ -143,8 +177,10 @@ if __name__ == "__main__":
         children.watch_owner()
         with contextlib.redirect_stdout(sys.stderr):
             result = (_save_checkpoint(args.twin, args.dir) if args.action == "save"
+                      else _fsdp_load(args.dir, args.dtype) if args.action == "load-fsdp"
                       else _load(args.dir, args.dtype))
-        print(json.dumps(result))
+        sys.stdout.write(json.dumps(result) + "\n")      # one write under PIPE_BUF: two ranks' lines stay whole
+        sys.stdout.flush()
     else:
         measured = run(args.model or "llama-3.2-1b")
         print(describe(measured))

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from helpers.estimate import loading
 from helpers.readers import base, collect
 from helpers.readers.base import ConfigError, Imported, did_you_mean
 from helpers.readers.provenance import Record
@@ -366,14 +367,14 @@ def _fsdp(c: Record, fsdp: dict) -> None:
                                                            "gradient_checkpointing still applies)")
     kind = fsdp.get("fsdp_state_dict_type")
     if kind is not None:
-        if str(kind).upper() not in ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT"):
-            raise ConfigError(c.path, f"{p}fsdp_state_dict_type must be FULL_STATE_DICT, SHARDED_STATE_DICT or "
-                                      f"LOCAL_STATE_DICT, got {kind!r}")
-        sharded = str(kind).upper() != "FULL_STATE_DICT"
+        sharded = base.fsdp_sharded_save(c.path, p + "fsdp_state_dict_type", kind)
         c.set(p + "fsdp_state_dict_type", kind, f"sharded_save={sharded}", sharded_save=sharded)
+    if "fsdp_cpu_ram_efficient_loading" in fsdp:
+        c.flag(p + "fsdp_cpu_ram_efficient_loading", fsdp["fsdp_cpu_ram_efficient_loading"])
+        c.set(p + "fsdp_cpu_ram_efficient_loading", fsdp["fsdp_cpu_ram_efficient_loading"], loading.RAM_EFFICIENT_WORDS)
     for key, value in fsdp.items():
         if key not in ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy", "fsdp_offload_params",
-                       "fsdp_activation_checkpointing", "fsdp_state_dict_type"):
+                       "fsdp_activation_checkpointing", "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading"):
             c.ignore(p + key, value)
 
 

@@ -20,8 +20,9 @@ import re
 from pathlib import Path
 
 from helpers import strategies
+from helpers.estimate import loading
 from helpers.models import LINEAR_NAMES
-from helpers.readers import collect, hf_names, model_ref
+from helpers.readers import base, collect, hf_names, model_ref
 from helpers.readers.base import (
     ConfigError,
     Imported,
@@ -47,7 +48,7 @@ CUSTOM_OPTIMIZERS = ("optimi_adamw", "ao_adamw_4bit", "ao_adamw_8bit", "ao_adamw
                      "q_galore_adamw8bit")
 # keys a reader of memory needs: every one is read below; anything else is listed as ignored.
 FSDP_KEYS = ("offload_params", "activation_checkpointing", "sharding_strategy", "reshard_after_forward",
-             "cpu_offload_pin_memory", "fsdp_version", "version")
+             "cpu_offload_pin_memory", "fsdp_version", "version", "state_dict_type", "cpu_ram_efficient_loading")
 
 
 HEAD_WHY = ("a sequence-classification model (a score head of num_labels outputs instead of the LM head): the estimate "
@@ -332,6 +333,13 @@ class _Reader:
             else:
                 raise ConfigError(f, f"fsdp_config.{key} must be FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD, "
                                      f"got {v!r}")
+        if "state_dict_type" in plain:            # axolotl hands fsdp_config to accelerate's plugin (schemas/fsdp.py)
+            key, v = plain["state_dict_type"]
+            sharded = base.fsdp_sharded_save(f, ck(key), v)
+            d.setting(f, self.line(ck(key)), ck(key), v, sharded_save=sharded)
+        if "cpu_ram_efficient_loading" in plain:
+            key, v = plain["cpu_ram_efficient_loading"]
+            d.setting(f, self.line(ck(key)), ck(key), boolean(f, key, v), sets=loading.RAM_EFFICIENT_WORDS)
         if "reshard_after_forward" in plain:
             key, v = plain["reshard_after_forward"]
             if boolean(f, key, v):

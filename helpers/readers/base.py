@@ -354,6 +354,18 @@ def companion(ref: str, referring: Path, given: list[Path], what: str = "file") 
                                  f"given (pass it too: --from {Path(ref).name})")
 
 
+STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT")
+
+
+def fsdp_sharded_save(path, key: str, value) -> bool:
+    """FSDP's state_dict_type as accelerate's plugin takes it (a name, any case): False for FULL_STATE_DICT (the
+    Trainer's default: the whole model gathered on rank 0 at a save), True for the sharded kinds; one line otherwise."""
+    if not isinstance(value, str) or value.upper() not in STATE_DICT_TYPES:
+        raise ConfigError(path, f"{key} must be {', '.join(STATE_DICT_TYPES[:-1])} or {STATE_DICT_TYPES[-1]}, "
+                                f"got {value!r}")
+    return value.upper() != "FULL_STATE_DICT"
+
+
 def get(data: dict, dotted: str, default=None):
     """data['a']['b'] for 'a.b' (None-safe)."""
     cur = data

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from helpers.estimate import loading
 from helpers.readers import accelerate, base, collect, hf_names, model_ref
 from helpers.readers.base import ConfigError, Imported
 from helpers.readers.provenance import Record, boolean
@@ -536,3 +537,8 @@ def _fsdp(c: Record, fsdp, config: dict) -> None:
               offload_params=True)
     if config.get("activation_checkpointing"):
         c.set("fsdp_config.activation_checkpointing", True, "checkpointing=full", checkpointing="full")
+    if "state_dict_type" in config:      # training_args.py: fsdp_plugin_args["state_dict_type"], FULL_STATE_DICT unset
+        sharded = base.fsdp_sharded_save(c.path, "fsdp_config.state_dict_type", config["state_dict_type"])
+        c.set("fsdp_config.state_dict_type", config["state_dict_type"], f"sharded_save={sharded}", sharded_save=sharded)
+    if "cpu_ram_efficient_loading" in config:
+        c.set("fsdp_config.cpu_ram_efficient_loading", config["cpu_ram_efficient_loading"], loading.RAM_EFFICIENT_WORDS)
