@@ -164,13 +164,19 @@ def setup_from_args(a: argparse.Namespace, base: TrainSetup | None = None) -> Tr
     checkpointing under --checkpointing none)."""
     typed = given(a)
     setup = with_applicable(dataclasses.replace(base or TrainSetup(), **typed), keep=typed).validate()
-    if typed.get("zero3_init") and setup.strat.family != "zero3":       # the default value, typed: not dropped silently
-        from helpers import strategies
+    for name, what in ZERO3_ONLY.items():      # the default value, typed: not dropped silently under another strategy
+        if typed.get(name) and setup.strat.family != "zero3":
+            from helpers import strategies
 
-        raise InputError(f"{_flag_of(a, 'zero3_init')} (the model built already partitioned under deepspeed.zero.Init) "
-                         f"is a ZeRO-3 option: use it with --strategy "
-                         f"{strategies.listing(lambda x: x.family == 'zero3', 'or')}, got {setup.strategy!r}")
+            raise InputError(f"{_flag_of(a, name)} ({what}) is a ZeRO-3 option: use it with --strategy "
+                             f"{strategies.listing(lambda x: x.family == 'zero3', 'or')}, got {setup.strategy!r}")
     return setup
+
+
+ZERO3_ONLY = {"zero3_init": "the model built already partitioned under deepspeed.zero.Init",
+              "save_16bit": "the whole 16-bit model gathered on rank 0 at a save"}
+"""Flags whose typed value is the default and means something under ZeRO-3 alone (their False is refused by
+TrainSetup itself)."""
 
 
 def _gpu_gib(a: argparse.Namespace) -> float | None:

@@ -26,6 +26,8 @@ def loading_lines(r: Result) -> list[str]:
 def saving_lines(r: Result) -> list[str]:
     """What saving a checkpoint holds beside what outlives the step (helpers.estimate.saving), where it holds any."""
     items = r.meta.get("saving") or []
+    if not r.setup.get("checkpoint_saves", True) and r.mode == "estimate":
+        return ["", "saving a checkpoint: not counted, the run saves none (--no-checkpoint-saves)"]
     if not items:
         return []
     where = {"gpu": "per GPU", "host": "host per node"}

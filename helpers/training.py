@@ -34,7 +34,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "checkpoint_saves", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -272,6 +272,15 @@ class TrainSetup:
         remedy=("sharded checkpoints (SHARDED_STATE_DICT)", True),
         no_time="the files a save writes, not the step"))
     """FSDP only. True: SHARDED_STATE_DICT saves (torch.distributed.checkpoint); False: FULL_STATE_DICT on rank 0."""
+    checkpoint_saves: bool = option(True, Face(
+        "--checkpoint-saves", "the run saves checkpoints as it trains (the HF Trainer's save_strategy steps or epoch, "
+                              "torchtitan's checkpoint.enable), and each save is counted after an optimizer step; "
+                              "--no-checkpoint-saves: it saves none (save_strategy no; torchtitan's default)",
+        negative="--no-checkpoint-saves",
+        control=Control("check", "checkpoint saves", tooltip="count saving a checkpoint after an optimizer step"),
+        no_time="the files a save writes, not the step"))
+    """True: a checkpoint is saved after an optimizer step and counted in it (helpers.estimate.saving); False: the run
+    saves none (the Trainer's save_strategy "no", torchtitan without checkpoint.enable)."""
     pin_memory: bool = option(True, Face("--pin-memory", "offloaded buffers page-locked", negative="--no-pin-memory",
                                          control=Control("check", "pin memory")))
     """Offloaded buffers page-locked (DeepSpeed >= 0.19.5 and torchtitan default) or pageable."""

@@ -11,6 +11,7 @@ from helpers.errors import InputError
 from helpers.estimate import loading, saving
 from helpers.measure import saving as measured_saving
 from helpers.training import TrainSetup
+from helpers.units import next_power_of_2
 
 GiB = 2**30
 P8 = models.spec("llama-3.1-8b").params
@@ -94,9 +95,14 @@ def test_fsdp_saves_the_full_state_dicts_on_rank_0_or_each_rank_its_shard():
     sharded = estimate.run("llama-3.1-8b", TrainSetup(strategy="fsdp2", gpus=8, sharded_save=True))
     assert _saving(full, "full model state dict") == P8 * 4                  # fp32 weights (bf16-mixed)
     assert _saving(full, "full optimizer state dict") == P8 * 8               # exp_avg and exp_avg_sq
-    assert _saving(sharded, "sharded checkpoint") == 8 * -(-P8 * 8 // 8)
-    pinned = [i for i in sharded.items if i["name"].startswith("sharded checkpoint")][0]
-    assert "steady" in pinned["phases"]                       # the pinned blocks stay cached after the save
+    widest = max(t.numel for t in models.spec("llama-3.1-8b").tensors)
+    tensor = 4 * -(-widest // 8)                      # the embedding's fp32 Adam state, one rank's shard
+    assert _saving(sharded, "two tensors staged in pinned memory") == 8 * 2 * tensor
+    rounding = [i for i in sharded.items if i["name"].startswith("rounding of two tensors")][0]
+    cached = [i for i in sharded.items if i["name"].startswith("cached pinned blocks of two tensors")][0]
+    assert rounding["bytes"] + 8 * 2 * tensor == cached["bytes"] == 8 * 2 * 2**28      # 250.5 MiB -> 256 MiB blocks
+    assert cached["phases"] == ["steady"]                 # the pinned blocks stay cached after the save, not before
+    assert sharded.host.phases["step"] == 8 * 2 * 2**28 and sharded.host.phases["backward"] == 0
 
 
 def test_one_gpu_writes_the_model_then_one_optimizer_tensor_at_a_time():
@@ -113,9 +119,8 @@ def test_a_host_oom_at_save_is_answered_by_the_save_options():
     assert base.oom == {"device": "host", "phase": "step"} and base.host.phases["step"] == P8 * 8
     by = {w.name: w for w in fixes.ways_out("llama-3.1-8b", setup)}
     sharded = by["sharded checkpoints (SHARDED_STATE_DICT)"]
-    assert sharded.fits and sharded.result.host.phases["step"] == 8 * -(-P8 * 8 // 16)    # a node's 8 shards
-    one_node = estimate.run("llama-3.1-8b", setup.replace(gpus=8, sharded_save=True))
-    assert one_node.host.phases["step"] == base.host.phases["step"]    # every shard on one node: no lower there
+    widest = max(t.numel for t in models.spec("llama-3.1-8b").tensors)
+    assert sharded.fits and sharded.result.host.phases["step"] == 8 * 2 * next_power_of_2(4 * -(-widest // 16))
     z3 = {w.name: w for w in fixes.ways_out("llama-3.1-70b", TrainSetup(strategy="zero3", gpus=32, gpu_gib=79.1,
                                                                         host_gib=128, checkpointing="full"))}
     assert z3["no 16-bit gather at save (stage3_gather_16bit_weights_on_model_save false)"].fits
@@ -214,3 +219,84 @@ def test_cpu_ram_efficient_loading_is_read_and_said_to_change_nothing(tmp_path, 
     base = estimate.run("llama-3.1-8b", TrainSetup(strategy="fsdp2", gpus=8, precision="bf16-mixed"))
     assert estimate.run("llama-3.1-8b", got.setup.replace(precision="bf16-mixed", gpus=8, gpus_per_node=8)).host.phases["setup"] == \
         base.host.phases["setup"] == 8 * P8 * 4
+
+
+def test_zero3_gathers_a_fused_experts_modules_parameters_together_at_the_save():
+    """engine.py _zero3_consolidated_16bit_state_dict: GatheredParameters(list(module.parameters(recurse=False))):
+    Qwen3-MoE's experts module holds gate_up_proj and down_proj, both on the GPU at once (DeepSpeed 0.19.8)."""
+    m = models.spec("qwen3-30b-a3b")
+    experts = [t.numel for t in m.tensors if t.name.startswith("model.layers.0.mlp.experts.")]
+    assert len(experts) == 2 and saving.largest_module(m) == sum(experts) > max(t.numel for t in m.tensors)
+    r = estimate.run(m, TrainSetup(strategy="zero3", gpus=8))
+    assert _saving(r, "the largest module") == sum(experts) * 2
+
+
+def test_cli_refuses_save_16bit_typed_for_another_engine(capsys):
+    """--save-16bit is the default value: typed with ZeRO-2 it would be dropped silently, so it is refused in one line."""
+    from helpers.__main__ import main
+
+    assert main(["estimate", "--model", "llama-3.1-8b", "--strategy", "zero2", "--gpus", "8", "--save-16bit"]) == 2
+    err = capsys.readouterr().err
+    assert "--save-16bit (the whole 16-bit model gathered on rank 0 at a save) is a ZeRO-3 option" in err
+    assert err.count("\n") == 1
+    assert main(["estimate", "--model", "llama-3.1-8b", "--strategy", "zero3", "--gpus", "8", "--save-16bit"]) == 0
+
+
+def test_a_run_that_saves_no_checkpoint_counts_no_save():
+    setup = TrainSetup(strategy="zero2", gpus=8, host_gib=64)
+    saving_run = estimate.run("llama-3.1-8b", setup)
+    quiet = estimate.run("llama-3.1-8b", setup.replace(checkpoint_saves=False))
+    assert saving_run.oom["device"] == "host" and quiet.oom["device"] is None
+    assert not quiet.meta["saving"] and quiet.host.phases["step"] == 0
+    assert "saving a checkpoint: not counted, the run saves none (--no-checkpoint-saves)" in report.table(quiet)
+    with pytest.raises(InputError, match="checkpoint_saves must be True or False, got 'no'"):
+        TrainSetup(checkpoint_saves="no").validate()
+
+
+@pytest.mark.parametrize("name,text,expect", [
+    ("sft.yaml", "model_name_or_path: Qwen/Qwen2.5-7B\nsave_strategy: \"no\"\n", False),
+    ("sft.yaml", "model_name_or_path: Qwen/Qwen2.5-7B\nsave_strategy: epoch\n", True),
+    ("ax.yaml", "base_model: Qwen/Qwen2.5-7B\nsave_strategy: \"no\"\n", False),
+    ("lf.yaml", "model_name_or_path: Qwen/Qwen2.5-7B\nstage: sft\ndo_train: true\nfinetuning_type: full\n"
+                "save_strategy: \"no\"\n", False),
+], ids=["trl-no", "trl-epoch", "axolotl-no", "llamafactory-no"])
+def test_the_trainers_save_strategy_sets_checkpoint_saves(tmp_path, name, text, expect):
+    assert _read(tmp_path, name, text).checkpoint_saves is expect
+
+
+def test_a_bad_save_strategy_is_one_line(tmp_path):
+    with pytest.raises(InputError, match="save_strategy must be no, steps, epoch or best .*got 'never'"):
+        _read(tmp_path, "sft.yaml", "model_name_or_path: Qwen/Qwen2.5-7B\nsave_strategy: never\n")
+
+
+TITAN = """[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 1
+seq_len = 8192
+[parallelism]
+data_parallel_shard_degree = 8
+[checkpoint]
+{checkpoint}
+"""
+
+
+@pytest.mark.parametrize("checkpoint,saves,sharded", [
+    ('folder = "checkpoint"', False, False),            # torchtitan's default: no checkpoint at all
+    ("enable = false", False, False),
+    ("enable = true", True, True),                          # DCP: each rank its own shard
+    ("enable_checkpoint = true", True, True),               # the earlier spelling
+], ids=["default", "off", "on", "on-old-name"])
+def test_torchtitan_saves_only_with_checkpoint_enable_and_then_sharded(tmp_path, checkpoint, saves, sharded):
+    s = _read(tmp_path, "t.toml", TITAN.format(checkpoint=checkpoint))
+    assert (s.checkpoint_saves, s.sharded_save) == (saves, sharded)
+
+
+def test_torchtitans_async_save_is_listed_as_not_modelled(tmp_path):
+    from helpers import readers
+
+    f = tmp_path / "t.toml"
+    f.write_text(TITAN.format(checkpoint="enable = true\nasync_mode = \"async_with_pinned_mem\""))
+    got = readers.read([str(f)])
+    assert any(x.key == "checkpoint.async_mode" and "whole state dict" in x.why for x in got.not_modelled)

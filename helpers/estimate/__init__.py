@@ -42,7 +42,8 @@ def items(model, setup: TrainSetup, lifecycle: bool = True) -> list[Item]:
     accumulation.add_accumulation(b, m)
     if lifecycle:
         loading.add_load(b, m)
-        saving.add_save(b, m)
+        if setup.checkpoint_saves:
+            saving.add_save(b, m)
     if setup.resume:
         host.add_resume(b, m)
     host.add_pinned_overhead(b)

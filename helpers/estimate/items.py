@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from helpers.vocab import CATEGORIES, DEVICES, check
 
-MOMENTS = (
-    "load", "setup", "resume", "forward_init", "forward_start", "forward_gather", "forward", "backward_start", "backward_head",
-    "backward_end", "backward_done", "step_prepare", "step", "save_model", "save_states", "steady_forward_start", "steady_forward_gather",
-    "steady_forward", "steady_backward_start", "steady_backward_head", "steady_backward_end", "steady_backward_done",
-    "backward_post", "steady_backward_post",
+MOMENTS = (                  # in the order a run passes them ("from X on" is a slice of it)
+    "load", "setup", "resume", "forward_init", "forward_start", "forward_gather", "forward", "backward_start",
+    "backward_head", "backward_end", "backward_post", "backward_done", "step_prepare", "step", "save_model",
+    "save_states", "steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start",
+    "steady_backward_head", "steady_backward_end", "steady_backward_post", "steady_backward_done",
 )
 PHASE_MOMENTS = {
     "setup": ("load", "setup"),

@@ -28,9 +28,12 @@ The rules, per engine (P parameters, N data-parallel ranks, G ranks per node; ho
   `get_model_state_dict(full_state_dict=True, cpu_offload=True)` gathers one parameter at a time on the GPU and
   keeps the whole model on rank 0's host, in the trained dtype; then the full optimizer state (exp_avg and
   exp_avg_sq of every trained parameter, fp32) on rank 0's host: the larger of the two. **Sharded**
-  (SHARDED_STATE_DICT, `sharded_save`): each rank's own shard staged in pinned host memory by
-  torch.distributed.checkpoint's writer (filesystem.py `_OverlappingCpuLoader`), the optimizer's (8 P/N) the larger,
-  and the pinned blocks stay cached after the save: counted from the save on.
+  (SHARDED_STATE_DICT, `sharded_save`, and torchtitan's synchronous saves): torch.distributed.checkpoint's writer
+  copies each rank's tensors to the host one at a time, the next loaded before the last is written
+  (filesystem.py `_OverlappingCpuLoader`): two of the largest, the widest parameter's fp32 optimizer states at
+  4 x ceil(P_widest / N) bytes each, in pinned memory (a non-blocking device-to-host copy), rounded up to a power of
+  two and kept cached after the save. Read, not measured: on this CPU the writer takes its serial loader. An
+  asynchronous save (torchtitan's async modes) stages the whole state dict first: not modelled, listed by the reader.
 - **One GPU or DDP** (no engine): rank 0's `save_pretrained` writes safetensors shards of up to 50 GB
   (`max_shard_size="50GB"`), each whole on the host; then `torch.save(optimizer.state_dict())`, one state tensor at
   a time. A LoRA run saves its adapters alone (peft `get_peft_model_state_dict`).
@@ -65,6 +68,17 @@ def model_bytes(b: Builder) -> int:
     return per_gpu * (s.degrees.shard if "parameters" in s.strat.shards else 1)
 
 
+def largest_module(m: ModelSpec) -> int:
+    """Elements of the largest leaf module's own parameters: `_zero3_consolidated_16bit_state_dict` gathers
+    `module.parameters(recurse=False)` together, so an MoE's fused experts (gate_up_proj and down_proj of one
+    module) are on the GPU at full size at once, not one tensor at a time."""
+    sizes: dict[str, int] = {}
+    for t in m.tensors:
+        owner = t.name.rsplit(".", 1)[0]
+        sizes[owner] = sizes.get(owner, 0) + t.numel
+    return max(sizes.values())
+
+
 def largest_sub_group(m: ModelSpec, s, n_dp: int) -> int:
     """Elements of the largest ZeRO-3 optimizer sub-group of one rank: the trained parameters' partitions (weights
     with weight decay, the Trainer's larger parameter group; a LoRA run's adapters as one group) taken in order, a
@@ -79,6 +93,15 @@ def largest_sub_group(m: ModelSpec, s, n_dp: int) -> int:
         if run >= s.sub_group_size:
             best, run = max(best, run), 0
     return max(best, run)
+
+
+STAGED_WHY = ("torch.distributed.checkpoint's FileSystemWriter (thread_count 1; on a GPU its _OverlappingCpuLoader) "
+              "copies the rank's tensors to the host one at a time, smallest first, with non_blocking=True, which "
+              "lands in pinned memory, and loads the next before yielding the last to be written (values(): _drain, "
+              "_refill, yield; inflight_threshhold 1 MB): the two largest, the fp32 optimizer states of the widest "
+              "parameter's shard, at once; the pinned caching allocator rounds each block up to a power of two and "
+              "keeps it after the save (torch 2.13 distributed/checkpoint/filesystem.py; read, not measured: a CPU "
+              "run takes the serial loader, which copies nothing)")
 
 
 def _node(b: Builder, name: str, nbytes: int, moments, why: str) -> None:
@@ -122,9 +145,9 @@ def add_save(b: Builder, m: ModelSpec) -> None:
                   f"_zero3_consolidated_16bit_state_dict: each module's parameters gathered and copied to rank 0's "
                   f"host, the whole {'adapters (exclude_frozen_parameters)' if s.lora_rank else 'model'} "
                   f"accumulating ({SOURCE})")
-            b.gpu("the largest module's parameters gathered for the save", "temporaries", widest * size, SAVE_MODEL,
-                  f"the largest leaf module's weight at full size ({size} B each), gathered, copied, re-partitioned "
-                  f"({SOURCE})")
+            b.gpu("the largest module's parameters gathered for the save", "temporaries", largest_module(m) * size,
+                  SAVE_MODEL, f"the largest leaf module's own parameters at full size ({size} B each), gathered "
+                              f"together, copied, re-partitioned ({SOURCE})")
         opt = 0 if s.offload_optimizer else 4 * largest_sub_group(m, s, n_dp)
         _node(b, f"optimizer sub-group written{each}", g * opt, SAVE_STATES if s.save_16bit else SAVE,
               f"engine.save_checkpoint: torch.save copies one fp32 sub-group storage at a time, 4 B x the largest "
@@ -133,11 +156,9 @@ def add_save(b: Builder, m: ModelSpec) -> None:
     elif fam in ("fsdp1", "fsdp2"):
         opt = trained * 8
         if s.sharded_save:
-            per_rank = -(-max(model, opt) // s.degrees.shard)
-            _node(b, f"sharded checkpoint staged in pinned memory{each}", g * per_rank, SAVE | _after_save(),
-                  "torch.distributed.checkpoint's FileSystemWriter stages the rank's whole shard in pinned host memory "
-                  "(torch 2.13 distributed/checkpoint/filesystem.py _OverlappingCpuLoader), the optimizer's the "
-                  "larger; the pinned caching allocator keeps the blocks after the save")
+            tensor = 4 * -(-widest // s.degrees.shard)          # the widest parameter's fp32 state, one shard
+            b.items.append(Item(f"two tensors staged in pinned memory for the sharded save{each}", "checkpoint", "host",
+                                g * 2 * tensor, SAVE, STAGED_WHY, blocks=(tensor,) * (2 * g)))
         else:
             _node(b, "full model state dict on rank 0 (FULL_STATE_DICT)", model, SAVE_MODEL,
                   f"get_model_state_dict(full_state_dict=True, cpu_offload=True): the whole model in the trained "
@@ -158,7 +179,3 @@ def add_save(b: Builder, m: ModelSpec) -> None:
               + (" (with LoRA counted as every adapter's: a bound, a few MiB)" if s.lora_rank else ""))
 
 
-def _after_save() -> frozenset:
-    from helpers.estimate.items import STATES
-
-    return STATES - {"step"}

@@ -182,7 +182,7 @@ class _Reader:
             d.gpus_unknown()
         self.optimizer(d.fields.get("strategy", strategy))      # after the DeepSpeed config: whether it brings its own
         for key, value in self.data.items():
-            if key not in self.used:
+            if key not in self.used and not collect.saves(d, key, value, self.line(key)):
                 d.ignored_at(self.path, self.line(key), key, value)
         return d.finish(model, named)
 

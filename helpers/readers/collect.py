@@ -209,6 +209,25 @@ def evaluation(c, key: str, value) -> bool:
     return True
 
 
+def saves(c, key: str, value, line: int | None = None) -> bool:
+    """TrainingArguments' save_strategy: "no" saves no checkpoint (checkpoint_saves False); steps, epoch or best save
+    one after an optimizer step, as the estimate counts by default (transformers 5.23 training_args.py:
+    SaveStrategy, default "steps"); one line for anything else. False for any other key. `line`: where the key is,
+    for a record that does not keep its file's lines."""
+    if key != "save_strategy":
+        return False
+    text = str(value).strip().lower()
+    if text not in ("no", "steps", "epoch", "best"):
+        raise ConfigError(c.path, f"save_strategy must be no, steps, epoch or best (transformers' SaveStrategy), "
+                                  f"got {value!r}")
+    at = line if line is not None else c.lines.get(key)
+    if text == "no":
+        c.setting(c.path, at, key, value, "checkpoint_saves=False", checkpoint_saves=False)
+    else:
+        c.setting(c.path, at, key, value, "a save counted after a step", checkpoint_saves=True)
+    return True
+
+
 def refuse_misspelt(path, key: str, done: set[str], tool: str) -> None:
     """ConfigError naming `key` and what it looks like (see `misspelt`), when it looks like one."""
     near = misspelt(key, done)

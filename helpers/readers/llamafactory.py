@@ -366,7 +366,7 @@ class _Reader(collect.TrainerYaml):
         for key, value in data.items():
             if key in done:
                 continue
-            if collect.evaluation(c, key, value):           # listed when on, ignored when off
+            if collect.evaluation(c, key, value) or collect.saves(c, key, value):   # evaluation listed when on
                 continue
             if key in NOT_MODELLED and NOT_MODELLED[key]:
                 c.unmodelled(key, value, NOT_MODELLED[key])

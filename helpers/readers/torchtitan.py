@@ -57,6 +57,7 @@ ALIASES = {
     "parallelism.expert_parallel_degree": ("parallelism.expert_parallel_degree",),
     "parallelism.fsdp_reshard_after_forward": ("parallelism.fsdp_reshard_after_forward",),
     "compile.enable": ("compile.enable", "training.compile"),
+    "checkpoint.enable": ("checkpoint.enable", "checkpoint.enable_checkpoint"),
 }
 DEFAULTS = {"training.local_batch_size": 8, "training.seq_len": 2048, "training.dtype": "float32",
             "training.mixed_precision_param": "bfloat16", "parallelism.data_parallel_replicate_degree": 1,
@@ -65,7 +66,8 @@ DEFAULTS = {"training.local_batch_size": 8, "training.seq_len": 2048, "training.
             "parallelism.fsdp_reshard_after_forward": "default", "activation_checkpoint.mode": "selective",
             "activation_checkpoint.selective_ac_option": "2", "training.enable_cpu_offload": False,
             "optimizer.name": "AdamW", "optimizer.implementation": "fused", "training.global_batch_size": -1,
-            "model.name": "llama3", "model.flavor": "debugmodel"}
+            "model.name": "llama3", "model.flavor": "debugmodel", "checkpoint.enable": False,
+            "checkpoint.async_mode": "disabled"}
 
 
 @functools.cache
@@ -431,11 +433,31 @@ class _Reader:
                 tp = self.d.fields.get("tensor_parallel", 1)
                 d.setting(f, self.line(key), key, loss, sets="no effect without tensor parallelism" if tp == 1 else
                           "loss parallel (logits sharded over TP): not modelled apart")
-        if get(self.data, "checkpoint.enable"):
-            self.used.add("checkpoint.enable")
-            d.setting(f, self.line("checkpoint.enable"), "checkpoint.enable", True,
-                      sets="resume not added: torchtitan loads a checkpoint only if its folder holds one (pass "
-                           "resume to model the load)")
+        self.saves()
+
+    def saves(self):
+        """checkpoint.enable (checkpoint.enable_checkpoint before): torchtitan saves nothing unless it is true
+        (JobConfig's Checkpoint: false); its CheckpointManager writes torch.distributed.checkpoint files, each rank
+        its own shard under FSDP (sharded_save); an async mode stages the whole state dict on the host first."""
+        d, f = self.d, self.path
+        k, on = self.find("checkpoint.enable")
+        on = boolean(f, k or "checkpoint.enable", on)
+        if not on:
+            add = ((lambda **kw: d.setting(f, self.line(k), k, on, **kw)) if k else
+                   (lambda **kw: d.default(TOOL, "checkpoint.enable", False, SOURCE, **kw)))
+            add(checkpoint_saves=False)
+            return
+        sharded = {"sharded_save": True} if self.d.fields.get("strategy") == "fsdp2" else {}
+        d.setting(f, self.line(k), k, on, checkpoint_saves=True, **sharded)
+        d.setting(f, self.line(k), k, on, sets="resume not added: torchtitan loads a checkpoint only if its folder "
+                                               "holds one (pass resume to model the load)")
+        km, mode = self.find("checkpoint.async_mode")
+        if km and mode != "disabled":
+            d.unmodelled_at(f, self.line(km), km, mode, "an async save stages the rank's whole state dict in host "
+                                                        "memory first (pinned with async_with_pinned_mem): not "
+                                                        "modelled, the real host figure is higher")
+        elif km:
+            d.setting(f, self.line(km), km, mode, sets="a synchronous save (as modelled)")
 
 
 _MISSING = object()

@@ -493,7 +493,7 @@ class _Reader(collect.TrainerYaml):
             raise ConfigError(self.path, f"env must be a mapping of environment variables (TRL's parser stops: "
                                          f"'`env` field should be a dict'), got {data['env']!r}")
         for key, value in data.items():
-            if key in done or key in DPO_KEYS or collect.evaluation(c, key, value):
+            if key in done or key in DPO_KEYS or collect.evaluation(c, key, value) or collect.saves(c, key, value):
                 continue
             if key in NOT_MODELLED:
                 c.unmodelled(key, value, NOT_MODELLED[key])
