@@ -27,12 +27,18 @@ def saving_lines(r: Result) -> list[str]:
     """What saving a checkpoint holds beside what outlives the step (helpers.estimate.saving), where it holds any."""
     items = r.meta.get("saving") or []
     if not r.setup.get("checkpoint_saves", True) and r.mode == "estimate":
-        return ["", "saving a checkpoint: not counted, the run saves none (--no-checkpoint-saves)"]
+        return ["", "saving a checkpoint: not counted, the set-up saves none (checkpoint_saves false: a file's "
+                    "save_strategy no, torchtitan without checkpoint.enable, or --no-checkpoint-saves)"]
     if not items:
         return []
     where = {"gpu": "per GPU", "host": "host per node"}
-    return ["", "saving a checkpoint (after an optimizer step, counted in it): " + "; ".join(
-        f"{i['name']}, {fmt(i['bytes'])} {where[i['device']]}" for i in items)]
+    said = lambda xs: "; ".join(f"{i['name']}, {fmt(i['bytes'])} {where[i['device']]}" for i in xs)
+    model = [i for i in items if "save_model" in i["moment"]]
+    states = [i for i in items if "save_model" not in i["moment"]]
+    if model and states:            # two moments, one after the other: the step's figure counts the larger
+        return ["", f"saving a checkpoint (after an optimizer step, counted in it): first the model, {said(model)}; "
+                    f"then the optimizer, {said(states)} (one after the other: the larger counts)"]
+    return ["", "saving a checkpoint (after an optimizer step, counted in it): " + said(items)]
 
 
 def while_saving(r: Result, device: str, phase: str) -> bool:
@@ -72,10 +78,13 @@ def verdict(r: Result) -> str:
         d = r.device(name)
         if name == "host" and not d.peak_bytes and not d.capacity_bytes or not d.breakdown:
             continue                          # nothing on the host and no capacity to compare with
+        judged = any(r.device(n).capacity_bytes for n in ("gpu", "host"))
         cap = f" of {fmt(d.capacity_bytes)}" if d.capacity_bytes else ""
+        unjudged = (f"; not judged: no {'GPU' if name == 'gpu' else 'host'} capacity given"
+                    if judged and not d.capacity_bytes else "")
         extra = sum(preset_parts(r).values()) if name == "gpu" else 0
         total = f", {fmt(d.peak_bytes + extra)} with {_overhead_words(r)}" if extra else ""
-        parts.append(f"{fmt(d.peak_bytes)}{cap} {label} (peak at {PHASE_LABELS[d.peak_phase]}{total})")
+        parts.append(f"{fmt(d.peak_bytes)}{cap} {label} (peak at {PHASE_LABELS[d.peak_phase]}{total}{unjudged})")
     return ("fits: " if any(r.device(n).capacity_bytes for n in ("gpu", "host")) else "needs: ") + "; ".join(parts)
 
 

@@ -34,7 +34,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "checkpoint_saves", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -281,6 +281,16 @@ class TrainSetup:
         no_time="the files a save writes, not the step"))
     """True: a checkpoint is saved after an optimizer step and counted in it (helpers.estimate.saving); False: the run
     saves none (the Trainer's save_strategy "no", torchtitan without checkpoint.enable)."""
+    sharded_load: bool = option(False, Face(
+        "--sharded-load", "the model built on the meta device and each rank reading only its own shards of the "
+                          "checkpoint (torchtitan's way, torch.distributed.checkpoint): no whole copy on any rank's "
+                          "host at load; without it from_pretrained's conversion is counted",
+        control=Control("check", "sharded load", tooltip="torchtitan: built on the meta device, each rank loads "
+                                                         "its own shards"),
+        applies=lambda v: not strategies.get(v["strategy"]).deepspeed,
+        no_time="where the weights are read, not the step"))
+    """Torch strategies only. True: the model is built on the meta device and each rank loads only its shards
+    (torchtitan); False: transformers' from_pretrained loads it whole on every rank (helpers.estimate.loading)."""
     pin_memory: bool = option(True, Face("--pin-memory", "offloaded buffers page-locked", negative="--no-pin-memory",
                                          control=Control("check", "pin memory")))
     """Offloaded buffers page-locked (DeepSpeed >= 0.19.5 and torchtitan default) or pageable."""
@@ -545,6 +555,10 @@ class TrainSetup:
         if self.sharded_save and st.family not in ("fsdp1", "fsdp2"):
             raise InputError(f"sharded_save (FSDP's SHARDED_STATE_DICT) is an FSDP option: use it with strategy "
                              f"{strategies.listing(lambda x: x.family in ('fsdp1', 'fsdp2'), 'or')}, got "
+                             f"{self.strategy!r}")
+        if self.sharded_load and st.deepspeed:
+            raise InputError(f"sharded_load (built on the meta device, each rank reading its shards) is a torch "
+                             f"strategy's option (torchtitan); under DeepSpeed zero3_init is its like: got strategy "
                              f"{self.strategy!r}")
         if not self.zero3_init and st.family != "zero3":
             raise InputError(f"zero3_init False (the model loaded whole before DeepSpeed partitions it) is a ZeRO-3 "

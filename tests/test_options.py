@@ -42,6 +42,7 @@ GIVEN = {
     "offload_params": (["--offload-params"], True), "offload_ratio": (["--offload-ratio", "0.5"], 0.5),
     "zero3_init": (["--no-zero3-init"], False), "save_16bit": (["--no-save-16bit"], False),
     "sharded_save": (["--sharded-save"], True), "checkpoint_saves": (["--no-checkpoint-saves"], False),
+    "sharded_load": (["--sharded-load"], True),
     "pin_memory": (["--no-pin-memory"], False), "checkpointing": (["--grad-checkpointing"], "full"),
     "checkpoint_every": (["--checkpoint-every", "2"], 2), "grad_accum": (["--grad-accum", "4"], 4),
     "fused_ce": (["--fused-ce"], True), "kv_expanded": (["--expanded-kv"], True),

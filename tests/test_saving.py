@@ -97,9 +97,9 @@ def test_fsdp_saves_the_full_state_dicts_on_rank_0_or_each_rank_its_shard():
     assert _saving(full, "full optimizer state dict") == P8 * 8               # exp_avg and exp_avg_sq
     widest = max(t.numel for t in models.spec("llama-3.1-8b").tensors)
     tensor = 4 * -(-widest // 8)                      # the embedding's fp32 Adam state, one rank's shard
-    assert _saving(sharded, "two tensors staged in pinned memory") == 8 * 2 * tensor
-    rounding = [i for i in sharded.items if i["name"].startswith("rounding of two tensors")][0]
-    cached = [i for i in sharded.items if i["name"].startswith("cached pinned blocks of two tensors")][0]
+    assert _saving(sharded, "two largest tensors") == 8 * 2 * tensor
+    rounding = [i for i in sharded.items if i["name"].startswith("rounding of two largest tensors")][0]
+    cached = [i for i in sharded.items if i["name"].startswith("cached pinned blocks of two largest tensors")][0]
     assert rounding["bytes"] + 8 * 2 * tensor == cached["bytes"] == 8 * 2 * 2**28      # 250.5 MiB -> 256 MiB blocks
     assert cached["phases"] == ["steady"]                 # the pinned blocks stay cached after the save, not before
     assert sharded.host.phases["step"] == 8 * 2 * 2**28 and sharded.host.phases["backward"] == 0
@@ -214,7 +214,7 @@ def test_cpu_ram_efficient_loading_is_read_and_said_to_change_nothing(tmp_path, 
     f.write_text(text)
     got = readers.read([str(f)])
     entry = next(x for x in got.settings if x.key == key)
-    assert entry.value is True and entry.sets == loading.RAM_EFFICIENT_WORDS and not entry.fields
+    assert entry.value is True and entry.sets == loading.ram_efficient_words(True) and not entry.fields
     assert key not in [x.key for x in got.ignored]
     base = estimate.run("llama-3.1-8b", TrainSetup(strategy="fsdp2", gpus=8, precision="bf16-mixed"))
     assert estimate.run("llama-3.1-8b", got.setup.replace(precision="bf16-mixed", gpus=8, gpus_per_node=8)).host.phases["setup"] == \
@@ -248,7 +248,7 @@ def test_a_run_that_saves_no_checkpoint_counts_no_save():
     quiet = estimate.run("llama-3.1-8b", setup.replace(checkpoint_saves=False))
     assert saving_run.oom["device"] == "host" and quiet.oom["device"] is None
     assert not quiet.meta["saving"] and quiet.host.phases["step"] == 0
-    assert "saving a checkpoint: not counted, the run saves none (--no-checkpoint-saves)" in report.table(quiet)
+    assert "saving a checkpoint: not counted, the set-up saves none (checkpoint_saves false" in report.table(quiet)
     with pytest.raises(InputError, match="checkpoint_saves must be True or False, got 'no'"):
         TrainSetup(checkpoint_saves="no").validate()
 
@@ -300,3 +300,25 @@ def test_torchtitans_async_save_is_listed_as_not_modelled(tmp_path):
     f.write_text(TITAN.format(checkpoint="enable = true\nasync_mode = \"async_with_pinned_mem\""))
     got = readers.read([str(f)])
     assert any(x.key == "checkpoint.async_mode" and "whole state dict" in x.why for x in got.not_modelled)
+
+
+def test_a_sharded_load_holds_no_whole_copy_and_torchtitan_loads_so(tmp_path):
+    """torchtitan builds the model on the meta device and each rank reads its own shards (train.py)."""
+    setup = TrainSetup(strategy="fsdp2", gpus=8, precision="bf16-mixed")
+    assert estimate.run("llama-3.1-8b", setup).host.phases["setup"] == 8 * P8 * 4          # from_pretrained's fp32
+    assert estimate.run("llama-3.1-8b", setup.replace(sharded_load=True)).host.phases["setup"] == 0
+    assert _read(tmp_path, "t.toml", TITAN.format(checkpoint="")).sharded_load is True
+    with pytest.raises(InputError, match="sharded_load .* is a torch strategy's option"):
+        TrainSetup(strategy="zero3", gpus=8, sharded_load=True).validate()
+
+
+def test_a_bare_no_for_save_strategy_gets_the_hint(tmp_path):
+    with pytest.raises(InputError, match="got False \\(YAML reads a bare no as false: write \"no\"\\)"):
+        _read(tmp_path, "sft.yaml", "model_name_or_path: Qwen/Qwen2.5-7B\nsave_strategy: no\n")
+
+
+def test_the_save_line_says_the_model_then_the_optimizer():
+    line = report.saving_lines(estimate.run("llama-3.1-8b", TrainSetup(strategy="fsdp2", gpus=8)))[1]
+    assert line.startswith("saving a checkpoint (after an optimizer step, counted in it): first the model, full model")
+    assert "; then the optimizer, full optimizer state dict" in line and line.endswith("(one after the other: the "
+                                                                                     "larger counts)")

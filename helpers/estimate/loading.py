@@ -33,8 +33,10 @@ Which dtype the model is loaded in: the dtype the engine trains its weights in w
 is (torch strategies: float32 for bf16-mixed, fp16-mixed and fp32 master weights; a LoRA base in its own dtype); the
 compute dtype under DeepSpeed, which casts the module itself (LLaMA-Factory and axolotl load in it). A 4-bit base
 (QLoRA) is quantised as it is loaded onto the GPU (`device_map`): no host copy is counted.
-Left out: torchtitan's meta-device initialisation with a sharded (DCP) checkpoint load, which holds no whole copy on
-any rank (it is counted like any torch strategy's: higher, not lower); accelerate's FSDP2 preparation, which upcasts
+- **Sharded load** (`sharded_load`, torchtitan's way: train.py builds the model under `torch.device("meta")`, then
+  `to_empty` and `init_weights`, and `checkpoint.load` reads each rank's own shards through torch.distributed.checkpoint,
+  slice by slice): no whole copy on any rank; nothing is counted. Read, not measured.
+Left out: accelerate's FSDP2 preparation, which upcasts
 trainable parameters to float32 on every rank's host (the same 4 bytes a float32 load counts); a checkpoint read
 without mmap (`disable_mmap=True`, a FUSE mount), which holds the file's bytes in private memory too.
 """
@@ -47,9 +49,10 @@ from helpers.models import ModelSpec
 from helpers.units import fmt
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-RAM_EFFICIENT_WORDS = "each rank still converts (measured)"
-"""What a file's FSDP cpu_ram_efficient_loading sets, in the readers' "sets" column (35 characters): nothing, with
-transformers 5.23 (the module's docstring)."""
+def ram_efficient_words(on: bool) -> str:
+    """What a file's FSDP cpu_ram_efficient_loading sets, for the readers' "sets" column (35 characters): nothing
+    either way with transformers 5.23 (the module's docstring)."""
+    return "no change: every rank converts" if on else "off: every rank converts"
 
 
 def _compute(setup) -> str:
@@ -72,7 +75,8 @@ def loaded_dtype(setup) -> str | None:
 def host_copy(setup, m: ModelSpec) -> int:
     """Bytes each rank converts into private host memory while loading (0 when it reads the mmap-ed file as is)."""
     dtype = loaded_dtype(setup)
-    if dtype is None or (setup.strat.family == "zero3" and setup.zero3_init) or dtype == m.checkpoint_dtype:
+    if (dtype is None or (setup.strat.family == "zero3" and setup.zero3_init) or dtype == m.checkpoint_dtype
+            or setup.sharded_load):
         return 0
     return m.params * BYTES[dtype]
 
@@ -82,6 +86,9 @@ def words(setup, m: ModelSpec) -> str:
     dtype = loaded_dtype(setup)
     if dtype is None:
         return "a 4-bit base is quantised as it is loaded onto the GPU (device_map): no host copy counted"
+    if setup.sharded_load:
+        return ("built on the meta device; each rank reads only its own shards of the checkpoint "
+                "(torch.distributed.checkpoint, as torchtitan loads): no whole copy on any rank")
     if setup.strat.family == "zero3" and setup.zero3_init:
         return ("built already partitioned under deepspeed.zero.Init; global rank 0 reads the checkpoint through its "
                 "memory-mapped files (the page cache), the others read nothing")

@@ -157,7 +157,7 @@ def add_save(b: Builder, m: ModelSpec) -> None:
         opt = trained * 8
         if s.sharded_save:
             tensor = 4 * -(-widest // s.degrees.shard)          # the widest parameter's fp32 state, one shard
-            b.items.append(Item(f"two tensors staged in pinned memory for the sharded save{each}", "checkpoint", "host",
+            b.items.append(Item(f"two largest tensors (the widest parameter's fp32 optimizer states) staged in pinned memory for the sharded save{each}", "checkpoint", "host",
                                 g * 2 * tensor, SAVE, STAGED_WHY, blocks=(tensor,) * (2 * g)))
         else:
             _node(b, "full model state dict on rank 0 (FULL_STATE_DICT)", model, SAVE_MODEL,

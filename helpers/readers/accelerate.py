@@ -370,8 +370,8 @@ def _fsdp(c: Record, fsdp: dict) -> None:
         sharded = base.fsdp_sharded_save(c.path, p + "fsdp_state_dict_type", kind)
         c.set(p + "fsdp_state_dict_type", kind, f"sharded_save={sharded}", sharded_save=sharded)
     if "fsdp_cpu_ram_efficient_loading" in fsdp:
-        c.flag(p + "fsdp_cpu_ram_efficient_loading", fsdp["fsdp_cpu_ram_efficient_loading"])
-        c.set(p + "fsdp_cpu_ram_efficient_loading", fsdp["fsdp_cpu_ram_efficient_loading"], loading.RAM_EFFICIENT_WORDS)
+        on = c.flag(p + "fsdp_cpu_ram_efficient_loading", fsdp["fsdp_cpu_ram_efficient_loading"])
+        c.set(p + "fsdp_cpu_ram_efficient_loading", on, loading.ram_efficient_words(on))
     for key, value in fsdp.items():
         if key not in ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy", "fsdp_offload_params",
                        "fsdp_activation_checkpointing", "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading"):

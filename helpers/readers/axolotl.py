@@ -339,7 +339,8 @@ class _Reader:
             d.setting(f, self.line(ck(key)), ck(key), v, sharded_save=sharded)
         if "cpu_ram_efficient_loading" in plain:
             key, v = plain["cpu_ram_efficient_loading"]
-            d.setting(f, self.line(ck(key)), ck(key), boolean(f, key, v), sets=loading.RAM_EFFICIENT_WORDS)
+            on = boolean(f, key, v)
+            d.setting(f, self.line(ck(key)), ck(key), on, sets=loading.ram_efficient_words(on))
         if "reshard_after_forward" in plain:
             key, v = plain["reshard_after_forward"]
             if boolean(f, key, v):

@@ -218,8 +218,9 @@ def saves(c, key: str, value, line: int | None = None) -> bool:
         return False
     text = str(value).strip().lower()
     if text not in ("no", "steps", "epoch", "best"):
+        bare = " (YAML reads a bare no as false: write \"no\")" if value is False else ""
         raise ConfigError(c.path, f"save_strategy must be no, steps, epoch or best (transformers' SaveStrategy), "
-                                  f"got {value!r}")
+                                  f"got {value!r}{bare}")
     at = line if line is not None else c.lines.get(key)
     if text == "no":
         c.setting(c.path, at, key, value, "checkpoint_saves=False", checkpoint_saves=False)

@@ -163,6 +163,9 @@ class _Reader:
         self.checkpointing()
         self.optimizer()
         self.extras()
+        d.default(TOOL, "model initialisation", "meta device", "github:pytorch/torchtitan torchtitan/train.py "
+                  "@238fa9953e4a (the model built under torch.device('meta'), then to_empty and init_weights, or "
+                  "checkpoint.load reading each rank's shards through torch.distributed.checkpoint)", sharded_load=True)
         d.default(TOOL, "attention", "sdpa (cuDNN/flash backends)", "github:pytorch/torchtitan "
                   "torchtitan/models/attention.py @238fa9953e4a (ScaledDotProductAttentionWrapper: cuDNN, flash, "
                   "math in that priority)", attention="flash")

@@ -541,4 +541,5 @@ def _fsdp(c: Record, fsdp, config: dict) -> None:
         sharded = base.fsdp_sharded_save(c.path, "fsdp_config.state_dict_type", config["state_dict_type"])
         c.set("fsdp_config.state_dict_type", config["state_dict_type"], f"sharded_save={sharded}", sharded_save=sharded)
     if "cpu_ram_efficient_loading" in config:
-        c.set("fsdp_config.cpu_ram_efficient_loading", config["cpu_ram_efficient_loading"], loading.RAM_EFFICIENT_WORDS)
+        on = boolean(c.path, "fsdp_config.cpu_ram_efficient_loading", config["cpu_ram_efficient_loading"])
+        c.set("fsdp_config.cpu_ram_efficient_loading", on, loading.ram_efficient_words(on))
