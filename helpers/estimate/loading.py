@@ -49,6 +49,8 @@ from helpers.models import ModelSpec
 from helpers.units import fmt
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
 def ram_efficient_words(on: bool) -> str:
     """What a file's FSDP cpu_ram_efficient_loading sets, for the readers' "sets" column (35 characters): nothing
     either way with transformers 5.23 (the module's docstring)."""

@@ -157,8 +157,9 @@ def add_save(b: Builder, m: ModelSpec) -> None:
         opt = trained * 8
         if s.sharded_save:
             tensor = 4 * -(-widest // s.degrees.shard)          # the widest parameter's fp32 state, one shard
-            b.items.append(Item(f"two largest tensors (the widest parameter's fp32 optimizer states) staged in pinned memory for the sharded save{each}", "checkpoint", "host",
-                                g * 2 * tensor, SAVE, STAGED_WHY, blocks=(tensor,) * (2 * g)))
+            name = ("two largest tensors (the widest parameter's fp32 optimizer states) staged in pinned memory for "
+                    f"the sharded save{each}")
+            b.items.append(Item(name, "checkpoint", "host", g * 2 * tensor, SAVE, STAGED_WHY, blocks=(tensor,) * (2 * g)))
         else:
             _node(b, "full model state dict on rank 0 (FULL_STATE_DICT)", model, SAVE_MODEL,
                   f"get_model_state_dict(full_state_dict=True, cpu_offload=True): the whole model in the trained "
@@ -177,5 +178,3 @@ def add_save(b: Builder, m: ModelSpec) -> None:
         _node(b, "optimizer state written by torch.save (rank 0)", largest, SAVE_STATES,
               "torch.save(optimizer.state_dict()) copies one state tensor at a time: the largest, fp32"
               + (" (with LoRA counted as every adapter's: a bound, a few MiB)" if s.lora_rank else ""))
-
-
