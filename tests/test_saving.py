@@ -216,6 +216,9 @@ def test_cpu_ram_efficient_loading_is_read_and_said_to_change_nothing(tmp_path, 
     entry = next(x for x in got.settings if x.key == key)
     assert entry.value is True and entry.sets == loading.ram_efficient_words(True) and not entry.fields
     assert key not in [x.key for x in got.ignored]
+    f.write_text(text.replace("efficient_loading: true", "efficient_loading: false"))
+    off = next(x for x in readers.read([str(f)]).settings if x.key == key)
+    assert off.value is False and off.sets == "off: every rank converts"
     base = estimate.run("llama-3.1-8b", TrainSetup(strategy="fsdp2", gpus=8, precision="bf16-mixed"))
     assert estimate.run("llama-3.1-8b", got.setup.replace(precision="bf16-mixed", gpus=8, gpus_per_node=8)).host.phases["setup"] == \
         base.host.phases["setup"] == 8 * P8 * 4
