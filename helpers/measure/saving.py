@@ -25,12 +25,11 @@ import datetime
 import importlib
 import json
 import os
-import socket
 import sys
 import tempfile
 
 from helpers import estimate, models, provenance
-from helpers.measure import children, procmem
+from helpers.measure import children, procgroup, procmem
 from helpers.training import TrainSetup
 from helpers.units import MiB, fmt
 
@@ -140,11 +139,8 @@ def _offloaded(optimizer) -> set:
 
 def _worker(a) -> dict:
     if "LOCAL_RANK" not in os.environ:                  # one process without a launcher
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(port))
+                          MASTER_PORT=str(procgroup.free_port()))
     import torch
     import torch.distributed as dist
 
@@ -186,11 +182,8 @@ def run() -> dict:
         flags = flags + (["--stage3"] if setup["strategy"] == "zero3" else [])
         cmd = [sys.executable, "-m", "helpers.measure.saving", "--worker", "--twin", twin, *flags]
         if world > 1:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port",
-                   str(port), "-m", "helpers.measure.saving", "--worker", "--twin", twin, *flags]
+                   str(procgroup.free_port()), "-m", "helpers.measure.saving", "--worker", "--twin", twin, *flags]
         proc = children.run(cmd, env, timeout=900, what="the checkpoint-save measurement")
         ranks = sorted((json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")), key=lambda r: r["rank"])
         s = TrainSetup(gpus=world, gpus_per_node=world, **setup)
