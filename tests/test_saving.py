@@ -105,6 +105,24 @@ def test_fsdp_saves_the_full_state_dicts_on_rank_0_or_each_rank_its_shard():
     assert sharded.host.phases["step"] == 8 * 2 * 2**28 and sharded.host.phases["backward"] == 0
 
 
+def test_a_full_save_with_tensor_parallelism_gathers_the_whole_model_a_sharded_one_each_ranks_share():
+    """A tensor-parallel rank holds half the weights, but FULL_STATE_DICT gathers every DTensor over its whole mesh:
+    rank 0's host gets the whole model and its whole optimizer state, as without TP. A sharded save writes one
+    rank's share: the widest tensor split over TP and the data-parallel ranks (2 x 4 here, as 8 ways without TP)."""
+    widest = max(t.numel for t in models.spec("llama-3.1-8b").tensors)
+    for strategy, gpus in (("fsdp2", 8), ("ddp", 2)):
+        tp = estimate.run("llama-3.1-8b", TrainSetup(strategy=strategy, gpus=gpus, tensor_parallel=2))
+        if strategy == "fsdp2":
+            assert _saving(tp, "full model state dict") == P8 * 4 and _saving(tp, "full optimizer state dict") == P8 * 8
+            assert _saving(tp, "one parameter gathered") == widest * 4
+            sharded = estimate.run("llama-3.1-8b", TrainSetup(strategy=strategy, gpus=gpus, tensor_parallel=2,
+                                                              sharded_save=True))
+            assert _saving(sharded, "two largest tensors") == 8 * 2 * 4 * -(-widest // 8)
+        else:
+            assert _saving(tp, "model written by save_pretrained") == P8 * 4
+            assert _saving(tp, "optimizer state written") == 4 * widest
+
+
 def test_one_gpu_writes_the_model_then_one_optimizer_tensor_at_a_time():
     r = estimate.run("qwen3-0.6b", TrainSetup())
     m = models.spec("qwen3-0.6b")

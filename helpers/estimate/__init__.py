@@ -34,7 +34,7 @@ def items(model, setup: TrainSetup, lifecycle: bool = True) -> list[Item]:
                          f"this package models transformers 5's fused experts only; estimate it with transformers 5 "
                          f"(leave transformers out of versions)")
     parallel.check(m, setup)
-    m = parallel.rank_model(m, setup.tensor_parallel)       # what one tensor-parallel rank holds
+    whole, m = m, parallel.rank_model(m, setup.tensor_parallel)       # what one tensor-parallel rank holds
     b = states.Builder(setup)
     states.add_model_states(b, m)
     activations.add_activations(b, m)
@@ -43,7 +43,7 @@ def items(model, setup: TrainSetup, lifecycle: bool = True) -> list[Item]:
     if lifecycle:
         loading.add_load(b, m)
         if setup.checkpoint_saves:
-            saving.add_save(b, m)
+            saving.add_save(b, m, whole)
     if setup.resume:
         host.add_resume(b, m)
     host.add_pinned_overhead(b)

@@ -36,6 +36,9 @@ compute dtype under DeepSpeed, which casts the module itself (LLaMA-Factory and 
 - **Sharded load** (`sharded_load`, torchtitan's way: train.py builds the model under `torch.device("meta")`, then
   `to_empty` and `init_weights`, and `checkpoint.load` reads each rank's own shards through torch.distributed.checkpoint,
   slice by slice): no whole copy on any rank; nothing is counted. Read, not measured.
+- **Tensor parallelism** (a `tp_plan`): `from_pretrained` shards each tensor as it reads it
+  (core_model_loading.py `spawn_materialize` with a `DtensorShardOperation`), so a rank converts its own share only,
+  and onto its GPU; the rule counts that share (the tensor-parallel rank's parameters) on the host, an upper bound.
 Left out: accelerate's FSDP2 preparation, which upcasts
 trainable parameters to float32 on every rank's host (the same 4 bytes a float32 load counts); a checkpoint read
 without mmap (`disable_mmap=True`, a FUSE mount), which holds the file's bytes in private memory too.

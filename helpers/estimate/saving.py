@@ -104,15 +104,27 @@ STAGED_WHY = ("torch.distributed.checkpoint's FileSystemWriter (thread_count 1; 
               "run takes the serial loader, which copies nothing)")
 
 
+def _gathered(nbytes: int, rank: ModelSpec, whole: ModelSpec) -> int:
+    """A tensor-parallel rank's bytes of the model (or of its optimizer states) scaled to the whole model's, which a
+    full state dict gathers from every rank (torch 2.13 distributed/_state_dict_utils.py `_gather_state_dict`: a
+    DTensor is gathered over its whole device mesh, the tensor-parallel dimension with the data-parallel one).
+    Exact where every parameter is kept in one dtype, as with tensor parallelism here (LoRA, whose adapters keep
+    another dtype, is refused with it)."""
+    return nbytes * whole.params // rank.params
+
+
 def _node(b: Builder, name: str, nbytes: int, moments, why: str) -> None:
     """A host item of the node that holds it (rank 0's, where one rank writes), its bytes already per node."""
     if nbytes > 0:
         b.items.append(Item(name, "checkpoint", "host", int(nbytes), frozenset(moments), why))
 
 
-def add_save(b: Builder, m: ModelSpec) -> None:
-    """The save moments: what outlives the step, and the engine's save transients on the host and the GPU."""
+def add_save(b: Builder, m: ModelSpec, whole: ModelSpec | None = None) -> None:
+    """The save moments: what outlives the step, and the engine's save transients on the host and the GPU. `m` is
+    what one rank holds (a tensor-parallel rank's share); `whole` the whole model, which a full (unsharded) save
+    gathers from every tensor-parallel rank."""
     s = b.setup
+    whole = whole or m
     for n, i in enumerate(b.items):                               # what is alive between two steps
         if PERSISTENT <= i.moments:
             b.items[n] = Item(i.name, i.category, i.device, i.nbytes, i.moments | SAVE, i.why, i.blocks)
@@ -161,15 +173,20 @@ def add_save(b: Builder, m: ModelSpec) -> None:
                     f"the sharded save{each}")
             b.items.append(Item(name, "checkpoint", "host", g * 2 * tensor, SAVE, STAGED_WHY, blocks=(tensor,) * (2 * g)))
         else:
+            per = model // m.params or 2        # bytes per parameter as trained
+            if whole is not m:                  # the tensor-parallel shards gathered too
+                model, opt, widest = _gathered(model, m, whole), _gathered(opt, m, whole), max(t.numel for t in whole.tensors)
             _node(b, "full model state dict on rank 0 (FULL_STATE_DICT)", model, SAVE_MODEL,
                   f"get_model_state_dict(full_state_dict=True, cpu_offload=True): the whole model in the trained "
                   f"dtype on rank 0's host (torch 2.13 distributed/checkpoint/state_dict.py; {SOURCE})")
             _node(b, "full optimizer state dict on rank 0 (FULL_STATE_DICT)", opt, SAVE_STATES,
                   "get_optimizer_state_dict(full_state_dict=True, cpu_offload=True): exp_avg and exp_avg_sq of every "
                   "trained parameter (fp32) on rank 0's host (accelerate 1.15 save_fsdp_optimizer)")
-            b.gpu("one parameter gathered for the full state dict", "temporaries", widest * (model // m.params or 2),
+            b.gpu("one parameter gathered for the full state dict", "temporaries", widest * per,
                   SAVE, "get_model_state_dict gathers one parameter at a time at full size before its copy")
     else:
+        if whole is not m:
+            model, trained, widest = _gathered(model, m, whole), whole.params, max(t.numel for t in whole.tensors)
         written = trained * (4 if s.adapters_fp32 else 2) if s.lora_rank else min(model, SHARD_BYTES)
         _node(b, "model written by save_pretrained (rank 0)", written, SAVE_MODEL,
               f"safetensors save_file copies a whole shard to the host (max_shard_size 50 GB)"
