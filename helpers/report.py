@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers import evidence, gpus, versions
+from helpers import evidence, gpus, strategies, versions
 from helpers.results import Result
 from helpers.units import MiB, fmt, scale, to_gib
 from helpers.vocab import PHASE_LABELS
@@ -21,6 +21,28 @@ def loading_lines(r: Result) -> list[str]:
     where = {"gpu": "per GPU", "host": "host per node"}
     return ["", "loading the model (part of setup): " + "; ".join(
         [f"{i['name']}, {fmt(i['bytes'])} {where[i['device']]}" for i in items] + ([said] if said else []))]
+
+
+def reference_lines(r: Result) -> list[str]:
+    """A DPO run's pairs and reference model (helpers.estimate.reference); [] for SFT."""
+    said = r.meta.get("reference_words")
+    if not said:
+        return []
+    ref = [i for i in r.items if i["name"].startswith("reference model")]
+    where = {"gpu": "per GPU", "host": "host per node"}
+    held = "".join(f", {fmt(i['bytes'])} {where[i['device']]}" for i in ref)
+    b, how = r.setup["batch"], r.setup.get("dpo_logps", "logsumexp")
+    way = ("TRL's per-sequence logsumexp over fp32 logits, the logits kept for backward" if how == "logsumexp" else
+           "LLaMA-Factory's log_softmax over fp32 logits, its output kept for backward")
+    deepspeed = strategies.get(r.setup["strategy"]).deepspeed
+    caveat = ("; under DeepSpeed TRL gets the logits in bf16 and takes them row by row, counted the same way, an "
+              "upper bound by our reading" if deepspeed and how == "logsumexp" else "")
+    if r.setup.get("fused_ce"):
+        caveat += ("; fused_ce does not reach DPO's log-probabilities here: the full logits are counted (Liger's "
+                   "fused DPO loss, TRL's use_liger_kernel, would hold less)")
+    return ["", f"DPO: each forward runs {b} chosen and {b} rejected sequences ({2 * b} x seq); reference model: "
+                f"{said}{held}. Log-probabilities: {way}, with the reference's logits scored beside them (measured by "
+                f"a dry run of the step re-enacted{caveat})"]
 
 
 def saving_lines(r: Result) -> list[str]:
@@ -181,6 +203,7 @@ def table(r: Result) -> str:
         lines.append("process RSS at the end of each phase (MiB, everything the process holds): " + ", ".join(
             f"{p} {v / MiB:.0f}" for p, v in r.meta["rss_bytes"].items()))
     lines += loading_lines(r)
+    lines += reference_lines(r)
     lines += saving_lines(r)
     if not any(r.host.phases.values()):
         lines += ["", "host: nothing offloaded (the processes' own RAM, data loaders and the CUDA context are not counted)"]

@@ -21,6 +21,9 @@ OPTIMIZERS = ("adamw", "adamw-8bit")
 STRATEGIES = strategies.NAMES
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
+RUNS = ("sft", "dpo")          # what is trained: next-token SFT, or DPO (chosen + rejected, a reference model)
+DPO_LOGPS = ("logsumexp", "log-softmax")       # DPO's log-probabilities: TRL's per-sequence logsumexp, LLaMA-Factory's
+REFERENCES = ("copy", "adapters-off", "none")   # DPO's reference: a frozen copy, the LoRA base, or none in the step
 ADAPTER_DTYPES = ("fp32", "bf16")
 BASE_WEIGHTS = ("fp32", "nf4", "nf4-dq")  # LoRA's frozen base: fp32 under 16-bit autocast; QLoRA's bitsandbytes 4-bit
 QUANTIZED_BASES = ("nf4", "nf4-dq")        # NormalFloat, without / with double quantisation (None: the compute dtype)
@@ -97,6 +100,41 @@ class TrainSetup:
     batch: int = option(1, Face("--batch", "micro batch per GPU", control=Control(
         "slider", "micro batch", lo=1, hi=64, main=True)))
     """Micro batch per GPU (sequences)."""
+    run: str = option("sft", Face(
+        "--run", "what the run trains: sft (one model, next-token loss) or dpo (TRL's, LLaMA-Factory's and "
+                 "OpenRLHF's DPO: each example's chosen and rejected sequences in one forward, and a frozen "
+                 "reference model beside the policy)",
+        choices=RUNS, control=Control("menu", "run", options=RUNS, tooltip="dpo: chosen + rejected, and a "
+                                                                           "reference model"),
+        no_time="a DPO run trains a different objective; its reference forward's time is not modelled"))
+    """'sft': one model trained on next-token prediction. 'dpo': direct preference optimisation: the micro batch's
+    chosen and rejected sequences run as one forward of 2 x batch sequences, and a frozen reference model scores them
+    (helpers.estimate.reference), as `reference` says."""
+    reference: str | None = option(None, Face(
+        "--reference", "with --run dpo: the reference model: copy (a frozen copy beside the policy: TRL's and "
+                       "LLaMA-Factory's full fine-tuning, OpenRLHF always), adapters-off (a LoRA policy with its "
+                       "adapters disabled: TRL's and LLaMA-Factory's LoRA) or none (precompute_ref_log_probs, or a "
+                       "reference-free loss: SimPO, ORPO); default: adapters-off with --lora-rank, else copy",
+        choices=REFERENCES, control=Control("menu", "reference", options=("default",) + REFERENCES, none="default",
+                                            tooltip="dpo: where the reference log-probabilities come from"),
+        applies=lambda v: v["run"] == "dpo",
+        remedy=("reference log-probs precomputed (precompute_ref_log_probs)", "none"),
+        no_time="precomputing the reference's log-probs moves its forward before training"))
+    """With run 'dpo', where the reference log-probabilities come from (helpers.estimate.reference): 'copy', a
+    frozen copy of the model beside the policy; 'adapters-off', the LoRA policy's own base with its adapters disabled
+    (no weights added; needs lora_rank); 'none', no reference forward in the step (log-probs precomputed, or a
+    reference-free loss). None: 'adapters-off' with LoRA, else 'copy' (TRL's and LLaMA-Factory's rule)."""
+    dpo_logps: str = option("logsumexp", Face(
+        "--dpo-logps", "with --run dpo: how the log-probabilities are taken from the fp32 logits: logsumexp (TRL's "
+                       "selective_log_softmax: a logsumexp per sequence, the logits kept for backward) or "
+                       "log-softmax (LLaMA-Factory's get_batch_logps: the whole log_softmax kept for backward)",
+        choices=DPO_LOGPS, control=Control("menu", "DPO log-probs", options=DPO_LOGPS,
+                                           tooltip="dpo: TRL's per-sequence logsumexp or LLaMA-Factory's log_softmax"),
+        applies=lambda v: v["run"] == "dpo",
+        no_time="the same log-probabilities taken another way: its kernel time is not modelled"))
+    """With run 'dpo': 'logsumexp', TRL 1.10's `selective_log_softmax` on fp32 logits (the labels' logits gathered,
+    less a logsumexp per sequence; the logits kept for backward); 'log-softmax', LLaMA-Factory's `get_batch_logps`
+    (`logits.log_softmax(-1)` gathered; its output kept for backward, the logits until the loss returns)."""
     seq: int = option(2048, Face("--seq", "sequence length in tokens", control=Control(
         "steps", "seq", options=(128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768), main=True)))
     """Sequence length (tokens)."""
@@ -394,6 +432,13 @@ class TrainSetup:
         return self.precision in ("bf16-mixed", "fp16-mixed")
 
     @property
+    def ref(self) -> str | None:
+        """DPO's reference as the run has it ('copy', 'adapters-off', 'none'); None for SFT."""
+        if self.run != "dpo":
+            return None
+        return self.reference or ("adapters-off" if self.lora_rank is not None else "copy")
+
+    @property
     def half(self) -> str:
         """The 16-bit compute dtype's name: 'fp16' for fp16-mixed, else 'bf16'."""
         return "fp16" if self.precision == "fp16-mixed" else "bf16"
@@ -501,6 +546,9 @@ class TrainSetup:
                            ("grad_accum", MAX_GRAD_ACCUM), ("tensor_parallel", MAX_GPUS),
                            ("context_parallel", MAX_GPUS), ("checkpoint_every", MAX_LAYERS)):
             _integer(name, getattr(self, name), most)
+        if self.run == "dpo" and 2 * self.batch * self.seq > MAX_TOKENS:
+            raise InputError(f"with run 'dpo', 2 x batch x seq (chosen and rejected) must be at most {MAX_TOKENS:,} "
+                             f"tokens per micro batch, got 2 x {self.batch} x {self.seq}")
         if self.batch * self.seq > MAX_TOKENS:
             raise InputError(f"batch x seq must be at most {MAX_TOKENS:,} tokens per micro batch (2^24; no real run "
                              f"comes near it), got {self.batch} x {self.seq} = {self.batch * self.seq:,}")
@@ -556,6 +604,23 @@ class TrainSetup:
             raise InputError(f"sharded_save (FSDP's SHARDED_STATE_DICT) is an FSDP option: use it with strategy "
                              f"{strategies.listing(lambda x: x.family in ('fsdp1', 'fsdp2'), 'or')}, got "
                              f"{self.strategy!r}")
+        _choice("run", self.run, RUNS)
+        if self.run == "dpo" and (self.tensor_parallel > 1 or self.context_parallel > 1):
+            raise InputError("run 'dpo' with tensor_parallel or context_parallel is not modelled (the reference model's "
+                             "placement under a DTensor plan is not read): use tensor_parallel=1 and context_parallel=1")
+        if self.reference is not None:
+            _choice("reference", self.reference, REFERENCES)
+            if self.run != "dpo":
+                raise InputError(f"reference {self.reference!r} is a DPO option: use it with run 'dpo', got run "
+                                 f"{self.run!r}")
+            if self.reference == "adapters-off" and self.lora_rank is None:
+                raise InputError("reference 'adapters-off' (the policy's base with its LoRA adapters disabled) needs "
+                                 "lora_rank; a full fine-tune's reference is a copy ('copy') or none ('none')")
+        _choice("dpo_logps", self.dpo_logps, DPO_LOGPS)
+        if self.dpo_logps != "logsumexp" and self.run != "dpo":
+            raise InputError(f"dpo_logps {self.dpo_logps!r} is a DPO option: use it with run 'dpo', got run "
+                             f"{self.run!r}")
+
         if self.sharded_load and st.deepspeed:
             raise InputError(f"sharded_load (built on the meta device, each rank reading its shards) is a torch "
                              f"strategy's option (torchtitan); under DeepSpeed zero3_init is its like: got strategy "

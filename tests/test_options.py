@@ -31,7 +31,9 @@ def test_every_field_has_a_face_and_a_flag_or_says_why_not():
 
 # A value other than the default for each field, and the flags that give it.
 GIVEN = {
-    "batch": (["--batch", "3"], 3), "seq": (["--seq", "512"], 512), "precision": (["--precision", "bf16"], "bf16"),
+    "batch": (["--batch", "3"], 3), "run": (["--run", "dpo"], "dpo"), "reference": (["--reference", "none"], "none"),
+    "dpo_logps": (["--dpo-logps", "log-softmax"], "log-softmax"),
+    "seq": (["--seq", "512"], 512), "precision": (["--precision", "bf16"], "bf16"),
     "adam_impl": (["--adam-impl", "fused"], "fused"), "optimizer": (["--optimizer", "adamw-8bit"], "adamw-8bit"),
     "lora_rank": (["--lora-rank", "8"], 8), "lora_targets": (["--lora-targets", "q,v"], "q,v"),
     "lora_dropout": (["--lora-dropout", "0.1"], 0.1), "adapter_dtype": (["--adapter-dtype", "bf16"], "bf16"),

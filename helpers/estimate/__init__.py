@@ -13,7 +13,7 @@ import datetime
 
 from helpers import models, versions
 from helpers.errors import InputError
-from helpers.estimate import accumulation, activations, adapters, host, loading, parallel, saving, states
+from helpers.estimate import accumulation, activations, adapters, host, loading, parallel, reference, saving, states
 from helpers.estimate.items import PHASE_MOMENTS, Item
 from helpers.results import DeviceMemory, Result, empty_breakdown
 from helpers.training import TrainSetup, checked
@@ -35,15 +35,19 @@ def items(model, setup: TrainSetup, lifecycle: bool = True) -> list[Item]:
                          f"(leave transformers out of versions)")
     parallel.check(m, setup)
     whole, m = m, parallel.rank_model(m, setup.tensor_parallel)       # what one tensor-parallel rank holds
-    b = states.Builder(setup)
+    b = states.Builder(reference.pairs(setup))       # DPO: chosen and rejected sequences in one forward
     states.add_model_states(b, m)
     activations.add_activations(b, m)
-    activations.add_logits(b, m)
+    if setup.run == "dpo":
+        reference.add_logits(b, m)
+    else:
+        activations.add_logits(b, m)
     accumulation.add_accumulation(b, m)
     if lifecycle:
         loading.add_load(b, m)
         if setup.checkpoint_saves:
             saving.add_save(b, m, whole)
+    reference.add_reference(b, m, lifecycle)         # (after the save: a checkpoint holds the policy alone)
     if setup.resume:
         host.add_resume(b, m)
     host.add_pinned_overhead(b)
@@ -93,6 +97,7 @@ def run(model, setup: TrainSetup | None = None, lifecycle: bool = True, **option
         meta={"date": datetime.date.today().isoformat(), "versioned": versions.applied(setup, m),
               "loading": [{"name": i.name, "device": i.device, "bytes": i.nbytes} for i in its if "load" in i.moments],
               "loading_words": loading.words(setup, m) if lifecycle else None,
+              "reference_words": reference.words(setup),
               "saving": [{"name": i.name, "device": i.device, "bytes": i.nbytes, "moment": sorted(i.moments & saving.SAVE)}
                          for i in its if i.moments & saving.SAVE and not saving.PERSISTENT <= i.moments
                          and i.category != "pinned_overhead"],

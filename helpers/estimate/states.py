@@ -298,8 +298,11 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
         weights = {g: sum(t.numel for t in m.tensors if t.group == g and t.ndim >= 2) for g in m.group_params
                    if g.startswith("layer.")}
         layer, every = max(weights.values()), s.checkpoint_every
-        b.gpu(f"{s.half} weight copies of the layers (autocast cache)", "temporaries", (m.matmul_params - head) * 2, FORWARDS,
-              "cached while autocast is on; checkpointed layers save none for backward, so they go when forward ends")
+        b.gpu(f"{s.half} weight copies of the layers (autocast cache)", "temporaries", (m.matmul_params - head) * 2,
+              FORWARDS - LOSS if s.run == "dpo" else FORWARDS,
+              "cached while autocast is on; checkpointed layers save none for backward, so they go when forward ends"
+              + (" (DPO scores its logits after the forward, with the cache gone: accelerate's autocast wraps each "
+                 "forward, and its exit clears the cache)" if s.run == "dpo" else ""))
         if every > 1:
             kept = sum(n for g, n in weights.items() if (int(g.split(".")[1]) + 1) % every)
             b.gpu(f"{s.half} weight copies of the layers not checkpointed, saved for backward", "temporaries", kept * 2,

@@ -19,6 +19,7 @@ from helpers import estimate, gpus, models, provenance, strategies
 from helpers import versions as library_versions
 from helpers.degrees import ceil_div
 from helpers.errors import InputError
+from helpers.estimate import reference
 from helpers.measure import allocator, engines, fakegpu, nf4, reserved, tensor_parallel
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
@@ -93,6 +94,81 @@ class SingleStep:
 
     def step(self):
         engines.step(self.tracker, self.optimizer, scaler=self.scaler)
+
+
+def sequence_logps(logits, labels, how: str = "logsumexp"):
+    """Each sequence's summed log-probability of `labels` under `logits` (fp32, batch x seq x vocab). 'logsumexp':
+    as TRL 1.10's `selective_log_softmax` takes it for fp32 logits, the labels' logits gathered, less a logsumexp
+    taken one sequence at a time (trl/trainer/utils.py); 'log-softmax': as LLaMA-Factory's `get_batch_logps`, the
+    labels gathered from the whole `log_softmax` (src/llamafactory/train/trainer_utils.py). Re-enacted here, not
+    imported: neither is a dependency."""
+    if how == "log-softmax":
+        return torch.gather(logits.log_softmax(-1), 2, labels.unsqueeze(2)).squeeze(2).sum(-1)
+    picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
+    norm = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
+    return (picked - norm).sum(-1)
+
+
+class DPOStep(SingleStep):
+    """DPO as TRL 1.10's DPOTrainer runs it on one GPU or under DDP (`_compute_loss`, re-enacted): the micro batch is
+    its chosen sequences then its rejected ones, one forward of the policy under autocast; accelerate's native-amp
+    wrapper returns the logits as fp32 (`convert_outputs_to_fp32`); the shifted logits' log-probabilities; then the
+    reference model's forward under no_grad, scored the same way and dropped; the sigmoid loss (beta 0.1).
+
+    `reference`: the frozen copy (built like the policy: TRL loads it with the policy's model_init_kwargs) where the
+    set-up's reference is 'copy'; None for 'adapters-off' (the LoRA policy with its adapters disabled) and 'none'
+    (precomputed log-probs: no reference forward in the step)."""
+
+    BETA = 0.1
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
+        super().__init__(model, setup, tracker, mesh)
+        self.reference = reference
+        if reference is not None:
+            reference.requires_grad_(False)
+            reference.eval()
+            tracker.label(list(reference.parameters()) + list(reference.buffers()), "parameters")
+            engines.watch_logits(reference, tracker)
+
+    def _autocast(self):
+        return fakegpu.autocast(engines.HALF[self.setup.half]) if self.setup.mixed else contextlib.nullcontext()
+
+    def _reference_logps(self, ids):
+        labels = ids[:, 1:]
+        with torch.no_grad(), self._autocast():
+            if self.reference is not None:
+                out = self.reference(input_ids=ids)
+            else:                                      # LoRA: the base, adapters disabled (peft's disable_adapter)
+                with self.model.disable_adapter():
+                    out = self.model(input_ids=ids)
+        self.tracker.set_context("logits")
+        try:
+            logits = out.logits.float()
+            del out
+            return sequence_logps(logits[:, :-1], labels, self.setup.dpo_logps)
+        finally:
+            self.tracker.set_context(None)
+
+    def forward(self, ids):
+        with self._autocast():
+            out = self.model(input_ids=ids)
+            self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
+        self.tracker.set_context("logits")
+        logits = out.logits.float()                    # accelerate: the outputs of an autocast forward as fp32
+        del out
+        logps = sequence_logps(logits[:, :-1], ids[:, 1:], self.setup.dpo_logps)
+        if self.setup.dpo_logps == "logsumexp":      # (LLaMA-Factory returns the logits for its metrics: kept until
+            del logits                               # the loss is computed)
+        self.tracker.set_context(None)
+        if self.setup.ref == "none":
+            ref = torch.zeros_like(logps)              # precomputed: read from the dataset, not computed here
+        else:
+            ref = self._reference_logps(ids)
+        self.tracker.set_context("logits")
+        chosen, rejected = (logps - ref).chunk(2)
+        loss = -torch.nn.functional.logsigmoid(self.BETA * (chosen - rejected)).mean()
+        self.tracker.set_context(None)
+        return loss
 
 
 class FSDP2Step(SingleStep):
@@ -378,6 +454,10 @@ def refusal(setup: TrainSetup) -> str | None:
                 "run (`measure --mode scaled`) runs FSDP1's CPUOffload for real")
     if setup.context_parallel > 1:
         return NO_CP_DRY_RUN
+    if setup.run == "dpo" and st.family != "replicated":
+        return (f"a DPO dry run exists for {strategies.listing(lambda x: x.family == 'replicated', 'and')} (TRL's step "
+                f"re-enacted, reference model included), not for {setup.strategy!r}; `estimate` places the reference "
+                f"model under every engine (helpers.estimate.reference)")
     return None
 
 
@@ -414,16 +494,20 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
             (nf4.dequantized_matmuls() if setup.quantized else contextlib.nullcontext()), nf4.matmul_as(setup), \
             engines.kv_expanded(setup):
         net = build_model(m, setup, dev)                     # built before tracking: setup is the engine's state
+        ref = build_model(m, setup, dev) if reference.holds_copy(setup) else None    # DPO's frozen copy
         bar.update()
         tracker = Tracker() if track else NullTracker()
         stepped = time.perf_counter()
         with tracker, engines.untracked_sharding_propagation(tracker):
-            engine = (TP_STEPS if tp > 1 else STEPS)[st.family](net, setup, tracker, mesh)
+            if setup.run == "dpo":
+                engine = DPOStep(net, setup, tracker, mesh, reference=ref)
+            else:
+                engine = (TP_STEPS if tp > 1 else STEPS)[st.family](net, setup, tracker, mesh)
             try:
                 tracker.label([b for b in net.buffers()], "parameters")
                 tracker.restart_peak("setup")
                 engines.watch_logits(net, tracker)
-                ids = torch.randint(0, m.vocab, (setup.batch, setup.seq), device=dev)
+                ids = torch.randint(0, m.vocab, (reference.pairs(setup).batch, setup.seq), device=dev)
                 bar.update()
                 # two iterations, each with its step: from the second step on, the states the first update made are
                 # alive while a step prepares (DeepSpeed ZeRO-1/2 frees its bf16 gradients before the update, so

@@ -1,0 +1,188 @@
+"""DPO's reference model and its pairs of sequences (`run` 'dpo'): what a preference run holds beyond SFT's.
+
+Read in TRL 1.10 (huggingface/trl at f2cd577, trl/trainer/dpo_trainer.py and trl/models/utils.py) and DeepSpeed
+0.19.8; the reference's placement measured on the real engines by `helpers.measure.reference`:
+
+- **The pairs.** `_compute_loss` runs the policy once over the collated batch, each example's chosen sequences then
+  its rejected ones (`chosen_logps, rejected_logps = logps.chunk(2, dim=0)`): one forward and backward of 2 x batch
+  sequences, with 2 x batch's activations and logits (`pairs`).
+- **The reference model** (DPOTrainer.__init__): when the model is not a PEFT model and `precompute_ref_log_probs` is
+  off, a second copy is loaded with the policy's own `model_init_kwargs` (`create_model_from_path`: float32 unless a
+  dtype is given), frozen, and prepared per engine:
+  - DeepSpeed (`prepare_deepspeed`): the policy's DeepSpeed config with the stage set to 0 unless it is 3. Stage 0
+    casts the module to the compute dtype and keeps all of it on every GPU (engine.py
+    `_configure_distributed_model`); stage 3 partitions it as the policy's parameters are, 1/N of each tensor per GPU
+    (padded to N), with the policy's `offload_param` (its partitions on the host then).
+  - FSDP (`prepare_fsdp`): wrapped with the policy's FSDP plugin: sharded as the policy's parameters are, in the
+    dtype it was loaded in.
+  - Otherwise (one GPU, DDP): `accelerator.prepare_model(evaluation_mode=True)`: the whole model, as loaded, on every
+    GPU.
+  The reference's forward runs under `torch.no_grad()` after the policy's forward, while the policy's activations and
+  logits are alive: its own logits are scored and dropped, and its layers' intermediates are freed as it goes (under
+  ZeRO-3 and FSDP its gathered layers take the place of the policy's, released after the policy's forward).
+- **Loading.** Under DeepSpeed and FSDP the policy is still on the host (the engine takes it in `train()`) when the
+  reference is loaded, so each rank holds both conversions at once (`helpers.estimate.loading`'s rule, twice);
+  without an engine the Trainer has already moved the policy to its GPU.
+
+`reference` says which reference the run has: 'copy' (the above), 'adapters-off' (TRL's and LLaMA-Factory's LoRA
+runs: the policy's base with the adapters disabled, `use_adapter` / `disable_adapter`: no weights added) or 'none'
+(precompute_ref_log_probs, or a reference-free loss: SimPO, ORPO). OpenRLHF loads a copy even for LoRA.
+
+- **The log-probabilities** (`add_logits`, in place of the cross-entropy's logits): accelerate's native-amp
+  wrapper returns a 16-bit forward's outputs in fp32 (accelerate 1.15 `prepare_model`: `convert_outputs_to_fp32`), so
+  the policy's logits become an fp32 copy, which TRL's `selective_log_softmax` (fp32 path: the labels' logits
+  gathered, less a logsumexp taken one sequence at a time) keeps for its backward. The reference's logits are made
+  the same way while the policy's are alive, scored, and dropped. Backward of the log-probabilities holds three more
+  fp32 logits-sized buffers at once beside the kept logits: the gather's dense gradient, every sequence's logsumexp
+  gradient until they are stacked, and the stacked gradient. Measured by a dry run of the step re-enacted
+  (`helpers.measure.dryrun.DPOStep`), to the MiB.
+Left out: DeepSpeed and FSDP give the logits in the compute dtype (no native-amp wrapper there) and keep the same
+fp32 path from `selective_log_softmax`'s caller (TRL upcasts nothing itself): counted as above, not dry-run; the
+reference forward's own layer intermediates (freed layer by layer, under no_grad) are below the policy's saved
+activations and not counted on top.
+"""
+
+from __future__ import annotations
+
+from helpers.estimate import loading
+from helpers.estimate.items import ALWAYS, BWD_START, LOAD, LOSS
+from helpers.estimate.states import Builder
+from helpers.models import ModelSpec
+from helpers.units import fmt
+
+SOURCE = "TRL 1.10 dpo_trainer.py DPOTrainer.__init__ and models/utils.py prepare_deepspeed, prepare_fsdp"
+
+
+def pairs(setup):
+    """The set-up as the step sees it: DPO's micro batch is `batch` chosen and `batch` rejected sequences in one
+    forward (2 x batch), and a fused cross-entropy (fused_ce: Liger's, CCE) does not reach its log-probabilities,
+    which take the full logits (counted in full: Liger's own fused DPO loss would hold less); SFT's unchanged."""
+    return setup.replace(batch=2 * setup.batch, fused_ce=False) if setup.run == "dpo" else setup
+
+
+def holds_copy(setup) -> bool:
+    """Whether the run keeps a separate frozen reference model (DPO with reference 'copy')."""
+    return setup.ref == "copy"
+
+
+def words(setup) -> str | None:
+    """What the reference is for `setup`, in a clause; None for SFT."""
+    if setup.ref is None:
+        return None
+    if setup.ref == "adapters-off":
+        return "the policy's base with the LoRA adapters disabled (peft), no copy"
+    if setup.ref == "none":
+        return "none in the step (precomputed log-probs or a reference-free loss)"
+    fam = setup.strat.family
+    if fam == "zero12":
+        return "a frozen copy in DeepSpeed's stage 0, whole on every GPU in the compute dtype"
+    if fam == "zero3":
+        return ("a frozen copy partitioned by ZeRO-3 like the policy"
+                + (", its partitions on the host (offload_param)" if setup.offload_params else ""))
+    if fam in ("fsdp1", "fsdp2"):
+        return "a frozen copy sharded by FSDP like the policy, in the dtype it was loaded in"
+    return "a frozen copy, whole on every GPU, in the dtype it was loaded in"
+
+
+def _sharded(m: ModelSpec, n: int) -> int:
+    """Elements of one rank's share when every tensor is split n ways, each padded to a multiple of n."""
+    return sum(-(-t.numel // n) for t in m.tensors)
+
+
+def add_reference(b: Builder, m: ModelSpec, lifecycle: bool = True) -> None:
+    """The reference model's weights from set-up on (through the checkpoint's save: they stay on the GPU, and a save
+    writes the policy alone) and, with `lifecycle`, its conversion beside the policy's while loading."""
+    s = b.setup
+    if not holds_copy(s):
+        return
+    fam = s.strat.family
+    compute = "fp32" if s.precision == "fp32" else s.half
+    loaded = loading.loaded_dtype(s) or compute
+    n = s.degrees.shard
+    name = "reference model (frozen, DPO)"
+    if fam == "zero12":
+        nbytes = m.params * loading.BYTES[compute]
+        b.gpu(name, "parameters", nbytes, ALWAYS,
+              f"prepare_deepspeed sets ZeRO stage 0 for a reference under stage 1/2: the engine casts it to {compute} "
+              f"and keeps all of it on every GPU: {m.params:,} x {loading.BYTES[compute]} B = {fmt(nbytes)} ({SOURCE}; "
+              f"DeepSpeed 0.19.8 engine.py _configure_distributed_model)")
+    elif fam == "zero3":
+        nbytes = _sharded(m, n) * loading.BYTES[compute]
+        why = (f"prepare_deepspeed keeps stage 3 for the reference: each tensor partitioned 1/{n} per rank in "
+               f"{compute}, {fmt(nbytes)} per rank ({SOURCE})")
+        if s.offload_params:
+            b.host(f"{name}, partitions offloaded", "parameters", nbytes, ALWAYS,
+                   why + "; the policy's offload_param puts them on the host", pinned=s.pin_memory)
+        else:
+            b.gpu(name, "parameters", nbytes, ALWAYS, why)
+    elif fam in ("fsdp1", "fsdp2"):
+        nbytes = _sharded(m, n) * loading.BYTES[loaded]
+        b.gpu(name, "parameters", nbytes, ALWAYS,
+              f"prepare_fsdp wraps the reference with the policy's FSDP plugin: sharded {n} ways in the dtype it was "
+              f"loaded in ({loaded}), {fmt(nbytes)} per GPU ({SOURCE})")
+    else:
+        nbytes = m.params * loading.BYTES[loaded]
+        b.gpu(name, "parameters", nbytes, ALWAYS,
+              f"accelerator.prepare_model(evaluation_mode=True): the whole reference on every GPU as loaded "
+              f"({loaded}, create_model_from_path with the policy's model_init_kwargs): {m.params:,} x "
+              f"{loading.BYTES[loaded]} B = {fmt(nbytes)} ({SOURCE})")
+    if lifecycle and (s.strat.deepspeed or fam in ("fsdp1", "fsdp2")):
+        copy = loading.host_copy(s, m)
+        b.host("the reference model converted as it loads, beside the policy's", "parameters", copy, LOAD,
+               f"DPOTrainer.__init__ loads the reference while the policy is still on the host (the engine takes it "
+               f"in train()): a second conversion of {fmt(copy)} per rank ({SOURCE}; the conversion rule of "
+               f"helpers.estimate.loading)")
+
+
+def _log_softmax_logits(b: Builder, m: ModelSpec, E: int) -> None:
+    """LLaMA-Factory's DPO (`dpo_logps` 'log-softmax'): `concatenated_forward` takes the logits in fp32
+    (`.to(torch.float32)`, or accelerate's fp32 output) and `get_batch_logps` gathers the labels from
+    `logits[:, :-1].log_softmax(-1)`, whose output autograd keeps; the fp32 logits stay referenced until the loss
+    returns (its metrics read them). The reference runs the same function under no_grad."""
+    s = b.setup
+    L = s.batch * (s.seq - 1) * m.vocab           # the shifted logits' log_softmax
+    src = ("LLaMA-Factory src/llamafactory/train/dpo/trainer.py concatenated_forward, train/trainer_utils.py "
+           "get_batch_logps; measured by a dry run")
+    b.gpu("policy logits in fp32 (referenced until the loss returns)", "logits", 4 * E, LOSS,
+          f"{s.batch} sequences x seq x vocab = {E:,} elements x 4 B ({src})")
+    b.gpu("policy log_softmax output (saved for backward)", "logits", 4 * L, LOSS | BWD_START,
+          f"log_softmax of the shifted logits, {L:,} elements x 4 B, kept for its backward ({src})")
+    if s.ref != "none":
+        b.gpu("reference logits in fp32 and their log_softmax (scored, then dropped)", "logits", 4 * E + 4 * L, LOSS,
+              f"the reference's concatenated_forward under no_grad while the policy's are alive ({src})")
+    b.gpu("the log-probabilities' gradients (gather's, log_softmax's)", "logits", 8 * L, BWD_START,
+          f"the gather's dense gradient and log_softmax's input gradient, fp32, at once ({src})")
+    if m.logit_softcap:
+        b.gpu("soft-capped logits (tanh output, saved)", "logits", (4 if s.precision == "fp32" else 2) * E,
+              LOSS | BWD_START,
+              "final_logit_softcapping: logits = cap * tanh(logits / cap); tanh keeps its output until its backward")
+
+
+def add_logits(b: Builder, m: ModelSpec) -> None:
+    """DPO's logits and log-probabilities over the 2 x batch sequences (`b.setup` is `pairs` of the set-up): the
+    policy's fp32 logits kept for backward, the reference's scored beside them (or the policy's 16-bit output
+    before its fp32 copy, when no reference runs in the step), and the log-probabilities' backward."""
+    s = b.setup
+    E = s.batch * s.seq * m.vocab
+    c = 4 if s.precision == "fp32" else 2
+    if s.dpo_logps == "log-softmax":
+        _log_softmax_logits(b, m, E)
+        return
+    src = "TRL 1.10 dpo_trainer.py _compute_loss, utils.py selective_log_softmax; accelerate 1.15 convert_outputs_to_fp32"
+    b.gpu("policy logits in fp32 (kept for the log-probabilities' backward)", "logits", 4 * E, LOSS | BWD_START,
+          f"{s.batch} sequences x seq x vocab = {E:,} elements x 4 B: the forward's output "
+          f"{'converted to fp32 by accelerate' if c == 2 else 'in fp32'}, kept by the per-sequence logsumexp ({src})")
+    if s.ref != "none":
+        b.gpu("reference logits, as returned and in fp32 (scored, then dropped)", "logits", c * E + (4 * E if c == 2 else 0),
+              LOSS, f"the reference forward (no_grad) after the policy's: its logits {f'({c} B) and their fp32 copy ' if c == 2 else ''}"
+                    f"alive together while the policy's are kept ({src})")
+    elif c == 2:
+        b.gpu("policy logits as returned, until their fp32 copy is made", "logits", c * E, LOSS,
+              f"the 16-bit output and its fp32 copy at once (no reference forward in the step: {src})")
+    b.gpu("the log-probabilities' gradients (gather's, each sequence's logsumexp's, stacked)", "logits", 12 * E,
+          BWD_START, f"three fp32 logits-sized buffers at once in the log-probabilities' backward: the gather's dense "
+                     f"gradient, every sequence's logsumexp gradient until stacked, the stacked gradient ({src}; "
+                     f"measured by a dry run)")
+    if m.logit_softcap:
+        b.gpu("soft-capped logits (tanh output, saved)", "logits", c * E, LOSS | BWD_START,
+              "final_logit_softcapping: logits = cap * tanh(logits / cap); tanh keeps its output until its backward")
