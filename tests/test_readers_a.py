@@ -177,7 +177,8 @@ def test_llamafactory_not_modelled(tmp_path):
     imp = read(write(tmp_path, "lf.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nstage: dpo\n"
                                           "finetuning_type: lora\nquantization_bit: 8\nfp16: true\n"))
     nm = by_key(imp.not_modelled)
-    assert "reference model" in nm["stage"].why and nm["quantization_bit"].value == 8 and "fp16" not in nm
+    assert "stage" not in nm and imp.setup.run == "dpo" and imp.setup.ref == "adapters-off"
+    assert nm["quantization_bit"].value == 8 and "fp16" not in nm
     assert imp.setup.precision == "fp16-mixed" and by_key(imp.settings)["fp16"].value is True   # autocast + GradScaler
     q4 = read(write(tmp_path, "q4.yaml", "model_name_or_path: meta-llama/Meta-Llama-3-8B\nquantization_bit: 4\n"))
     assert q4.setup.base_weights == "nf4-dq"              # LLaMA-Factory's double_quantization defaults to True
@@ -286,7 +287,7 @@ def test_trl_every_key(tmp_path):
         2, 16, False, 512, 64, "q_proj,k_proj")
     assert (s.precision, s.optimizer, s.fused_ce, s.attention) == ("bf16-mixed", "adamw-8bit", True, "flash")
     nm = by_key(imp.not_modelled)
-    assert {"load_in_8bit", "optim", "beta"} <= set(nm)
+    assert {"load_in_8bit", "optim"} <= set(nm) and s.run == "dpo"          # beta: a DPOConfig key
     assert "output_dir" in by_key(imp.ignored)
 
 

@@ -326,15 +326,17 @@ def test_openrlhf_classic_defaults_are_v085():
     assert d["--zero_stage"].value == 2 and s.strategy == "zero2"
 
 
-def test_openrlhf_dpo_doubles_and_lists_reference(tmp_path):
+def test_openrlhf_dpo_is_a_dpo_run_with_a_reference_copy(tmp_path):
     i = openrlhf.read_command(
         "deepspeed --num_gpus 8 --module openrlhf.cli.train_dpo --pretrain meta-llama/Meta-Llama-3-8B "
-        "--micro_train_batch_size 2 --train_batch_size 32 --max_len 2048 --zero_stage 3 --bf16 --ref_offload",
-        path=tmp_path / "dpo.txt")
-    assert i.setup.batch == 4 and i.setup.grad_accum == 2            # 32 // (2 pairs x 8 GPUs)
+        "--micro_train_batch_size 2 --train_batch_size 32 --max_len 2048 --zero_stage 3 --bf16 --ref_offload "
+        "--lora_rank 8", path=tmp_path / "dpo.txt")
+    s = i.setup
+    assert (s.run, s.batch, s.grad_accum) == ("dpo", 2, 2)   # 2 pairs (the estimate runs 4 sequences); 32 // (2 x 8)
+    assert s.ref == "copy" and s.lora_rank == 8               # OpenRLHF loads a reference Actor even for LoRA
     assert i.files == [str(tmp_path / "dpo.txt")]
-    ref = keyed(i.not_modelled)["--ref_pretrain"]
-    assert "reference" in ref.why and "offloaded" in ref.why
+    assert "run=dpo, reference=copy" in keyed(i.settings)["--ref_pretrain"].sets
+    assert "lower" in keyed(i.not_modelled)["--ref_offload"].why
 
 
 def test_openrlhf_ppo_ray_actor(tmp_path):
@@ -525,7 +527,9 @@ def test_axolotl_plugins_cce_and_qlora_dpo(tmp_path):
     """)
     i = read(p)
     s = i.setup
-    assert (s.batch, s.lora_rank, s.lora_targets, s.fused_ce, s.attention) == (4, 8, "all-linear-names", True, "sdpa")
+    assert (s.run, s.batch, s.lora_rank, s.lora_targets, s.fused_ce, s.attention) == ("dpo", 2, 8, "all-linear-names",
+                                                                                       True, "sdpa")
+    assert s.ref == "adapters-off"                         # LoRA: the base with the adapters disabled
     assert keyed(i.defaults)["cut_cross_entropy"].value is True
     assert "liger_fused_linear_cross_entropy" in keyed(i.ignored)            # no Liger plugin: no effect
     assert s.base_weights == "nf4-dq"           # axolotl's BitsAndBytesConfig: bnb_4bit_use_double_quant True

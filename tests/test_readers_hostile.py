@@ -67,7 +67,8 @@ def test_llamafactory_lora_sft_and_dpo():
     assert (s.strategy, s.lora_rank, s.lora_targets, s.batch, s.grad_accum, s.seq) == \
         ("single", 8, "all-linear-names", 1, 8, 2048)
     dpo = read(LF / "train_lora" / "qwen3_lora_dpo.yaml")
-    assert "stage" in keys(dpo.not_modelled) and dpo.setup.lora_rank == 8
+    assert dpo.setup.run == "dpo" and dpo.setup.ref == "adapters-off" and dpo.setup.lora_rank == 8
+    assert "stage" not in keys(dpo.not_modelled) and dpo.setup.dpo_logps == "log-softmax"
 
 
 def test_llamafactory_lora_under_zero3_is_refused_in_one_line_until_modelled():

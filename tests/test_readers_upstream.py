@@ -30,14 +30,15 @@ def reading(paths) -> dict:
             "lora_targets": s.lora_targets if s.lora_rank else None, "lora_dropout": s.lora_dropout,
             "base_weights": s.base_weights, "checkpointing": s.checkpointing, "optimizer": s.optimizer,
             "adam_impl": s.adam_impl, "offload": (s.offload_params, s.offload_optimizer), "tp": s.tensor_parallel,
-            "cp": s.context_parallel, "fused_ce": s.fused_ce, "not_modelled": {n.key for n in imp.not_modelled},
+            "cp": s.context_parallel, "fused_ce": s.fused_ce, "run": s.run, "reference": s.ref, "not_modelled": {n.key for n in imp.not_modelled},
             "ignored": {i.key for i in imp.ignored}}
 
 
 # axolotl @067b021c: micro_batch_size x sequence_len; bf16 auto -> bf16-mixed (fp32 LoRA adapters);
 # gradient_checkpointing true -> every layer; optimizer adamw_bnb_8bit / paged_adamw_8bit -> 8-bit AdamW (paging
 # listed); load_in_4bit -> nf4 with double quantisation (axolotl's bnb defaults); lora_target_linear -> every linear
-# layer; rl dpo and reward_model -> chosen and rejected in one forward (batch doubled); a hub id outside the catalogue
+# layer; rl dpo -> run dpo (chosen and rejected in one forward, the estimate doubles the batch; LoRA's base as the
+# reference); reward_model -> chosen and rejected in one forward (batch doubled); a hub id outside the catalogue
 # stays unresolved (the CLI then asks for --model or downloads its config.json).
 AXOLOTL = [
     ("llama-3/lora-1b.yml",
@@ -53,7 +54,8 @@ AXOLOTL = [
      dict(lora_rank=32, lora_targets="all-linear-names", seq=4096,
           not_modelled={"load_in_8bit", "lora_modules_to_save"})),
     ("llama-3/instruct-dpo-lora-8b.yml",
-     dict(model="llama-3-8b", batch=4, seq=4096, lora_rank=32, not_modelled={"load_in_8bit"})),
+     dict(model="llama-3-8b", batch=2, seq=4096, lora_rank=32, run="dpo", reference="adapters-off",
+          not_modelled={"load_in_8bit"})),
     ("llama-3/3b-fp8-fsdp2.yaml",
      dict(model="llama-3.2-3b", strategy="fsdp2", batch=16, seq=512, lora_rank=None, checkpointing="none",
           optimizer="adamw", adam_impl="fused", fused_ce=True,
@@ -155,8 +157,9 @@ def test_torchtitan_flux_is_refused_not_estimated_as_a_language_model():
 OPENRLHF = [
     ("train_sft.sh", dict(model="llama-3-8b", strategy="zero2", batch=2, seq=2048, checkpointing="full",
                           not_modelled=set())),
-    ("train_dpo_llama.sh", dict(model=None, named="OpenRLHF/Llama-3-8b-sft-mixture", strategy="zero3", batch=2,
-                                seq=8192, checkpointing="full", not_modelled={"--ref.model_name_or_path"})),
+    ("train_dpo_llama.sh", dict(model=None, named="OpenRLHF/Llama-3-8b-sft-mixture", strategy="zero3", batch=1,
+                                seq=8192, checkpointing="full", run="dpo", reference="copy",
+                                not_modelled={"log_probs_from_logits"})),
     ("train_rm.sh", dict(strategy="zero3", batch=2, seq=8192, not_modelled={"openrlhf.cli.train_rm"})),
     ("train_ppo_ray_hybrid_engine.sh",
      dict(strategy="zero3", gpus=8, batch=1, seq=16384, checkpointing="full",

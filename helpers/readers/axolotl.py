@@ -608,13 +608,9 @@ class _Reader:
             raise ConfigError(f, f"rl must be one of axolotl's RL trainers ({', '.join(RL_TYPES)}), got {rl!r} (its "
                                  f"schema refuses anything else: schemas/enums.py RLType)" + did_you_mean(rl, RL_TYPES))
         if rl in ("dpo", "ipo"):
-            batch = d.fields.get("batch", 1)
-            d.setting(f, self.line("rl"), "rl", rl, batch=2 * batch,
-                      sets=f"batch={2 * batch} (chosen and rejected of each pair in one forward, TRL's "
-                           f"concatenated_forward)")
-            if d.fields.get("lora_rank") is None:
-                d.unmodelled_at(f, self.line("rl"), "rl", rl, "DPO's frozen reference model (a second copy of the "
-                                                            "weights) is not modelled: the real figure is higher")
+            d.setting(f, self.line("rl"), "rl", rl, run="dpo",
+                      sets="run=dpo (TRL's DPOTrainer: chosen and rejected of each pair in one forward, a frozen "
+                           "reference model unless LoRA's base with the adapters disabled serves; TRL's log-probs)")
         else:
             d.unmodelled_at(f, self.line("rl"), "rl", rl, f"rl {rl!r} (its extra models and sequences) is not "
                                                         f"modelled: estimated as supervised fine-tuning")
@@ -663,7 +659,7 @@ class _Reader:
             d.fields.pop("adam_impl", None)                                   # DeepSpeed brings its own Adam
         if d.fields.get("strategy") in ("fsdp1", "fsdp2") and "strategy" in changes:
             raise ConfigError(f, "both deepspeed and fsdp are set: axolotl runs one of them")
-        if "batch" in changes and (self.data.get("rl") in ("dpo", "ipo") or self.data.get("reward_model")):
+        if "batch" in changes and self.data.get("reward_model"):
             changes["batch"] = 2 * changes["batch"]                           # the pair doubling stays
         applied.fields = changes
         d.merge(applied)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from helpers import strategies
 from helpers.models import LINEAR_NAMES
 from helpers.readers import accelerate, base, collect, model_ref
 from helpers.readers.base import ConfigError, Imported
@@ -126,7 +127,7 @@ class _Reader(collect.TrainerYaml):
 
     NAME, TOOL, SRC = NAME, TOOL, SRC
     TOPICS = ("model_named", "stage_method", "quantisation", "sizes", "precision", "checkpointing", "deepspeed",
-              "optimizer", "adapters", "rest")
+              "reference_dtype", "optimizer", "adapters", "rest")
 
     def model_named(self) -> None:
         """The model the config names."""
@@ -156,6 +157,10 @@ class _Reader(collect.TrainerYaml):
             raise ConfigError(path, f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
         elif stage in ("pt", "sft"):
             c.set("stage", stage, "one model, one sequence per example")
+        elif stage == "dpo":
+            c.set("stage", stage, "run=dpo, dpo_logps=log-softmax (chosen and rejected in one forward; the reference "
+                                  "model below; train/dpo/trainer.py get_batch_logps)", run="dpo",
+                  dpo_logps="log-softmax")
         else:
             c.unmodelled("stage", stage, {"dpo": "DPO runs a chosen and a rejected sequence per example (twice the "
                                                  "activations) and keeps a frozen reference model",
@@ -177,6 +182,8 @@ class _Reader(collect.TrainerYaml):
         if ft in ("freeze", "oft"):
             c.unmodelled("finetuning_type", ft, "freeze: only the last freeze_trainable_layers layers train; oft: "
                                                 "orthogonal adapters; estimated as full fine-tuning")
+        if stage == "dpo":
+            self.reference(ft)
         rank, target, dropout = take("lora_rank"), take("lora_target"), take("lora_dropout")
         if ft == "lora":
             self.value_or_default("lora_dropout", dropout, "lora_dropout", 0.0, "finetuning_args.py",
@@ -300,7 +307,6 @@ class _Reader(collect.TrainerYaml):
         """LoRA adapters' dtype: LLaMA-Factory casts the trainable parameters to fp32 and gives peft
         autocast_adapter_dtype=True unless pure_bf16 (model/adapter.py init_adapter: cast_trainable_params_to_fp32);
         with pure_bf16 on one GPU or DDP they stay bf16 (under DeepSpeed its bf16 mode decides)."""
-        from helpers import strategies
 
         fields = self.c.fields
         if self.pure and fields.get("lora_rank") is not None \
@@ -345,7 +351,6 @@ class _Reader(collect.TrainerYaml):
                 raise ConfigError(path, "pure_bf16 is incompatible with DeepSpeed ZeRO-3 (LLaMA-Factory refuses it, "
                                         "hparams/parser.py)")
             if pure:
-                from helpers import strategies
 
                 if strategies.get(c.fields.get("strategy", "single")).deepspeed:
                     c.unmodelled("pure_bf16", True, "DeepSpeed's bf16 mode keeps fp32 master weights and Adam states "
@@ -359,6 +364,42 @@ class _Reader(collect.TrainerYaml):
         """Optimizer."""
         c, take = self.c, self.take
         collect.take_optimizer(c, take, self.strategy, origin=self.hf)
+
+    def reference(self, ft: str) -> None:
+        """DPO's reference (finetuning_args.py use_ref_model, train/trainer_utils.py create_ref_model): none for the
+        reference-free losses (pref_loss orpo, simpo); a model named by ref_model is loaded as a copy, LoRA or not;
+        else a LoRA run's reference is its base with the adapters disabled and a full fine-tune's a copy."""
+        c, take, path = self.c, self.take, self.path
+        loss, ref = take("pref_loss"), take("ref_model")
+        if loss is None:
+            self.default("pref_loss", "sigmoid", "a reference in the step", "finetuning_args.py")
+        elif not isinstance(loss, str):
+            raise ConfigError(path, f"pref_loss must be a loss name (sigmoid, hinge, ipo, kto_pair, orpo, simpo), "
+                                    f"got {loss!r}")
+        elif loss in ("orpo", "simpo"):
+            c.set("pref_loss", loss, "reference=none (a reference-free loss: use_ref_model false)", reference="none")
+            return
+        else:
+            c.set("pref_loss", loss, "a reference in the step")
+        if ref is not None:
+            c.set("ref_model", ref, "reference=copy (a second model loaded frozen, LoRA or not)", reference="copy")
+        self.ref_copy = ("ref_model", ref) if ref is not None else ("stage", "dpo") if ft != "lora" else None
+        for key in ("ref_model_adapters", "ref_model_quantization_bit"):
+            value = take(key)
+            if value is not None:
+                c.unmodelled(key, value, "the reference's own adapters or quantisation are not modelled: counted as "
+                                         "a full copy in the compute dtype, so the real figure is lower")
+
+    def reference_dtype(self) -> None:
+        """A reference copy without DeepSpeed: LLaMA-Factory loads it in the checkpoint's dtype (model/loader.py
+        torch_dtype "auto"; is_trainable False: no fp32 upcast), where the estimate counts the policy's load dtype."""
+        copy = getattr(self, "ref_copy", None)
+        if copy and not strategies.get(self.strategy).deepspeed:
+            self.c.unmodelled(copy[0], copy[1],
+                              f"LLaMA-Factory loads the reference in the checkpoint's dtype (torch_dtype auto, bf16 "
+                              f"for most checkpoints; DeepSpeed's stage 0 casts it to bf16 too); with strategy "
+                              f"{self.strategy} the estimate counts it as the policy is loaded (fp32 for bf16 mixed "
+                              f"precision): the real figure is lower by up to 2 bytes per parameter")
 
     def rest(self) -> None:
         """Everything else."""

@@ -433,9 +433,10 @@ class _Reader:
         micro_default, len_default = MODULE_DEFAULTS[self.module][style]
         k, micro = self.get("micro_batch")
         micro = positive_int(f, k or "micro batch", micro if k else micro_default)
-        pairs = self.module in ("train_dpo", "train_rm")
+        pairs = self.module == "train_rm"           # (train_dpo: run=dpo doubles the micro batch itself)
         batch = 2 * micro if pairs else micro
-        why = " (chosen and rejected sequences of each pair in one forward: concatenated_forward)" if pairs else ""
+        why = (" (chosen and rejected sequences of each pair in one forward: concatenated_forward)" if pairs else
+               " pairs (run=dpo: chosen and rejected in one forward)" if self.module == "train_dpo" else "")
         (d.setting(f, self.line(k), k, micro, sets=f"batch={batch}{why}", batch=batch) if k else
          d.default(self.tool, FLAGS["micro_batch"][style == "dotted"], micro_default, self.source,
                    sets=f"batch={batch}{why}", batch=batch))
@@ -660,11 +661,19 @@ class _Reader:
             k, ref = self.get("ref_pretrain")
             ko, off = self.get("ref_offload")
             named = ref if k else "the --pretrain model (ref_pretrain defaults to it)"
-            d.unmodelled_at(f, self.line(k) if k else None, k or FLAGS["ref_pretrain"][self.style == "dotted"], named,
-                           "DPO's frozen reference model (a second copy of the weights"
-                           + (", offloaded to the CPU by --ref_offload" if ko else
-                              ", ZeRO-3-sharded when zero_stage is 3, else whole on every GPU")
-                           + ") is not modelled: the estimate has no frozen-copy term, so the real figure is higher")
+            d.setting(f, self.line(k) if k else None, k or FLAGS["ref_pretrain"][self.style == "dotted"], named,
+                      "run=dpo, reference=copy (cli/train_dpo.py loads a reference Actor, LoRA or not; ZeRO-3 "
+                      "partitioned when zero_stage is 3, else stage 0: whole on every GPU)", run="dpo",
+                      reference="copy")
+            if ko:
+                d.unmodelled_at(f, self.line(ko), ko, off,
+                                "--ref_offload puts the reference's ZeRO-3 partitions on the host (offload_param, "
+                                "stage 3 only); the estimate keeps them on the GPU, so the real GPU figure is lower")
+            d.unmodelled_at(f, None, "log_probs_from_logits", "(OpenRLHF's log-probabilities)",
+                            "the Actor takes log-probabilities from fp32 logits with flash-attn's Triton "
+                            "cross-entropy where it is installed, else a chunked logsumexp "
+                            "(openrlhf/models/utils.py): counted as TRL's per-sequence logsumexp (dpo_logps "
+                            "logsumexp), not measured for OpenRLHF")
         if self.module == "train_ppo_ray":
             for name in ("critic_pretrain", "reward_pretrain"):
                 k, v = self.get(name)

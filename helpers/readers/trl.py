@@ -161,9 +161,27 @@ class _Reader(collect.TrainerYaml):
                          "KTO or reward run launched with it keeps more (a reference model, pairs of sequences)",
                          "cli.py")
         if dpo and not self.grpo:
-            c.unmodelled(dpo[0], data[dpo[0]], "DPO keys: a chosen and a rejected sequence per example (twice the "
-                                               "activations) and a frozen reference model; estimated as SFT of one model, so the real "
-                                               "figure is higher")
+            self.dpo(dpo)
+
+    def dpo(self, keys: list[str]) -> None:
+        """A DPOConfig (dpo_config.py @f2cd577): run dpo, and a reference model unless its log-probs are precomputed
+        (dpo_trainer.py: none either with a PEFT model, which the estimate knows from the LoRA rank)."""
+        c, take = self.c, self.take
+        precompute = take("precompute_ref_log_probs")
+        sets = f"run=dpo (DPO keys: {', '.join(k for k in keys if k != 'precompute_ref_log_probs')})"
+        c.set(keys[0], self.data[keys[0]], sets, run="dpo")
+        if precompute is None:
+            self.default("precompute_ref_log_probs", False, "a reference in the step (copy, or LoRA's base)",
+                         "dpo_config.py DPOConfig")
+        elif c.flag("precompute_ref_log_probs", precompute):
+            c.set("precompute_ref_log_probs", precompute, "reference=none (log-probs computed before training)",
+                  reference="none")
+        else:
+            c.set("precompute_ref_log_probs", precompute, "a reference in the step (copy, or LoRA's base)")
+        if "reference_free" in self.data:
+            c.unmodelled("reference_free", take("reference_free"),
+                         "not a DPOConfig field in TRL 1.x, where it is dropped; TRL 0.x still loaded the reference "
+                         "model with it: the reference is counted as the other keys say")
 
     def sizes(self) -> None:
         """Micro batch, accumulation and sequence length."""
