@@ -89,6 +89,15 @@ def test_dpo_estimate_agrees_with_a_dry_run_of_trls_step_per_phase(model, option
         assert abs(d.gpu.breakdown["forward"]["logits"] / (16 * E) - 1) < 0.01
 
 
+def test_a_dpo_scaled_or_gpu_run_is_refused_rather_than_measured_as_sft():
+    from helpers.measure import engines
+
+    for mode in ("scaled", "gpu"):
+        with pytest.raises(InputError, match=f"run 'dpo' has no {mode} run here"):
+            engines.refuse_unsupported(TrainSetup(run="dpo"), mode)
+    engines.refuse_unsupported(TrainSetup(run="dpo"), "dry")
+
+
 def test_a_dpo_dry_run_of_a_sharding_engine_is_refused_in_one_line():
     with pytest.raises(InputError, match="a DPO dry run exists for single and ddp"):
         dryrun.run("qwen2.5-0.5b", TrainSetup(run="dpo", strategy="zero2", gpus=8), progress=False)

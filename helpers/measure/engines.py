@@ -21,6 +21,10 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
         raise InputError(f"fused_ce in a {mode} run needs the output head's whole weight (strategies {', '.join(allowed)}); "
                          f"got strategy {setup.strategy!r}, whose engine shards or wraps it: use `estimate`, or measure "
                          f"the loss's memory with strategy 'single' (it does not depend on the sharding)")
+    if setup.run == "dpo" and mode != "dry":
+        raise InputError(f"run 'dpo' has no {mode} run here (the training loop trains SFT): a dry run re-enacts TRL's "
+                         f"and LLaMA-Factory's DPO step with its reference model (single, ddp), and `estimate` "
+                         f"places the reference under every engine")
     if setup.resume:
         raise InputError(f"resume is modelled by the estimate (the loaded checkpoint beside the live buffers) but a "
                          f"{mode} run does not load a checkpoint; measure without --resume: the resume transient is "
