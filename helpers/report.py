@@ -32,17 +32,18 @@ def reference_lines(r: Result) -> list[str]:
     where = {"gpu": "per GPU", "host": "host per node"}
     held = "".join(f", {fmt(i['bytes'])} {where[i['device']]}" for i in ref)
     b, how = r.setup["batch"], r.setup.get("dpo_logps", "logsumexp")
-    way = ("TRL's per-sequence logsumexp over fp32 logits, the logits kept for backward" if how == "logsumexp" else
-           "LLaMA-Factory's log_softmax over fp32 logits, its output kept for backward")
+    way = ("a logsumexp per sequence over fp32 logits, the logits kept for backward (TRL's way)" if how == "logsumexp"
+           else "a log_softmax over fp32 logits, its output kept for backward (LLaMA-Factory's way)")
     deepspeed = strategies.get(r.setup["strategy"]).deepspeed
-    caveat = ("; under DeepSpeed TRL gets the logits in bf16 and takes them row by row, counted the same way, an "
-              "upper bound by our reading" if deepspeed and how == "logsumexp" else "")
+    caveat = ("; under DeepSpeed TRL's logits stay bf16 and are taken row by row: counted the same way, an upper "
+              "bound by our reading" if deepspeed and how == "logsumexp" else "")
+    beside = "" if r.setup.get("reference") == "none" else ", with the reference's logits scored beside them"
     if r.setup.get("fused_ce"):
         caveat += ("; fused_ce does not reach DPO's log-probabilities here: the full logits are counted (Liger's "
                    "fused DPO loss, TRL's use_liger_kernel, would hold less)")
     return ["", f"DPO: each forward runs {b} chosen and {b} rejected sequences ({2 * b} x seq); reference model: "
-                f"{said}{held}. Log-probabilities: {way}, with the reference's logits scored beside them (measured by "
-                f"a dry run of the step re-enacted{caveat})"]
+                f"{said}{held}. Log-probabilities: {way}{beside} (measured by a dry run of the step "
+                f"re-enacted{caveat})"]
 
 
 def saving_lines(r: Result) -> list[str]:

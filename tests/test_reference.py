@@ -176,3 +176,21 @@ def test_a_llamafactory_dpo_file_sets_the_reference_as_create_ref_model_does(tmp
     assert (s.run, s.ref, s.dpo_logps) == ("dpo", reference, "log-softmax")
     lower = [n for n in imported.not_modelled if "checkpoint's dtype" in n.why]
     assert bool(lower) == (reference == "copy")         # one GPU: the copy is counted as loaded, fp32 (higher)
+
+
+def test_a_misspelt_pref_loss_is_one_line_and_no_reference_is_said_plainly(tmp_path):
+    f = tmp_path / "lf.yaml"
+    f.write_text(LF_DPO.format(ft="full", extra="pref_loss: simop"))
+    with pytest.raises(readers.ConfigError, match="pref_loss must be one of sigmoid, hinge, ipo, kto_pair, orpo, "
+                                                  "simpo .*got 'simop'"):
+        readers.read([str(f)])
+    line = report.reference_lines(estimate.run("qwen2.5-0.5b", TrainSetup(run="dpo", reference="none")))[1]
+    assert "none in the step" in line and "scored beside" not in line
+
+
+def test_trls_old_torch_dtype_key_is_listed_as_dropped_not_ignored(tmp_path):
+    f = tmp_path / "dpo.yaml"
+    f.write_text(TRL_DPO.format(extra="torch_dtype: bfloat16"))
+    imported = readers.read([str(f)])
+    assert "dropped" in {n.key: n.why for n in imported.not_modelled}["torch_dtype"]
+    assert "torch_dtype" not in {i.key for i in imported.ignored}

@@ -87,6 +87,7 @@ OWN_KEYS = {"finetuning_type", "cutoff_len", "lora_target", "template", "quantiz
             "dataset_dir", "preprocessing_num_workers", "stage"}
 FULL_LIKE = {"full", "lora", "freeze", "oft"}
 STAGES = ("pt", "sft", "rm", "ppo", "dpo", "kto")
+PREF_LOSSES = ("sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo")    # finetuning_args.py pref_loss Literal
 ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash", "disabled": "eager"}
 
 NOT_MODELLED = {
@@ -373,9 +374,9 @@ class _Reader(collect.TrainerYaml):
         loss, ref = take("pref_loss"), take("ref_model")
         if loss is None:
             self.default("pref_loss", "sigmoid", "a reference in the step", "finetuning_args.py")
-        elif not isinstance(loss, str):
-            raise ConfigError(path, f"pref_loss must be a loss name (sigmoid, hinge, ipo, kto_pair, orpo, simpo), "
-                                    f"got {loss!r}")
+        elif loss not in PREF_LOSSES:
+            raise ConfigError(path, f"pref_loss must be one of {', '.join(PREF_LOSSES)} (finetuning_args.py; "
+                                    f"LLaMA-Factory refuses another), got {loss!r}")
         elif loss in ("orpo", "simpo"):
             c.set("pref_loss", loss, "reference=none (a reference-free loss: use_ref_model false)", reference="none")
             return

@@ -306,6 +306,11 @@ class _Reader(collect.TrainerYaml):
         if dtype is None:
             trl_default("dtype", "float32", "weights loaded in fp32", "model_config.py ModelConfig")
             dtype = "float32"
+        if "torch_dtype" in self.data:
+            self.c.unmodelled("torch_dtype", take("torch_dtype"),
+                              "not a field of TRL 1.x's ModelConfig (it is `dtype` there): `trl` has dropped it, so "
+                              "the model loads in float32, TRL's default, as estimated; releases before the rename "
+                              "read it: name it `dtype` for the dtype it says")
         self.dtype = dtype
 
     def checkpointing(self) -> None:
