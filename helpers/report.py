@@ -7,6 +7,8 @@ from helpers.results import Result
 from helpers.units import MiB, fmt, scale, to_gib
 from helpers.vocab import PHASE_LABELS
 
+PER_DEVICE = {"gpu": "per GPU", "host": "host per node"}     # how an item's bytes are counted, in words
+
 
 def loading_bytes(r: Result, device: str) -> int:
     """Bytes held on `device` while the model loads (the estimate's load moment, part of its setup phase)."""
@@ -18,9 +20,8 @@ def loading_lines(r: Result) -> list[str]:
     items, said = r.meta.get("loading") or [], r.meta.get("loading_words")
     if not items and not said:
         return []
-    where = {"gpu": "per GPU", "host": "host per node"}
     return ["", "loading the model (part of setup): " + "; ".join(
-        [f"{i['name']}, {fmt(i['bytes'])} {where[i['device']]}" for i in items] + ([said] if said else []))]
+        [f"{i['name']}, {fmt(i['bytes'])} {PER_DEVICE[i['device']]}" for i in items] + ([said] if said else []))]
 
 
 def reference_lines(r: Result) -> list[str]:
@@ -29,8 +30,7 @@ def reference_lines(r: Result) -> list[str]:
     if not said:
         return []
     ref = [i for i in r.items if i["name"].startswith("reference model")]
-    where = {"gpu": "per GPU", "host": "host per node"}
-    held = "".join(f", {fmt(i['bytes'])} {where[i['device']]}" for i in ref)
+    held = "".join(f", {fmt(i['bytes'])} {PER_DEVICE[i['device']]}" for i in ref)
     b, how = r.setup["batch"], r.setup.get("dpo_logps", "logsumexp")
     way = ("a logsumexp per sequence over fp32 logits, the logits kept for backward (TRL's way)" if how == "logsumexp"
            else "a log_softmax over fp32 logits, its output kept for backward (LLaMA-Factory's way)")
@@ -54,8 +54,7 @@ def saving_lines(r: Result) -> list[str]:
                     "save_strategy no, torchtitan without checkpoint.enable, or --no-checkpoint-saves)"]
     if not items:
         return []
-    where = {"gpu": "per GPU", "host": "host per node"}
-    said = lambda xs: "; ".join(f"{i['name']}, {fmt(i['bytes'])} {where[i['device']]}" for i in xs)
+    said = lambda xs: "; ".join(f"{i['name']}, {fmt(i['bytes'])} {PER_DEVICE[i['device']]}" for i in xs)
     model = [i for i in items if "save_model" in i["moment"]]
     states = [i for i in items if "save_model" not in i["moment"]]
     if model and states:            # two moments, one after the other: the step's figure counts the larger

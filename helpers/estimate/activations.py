@@ -466,6 +466,13 @@ def held_moments(s) -> frozenset:
     return moments | (FIRST_FORWARDS if s.grad_accum > 1 else frozenset())
 
 
+def add_softcap(b: Builder, m: ModelSpec, nbytes: int) -> None:
+    """A soft-capped model's tanh output (`nbytes`, the logits' size in their dtype), kept for its backward."""
+    if m.logit_softcap:
+        b.gpu("soft-capped logits (tanh output, saved)", "logits", nbytes, LOSS | BWD_START,
+              "final_logit_softcapping: logits = cap * tanh(logits / cap); tanh keeps its output until its backward")
+
+
 def add_logits(b: Builder, m: ModelSpec) -> None:
     """Logits and cross-entropy: full logits with the fp32 upcast, or a fused/chunked linear cross-entropy."""
     s = parallel.rank_setup(b.setup)      # with loss parallel, `m.vocab` is one TP rank's share of the vocabulary
@@ -497,9 +504,7 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
               f"transformers {versions.of(s, 'transformers')[0]}: logits[..., :-1, :].contiguous() before the "
               f"cross-entropy (the labels are shifted instead from 4.49.0); with batch 1 the slice is contiguous "
               f"already and no copy is made")
-    if m.logit_softcap:
-        b.gpu("soft-capped logits (tanh output, saved)", "logits", c * E, LOSS | BWD_START,
-              "final_logit_softcapping: logits = cap * tanh(logits / cap); tanh keeps its output until its backward")
+    add_softcap(b, m, c * E)
     b.gpu("fp32 upcast + log_softmax output", "logits", upcast + 4 * L, LOSS,
           "ForCausalLMLoss: logits.float(); cross_entropy saves log_softmax's output")
     b.gpu("log_softmax output + its gradient + the logits' fp32 gradient", "logits", 12 * L, BWD_START,

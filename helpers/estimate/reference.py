@@ -36,15 +36,15 @@ runs: the policy's base with the adapters disabled, `use_adapter` / `disable_ada
   fp32 logits-sized buffers at once beside the kept logits: the gather's dense gradient, every sequence's logsumexp
   gradient until they are stacked, and the stacked gradient. Measured by a dry run of the step re-enacted
   (`helpers.measure.dryrun.DPOStep`), to the MiB.
-Left out: DeepSpeed and FSDP give the logits in the compute dtype (no native-amp wrapper there) and keep the same
-fp32 path from `selective_log_softmax`'s caller (TRL upcasts nothing itself): counted as above, not dry-run; the
+Left out: DeepSpeed gives the logits in the compute dtype (accelerate wraps no native-amp forward there), and TRL's
+`selective_log_softmax` then takes bf16 logits row by row: counted as above, an upper bound by our reading; the
 reference forward's own layer intermediates (freed layer by layer, under no_grad) are below the policy's saved
 activations and not counted on top.
 """
 
 from __future__ import annotations
 
-from helpers.estimate import loading
+from helpers.estimate import activations, loading
 from helpers.estimate.items import ALWAYS, BWD_START, LOAD, LOSS
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
@@ -152,10 +152,7 @@ def _log_softmax_logits(b: Builder, m: ModelSpec, E: int) -> None:
               f"the reference's concatenated_forward under no_grad while the policy's are alive ({src})")
     b.gpu("the log-probabilities' gradients (gather's, log_softmax's)", "logits", 8 * L, BWD_START,
           f"the gather's dense gradient and log_softmax's input gradient, fp32, at once ({src})")
-    if m.logit_softcap:
-        b.gpu("soft-capped logits (tanh output, saved)", "logits", (4 if s.precision == "fp32" else 2) * E,
-              LOSS | BWD_START,
-              "final_logit_softcapping: logits = cap * tanh(logits / cap); tanh keeps its output until its backward")
+    activations.add_softcap(b, m, (4 if s.precision == "fp32" else 2) * E)
 
 
 def add_logits(b: Builder, m: ModelSpec) -> None:
@@ -183,6 +180,4 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
           BWD_START, f"three fp32 logits-sized buffers at once in the log-probabilities' backward: the gather's dense "
                      f"gradient, every sequence's logsumexp gradient until stacked, the stacked gradient ({src}; "
                      f"measured by a dry run)")
-    if m.logit_softcap:
-        b.gpu("soft-capped logits (tanh output, saved)", "logits", c * E, LOSS | BWD_START,
-              "final_logit_softcapping: logits = cap * tanh(logits / cap); tanh keeps its output until its backward")
+    activations.add_softcap(b, m, c * E)

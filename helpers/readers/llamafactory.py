@@ -163,9 +163,7 @@ class _Reader(collect.TrainerYaml):
                                   "model below; train/dpo/trainer.py get_batch_logps)", run="dpo",
                   dpo_logps="log-softmax")
         else:
-            c.unmodelled("stage", stage, {"dpo": "DPO runs a chosen and a rejected sequence per example (twice the "
-                                                 "activations) and keeps a frozen reference model",
-                                          "kto": "KTO keeps a frozen reference model and its KL batch",
+            c.unmodelled("stage", stage, {"kto": "KTO keeps a frozen reference model and its KL batch",
                                           "rm": "a reward model: value head instead of the LM head's logits (the real figure "
                                                 "is lower there), chosen and rejected in one batch",
                                           "ppo": "PPO keeps policy, value, reference and reward models"}[stage]
@@ -308,7 +306,6 @@ class _Reader(collect.TrainerYaml):
         """LoRA adapters' dtype: LLaMA-Factory casts the trainable parameters to fp32 and gives peft
         autocast_adapter_dtype=True unless pure_bf16 (model/adapter.py init_adapter: cast_trainable_params_to_fp32);
         with pure_bf16 on one GPU or DDP they stay bf16 (under DeepSpeed its bf16 mode decides)."""
-
         fields = self.c.fields
         if self.pure and fields.get("lora_rank") is not None \
                 and strategies.get(fields.get("strategy", "single")).adapter_dtype:
@@ -352,7 +349,6 @@ class _Reader(collect.TrainerYaml):
                 raise ConfigError(path, "pure_bf16 is incompatible with DeepSpeed ZeRO-3 (LLaMA-Factory refuses it, "
                                         "hparams/parser.py)")
             if pure:
-
                 if strategies.get(c.fields.get("strategy", "single")).deepspeed:
                     c.unmodelled("pure_bf16", True, "DeepSpeed's bf16 mode keeps fp32 master weights and Adam states "
                                                     "whatever the model's dtype: estimated as bf16-mixed")
