@@ -85,6 +85,8 @@ def _candidates(m, s: TrainSetup) -> list[tuple[str, dict]]:
         change = {"strategy": name}
         if not strategies.get(name).torch_optimizer and s.adam_impl is not None:
             change["adam_impl"] = None
+        if not strategies.get(name).deepspeed and s.load_dtype is not None:    # a torch engine loads in its own dtype
+            change["load_dtype"] = None
         out.append((f"strategy {name}", change))
     both = st.offload_together
     if "offload_optimizer" in st.offload and not s.offload_optimizer:

@@ -25,6 +25,7 @@ RUNS = ("sft", "dpo")          # what is trained: next-token SFT, or DPO (chosen
 DPO_LOGPS = ("logsumexp", "log-softmax")       # DPO's log-probabilities: TRL's per-sequence logsumexp, LLaMA-Factory's
 REFERENCES = ("copy", "adapters-off", "none")   # DPO's reference: a frozen copy, the LoRA base, or none in the step
 ADAPTER_DTYPES = ("fp32", "bf16")
+LOAD_DTYPES = ("fp32", "bf16", "fp16", "auto")  # the dtype a script loads the model in (auto: the checkpoint's own)
 BASE_WEIGHTS = ("fp32", "nf4", "nf4-dq")  # LoRA's frozen base: fp32 under 16-bit autocast; QLoRA's bitsandbytes 4-bit
 QUANTIZED_BASES = ("nf4", "nf4-dq")        # NormalFloat, without / with double quantisation (None: the compute dtype)
 MAX_GRAD_ACCUM = 4096         # micro batches per optimizer step (real runs use 1 to a few hundred)
@@ -329,6 +330,18 @@ class TrainSetup:
         no_time="where the weights are read, not the step"))
     """Torch strategies only. True: the model is built on the meta device and each rank loads only its shards
     (torchtitan); False: transformers' from_pretrained loads it whole on every rank (helpers.estimate.loading)."""
+    load_dtype: str | None = option(None, Face(
+        "--load-dtype", "under DeepSpeed: the dtype the training script loads the model in before DeepSpeed casts it "
+                        "to the compute dtype: fp32 (TRL's default dtype, float32), bf16, fp16, or auto (the "
+                        "checkpoint's own); a checkpoint in another dtype is converted on every rank's host. Default: "
+                        "the compute dtype (LLaMA-Factory, axolotl and OpenRLHF load in it)",
+        choices=LOAD_DTYPES, applies=lambda v: strategies.get(v["strategy"]).deepspeed,
+        remedy=("model loaded in its compute dtype (TRL: dtype bfloat16)", None),
+        no_time="where the weights are converted at load, not the step"))
+    """DeepSpeed strategies only: the dtype `from_pretrained` loads the model in (TRL loads in float32 unless its
+    `dtype` says otherwise); None: the compute dtype. Each rank converts a checkpoint in another dtype into private
+    host memory before the engine takes the model (helpers.estimate.loading). Under torch strategies the model is
+    loaded in the dtype the engine trains its weights in (precision, base_weights)."""
     pin_memory: bool = option(True, Face("--pin-memory", "offloaded buffers page-locked", negative="--no-pin-memory",
                                          control=Control("check", "pin memory")))
     """Offloaded buffers page-locked (DeepSpeed >= 0.19.5 and torchtitan default) or pageable."""
@@ -625,6 +638,16 @@ class TrainSetup:
             raise InputError(f"sharded_load (built on the meta device, each rank reading its shards) is a torch "
                              f"strategy's option (torchtitan); under DeepSpeed zero3_init is its like: got strategy "
                              f"{self.strategy!r}")
+        if self.load_dtype is not None:
+            _choice("load_dtype", self.load_dtype, LOAD_DTYPES)
+            if not st.deepspeed:
+                raise InputError(f"load_dtype {self.load_dtype!r} is a DeepSpeed option (DeepSpeed casts the model it "
+                                 f"is given): under strategy {self.strategy!r} the model is loaded in the dtype the "
+                                 f"engine trains its weights in (set precision or base_weights instead)")
+            if self.quantized:
+                raise InputError(f"load_dtype {self.load_dtype!r} with a 4-bit base (base_weights "
+                                 f"{self.base_weights!r}): bitsandbytes quantises the base as it loads; leave "
+                                 f"load_dtype out")
         if not self.zero3_init and st.family != "zero3":
             raise InputError(f"zero3_init False (the model loaded whole before DeepSpeed partitions it) is a ZeRO-3 "
                              f"option: use it with strategy {strategies.listing(lambda x: x.family == 'zero3', 'or')}, "

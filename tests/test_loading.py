@@ -86,17 +86,70 @@ print(json.dumps(seen))
     (TrainSetup(lora_rank=8, base_weights="fp32"), "fp32", True),
     (TrainSetup(lora_rank=8, base_weights="nf4"), None, False),             # QLoRA: quantised onto the GPU
     (TrainSetup(strategy="fsdp2", gpus=8), "fp32", True),
+    (TrainSetup(strategy="zero2", gpus=8, load_dtype="fp32"), "fp32", True),     # TRL's float32 default under ZeRO
+    (TrainSetup(strategy="zero1", gpus=8, lora_rank=8, load_dtype="fp32"), "fp32", True),
+    (TrainSetup(strategy="zero2", gpus=8, load_dtype="auto"), "bf16", False),    # auto: the checkpoint's own dtype
+    (TrainSetup(strategy="zero3", gpus=8, load_dtype="fp32"), "fp32", False),    # zero.Init: rank 0 maps the file
 ])
 def test_which_set_ups_hold_a_copy_per_rank(setup, dtype, copies):
     m = models.spec("llama-3-8b")                                            # saved in bf16
     assert m.checkpoint_dtype == "bf16"
-    assert loading.loaded_dtype(setup) == dtype
+    assert loading.loaded_dtype(setup, m) == dtype
     per_rank = loading.host_copy(setup, m)
     assert per_rank == (m.params * loading.BYTES[dtype] if copies else 0)
     r = estimate.run(m, setup)
     assert sum(i["bytes"] for i in r.meta["loading"] if i["device"] == "host") == per_rank * setup.ranks_per_node
     if copies:
         assert r.host.phases["setup"] >= per_rank * setup.ranks_per_node
+
+
+def test_trl_under_zero2_converts_the_model_to_float32_on_every_rank_before_deepspeed_casts_it():
+    """TRL loads in float32 unless its dtype says otherwise (create_model_from_path), and under DeepSpeed with
+    device_map None: on the host. Llama-3.1-8B on 8 GPUs: 8 x 4 B per parameter at load, where a bf16 load maps the
+    file; the step itself (DeepSpeed's bf16 engine) is the same."""
+    m = models.spec("llama-3.1-8b")
+    trl = estimate.run(m, TrainSetup(strategy="zero2", gpus=8, load_dtype="fp32", host_gib=256))
+    bf16 = estimate.run(m, TrainSetup(strategy="zero2", gpus=8, host_gib=256))
+    assert trl.host.phases["setup"] == 8 * m.params * 4 and bf16.host.phases["setup"] == 0
+    assert trl.gpu.phases == bf16.gpu.phases
+    assert "loaded as fp32 (the dtype the training script asks for, load_dtype; DeepSpeed casts the module to bf16 " \
+           "afterwards) from a bf16 checkpoint: converted on every rank" in report.table(trl)
+    small = estimate.run(m, TrainSetup(strategy="zero2", gpus=8, load_dtype="fp32", host_gib=200))
+    assert small.oom == {"device": "host", "phase": "setup"}
+
+
+def test_load_dtype_auto_follows_the_checkpoint_and_fp32_where_its_config_names_none():
+    gemma = models.spec("gemma-2-2b")                   # its Hub checkpoint is float32
+    auto = TrainSetup(strategy="zero2", gpus=8, load_dtype="auto")
+    assert loading.loaded_dtype(auto, gemma) == "fp32" and loading.host_copy(auto, gemma) == 0
+    assert loading.loaded_dtype(auto) == "fp32"         # no model: transformers' default dtype
+
+
+@pytest.mark.parametrize("changes,words", [
+    (dict(strategy="fsdp2", gpus=8, load_dtype="fp32"),
+     "load_dtype 'fp32' is a DeepSpeed option (DeepSpeed casts the model it is given): under strategy 'fsdp2' the "
+     "model is loaded in the dtype the engine trains its weights in (set precision or base_weights instead)"),
+    (dict(strategy="zero2", load_dtype="float32"), "unknown load_dtype 'float32': allowed are fp32, bf16, fp16, auto"),
+    (dict(strategy="zero2", lora_rank=8, base_weights="nf4", load_dtype="bf16"),
+     "load_dtype 'bf16' with a 4-bit base (base_weights 'nf4'): bitsandbytes quantises the base as it loads; leave "
+     "load_dtype out"),
+])
+def test_bad_load_dtype_is_one_line(changes, words):
+    with pytest.raises(InputError) as e:
+        TrainSetup(**changes).validate()
+    assert str(e.value) == words
+
+
+def test_fixes_offer_loading_in_the_compute_dtype_and_a_torch_engine_without_it():
+    from helpers import fixes
+
+    s = TrainSetup(strategy="zero2", gpus=8, load_dtype="fp32", host_gib=200, gpu_gib=80)
+    skipped = []
+    ways = {w.name: w for w in fixes.ways_out("llama-3.1-8b", s, skipped=skipped)}
+    load = ways["model loaded in its compute dtype (TRL: dtype bfloat16)"]
+    assert load.fits and load.change == {"load_dtype": None} and load.result.host.phases["setup"] == 0
+    assert ways["strategy fsdp2"].change["load_dtype"] is None           # tried, not refused
+    assert not [name for name, _ in skipped if name.startswith("strategy ")]
 
 
 def test_a_checkpoint_saved_in_fp32_or_of_unknown_dtype_is_copied_when_loaded_in_16_bits():

@@ -44,7 +44,7 @@ GIVEN = {
     "offload_params": (["--offload-params"], True), "offload_ratio": (["--offload-ratio", "0.5"], 0.5),
     "zero3_init": (["--no-zero3-init"], False), "save_16bit": (["--no-save-16bit"], False),
     "sharded_save": (["--sharded-save"], True), "checkpoint_saves": (["--no-checkpoint-saves"], False),
-    "sharded_load": (["--sharded-load"], True),
+    "sharded_load": (["--sharded-load"], True), "load_dtype": (["--load-dtype", "fp32"], "fp32"),
     "pin_memory": (["--no-pin-memory"], False), "checkpointing": (["--grad-checkpointing"], "full"),
     "checkpoint_every": (["--checkpoint-every", "2"], 2), "grad_accum": (["--grad-accum", "4"], 4),
     "fused_ce": (["--fused-ce"], True), "kv_expanded": (["--expanded-kv"], True),
@@ -127,7 +127,7 @@ def test_the_explorer_sets_none_and_values_off_its_stops():
 
 def test_fixes_takes_its_single_valued_ways_out_and_untimed_fields_from_the_faces():
     names = [n for n, _ in fixes._candidates(None, TrainSetup(lora_rank=8, lora_dropout=0.1))   # no remedy in effect
-             + fixes._candidates(None, TrainSetup(strategy="zero3", gpus=8, zero3_init=False))]
+             + fixes._candidates(None, TrainSetup(strategy="zero3", gpus=8, zero3_init=False, load_dtype="fp32"))]
     for field, f in FACES.items():
         if f.remedy:
             assert f.remedy[0] in names, field

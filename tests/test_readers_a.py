@@ -324,6 +324,15 @@ def test_trl_qlora_or_fsdp_on_its_float32_default_is_listed_with_its_bytes(tmp_p
     ds_file(tmp_path, {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}, "z2.json")
     z = read(write(tmp_path, "z.yaml", base + "deepspeed: z2.json\n"))
     assert z.setup.strategy == "zero2" and z.setup.base_weights is None and "dtype" not in by_key(z.not_modelled)
+    # ... but it loads in float32 first, on every rank's host (create_model_from_path, device_map None under DeepSpeed)
+    assert z.setup.load_dtype == "fp32" and by_key(z.defaults)["dtype"].fields == {"load_dtype": "fp32"}
+    assert by_key(z.defaults)["dtype"].sets == "weights loaded in fp32, cast by DeepSpeed"
+    b = read(write(tmp_path, "b.yaml", base + "deepspeed: z2.json\ndtype: bfloat16\n"))
+    assert b.setup.load_dtype == "bf16" and by_key(b.settings)["dtype"].line == 5
+    assert read(write(tmp_path, "a.yaml", base + "deepspeed: z2.json\ndtype: auto\n")).setup.load_dtype == "bf16"
+    qz = read(write(tmp_path, "qz.yaml", base + "deepspeed: z2.json\nload_in_4bit: true\n"))
+    assert qz.setup.base_weights == "nf4" and qz.setup.load_dtype is None     # quantised as it loads
+    assert f.setup.load_dtype is None                                          # a torch engine: its own dtype
 
 
 def test_trl_deepspeed_companion_auto(tmp_path):

@@ -31,7 +31,10 @@ Read from transformers 5.23, DeepSpeed 0.19.8 and accelerate 1.15 (the releases 
 
 Which dtype the model is loaded in: the dtype the engine trains its weights in where the engine takes the model as it
 is (torch strategies: float32 for bf16-mixed, fp16-mixed and fp32 master weights; a LoRA base in its own dtype); the
-compute dtype under DeepSpeed, which casts the module itself (LLaMA-Factory and axolotl load in it). A 4-bit base
+compute dtype under DeepSpeed, which casts the module itself (LLaMA-Factory, axolotl and OpenRLHF load in it), unless
+`load_dtype` names the dtype the script loads in: TRL loads in float32 unless its `dtype` says otherwise (trl 1.x
+`trainer/utils.py` create_model_from_path: `kwargs.get("dtype", "float32")`; `ModelConfig.dtype`), so under ZeRO-1/2
+every rank converts a bf16 checkpoint to float32 on its host before DeepSpeed casts it back. A 4-bit base
 (QLoRA) is quantised as it is loaded onto the GPU (`device_map`): no host copy is counted.
 - **Sharded load** (`sharded_load`, torchtitan's way: train.py builds the model under `torch.device("meta")`, then
   `to_empty` and `init_weights`, and `checkpoint.load` reads each rank's own shards through torch.distributed.checkpoint,
@@ -65,10 +68,15 @@ def _compute(setup) -> str:
     return "fp32" if setup.precision == "fp32" else setup.half
 
 
-def loaded_dtype(setup) -> str | None:
-    """The dtype the model is loaded in for `setup` ('bf16', 'fp16', 'fp32'); None for a 4-bit (QLoRA) base."""
+def loaded_dtype(setup, m: ModelSpec | None = None) -> str | None:
+    """The dtype the model is loaded in for `setup` ('bf16', 'fp16', 'fp32'); None for a 4-bit (QLoRA) base. A
+    `load_dtype` 'auto' is `m`'s checkpoint dtype (fp32 where its config.json names none, as transformers does)."""
     if setup.quantized:
         return None
+    if setup.load_dtype == "auto":
+        return (m.checkpoint_dtype if m is not None else None) or "fp32"
+    if setup.load_dtype is not None:
+        return setup.load_dtype
     compute = _compute(setup)
     if setup.lora_rank is not None:
         return "fp32" if setup.base_fp32 else compute
@@ -79,7 +87,7 @@ def loaded_dtype(setup) -> str | None:
 
 def host_copy(setup, m: ModelSpec) -> int:
     """Bytes each rank converts into private host memory while loading (0 when it reads the mmap-ed file as is)."""
-    dtype = loaded_dtype(setup)
+    dtype = loaded_dtype(setup, m)
     if (dtype is None or (setup.strat.family == "zero3" and setup.zero3_init) or dtype == m.checkpoint_dtype
             or setup.sharded_load):
         return 0
@@ -88,7 +96,7 @@ def host_copy(setup, m: ModelSpec) -> int:
 
 def words(setup, m: ModelSpec) -> str:
     """How the model is loaded for `setup`, in a clause: the dtype assumed and what it holds where nothing is counted."""
-    dtype = loaded_dtype(setup)
+    dtype = loaded_dtype(setup, m)
     if dtype is None:
         return "a 4-bit base is quantised as it is loaded onto the GPU (device_map): no host copy counted"
     if setup.sharded_load:
@@ -97,7 +105,9 @@ def words(setup, m: ModelSpec) -> str:
     if setup.strat.family == "zero3" and setup.zero3_init:
         return ("built already partitioned under deepspeed.zero.Init; global rank 0 reads the checkpoint through its "
                 "memory-mapped files (the page cache), the others read nothing")
-    why = "DeepSpeed casts the module itself" if setup.strat.deepspeed else "the dtype the engine trains its weights in"
+    why = ("the dtype the training script asks for, load_dtype; DeepSpeed casts the module to "
+           f"{_compute(setup)} afterwards" if setup.load_dtype is not None else
+           "DeepSpeed casts the module itself" if setup.strat.deepspeed else "the dtype the engine trains its weights in")
     assumed = f"loaded as {dtype} ({why})"
     if host_copy(setup, m):
         source = f"{m.checkpoint_dtype} checkpoint" if m.checkpoint_dtype else "checkpoint whose config.json names no dtype"
@@ -110,7 +120,7 @@ def words(setup, m: ModelSpec) -> str:
 def add_load(b: Builder, m: ModelSpec) -> None:
     """The load moment: each rank's converted copy on the host; without zero.Init, the whole model on each GPU."""
     s = b.setup
-    dtype = loaded_dtype(s)
+    dtype = loaded_dtype(s, m)
     copy = host_copy(s, m)
     on_disk = m.checkpoint_dtype or "a dtype its config.json does not name"
     b.host(f"the model converted to {dtype} as it loads", "parameters", copy, LOAD,

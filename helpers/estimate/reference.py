@@ -97,7 +97,7 @@ def add_reference(b: Builder, m: ModelSpec, lifecycle: bool = True) -> None:
         return
     fam = s.strat.family
     compute = "fp32" if s.precision == "fp32" else s.half
-    loaded = loading.loaded_dtype(s) or compute
+    loaded = loading.loaded_dtype(s, m) or compute
     n = s.degrees.shard
     name = "reference model (frozen, DPO)"
     if fam == "zero12":

@@ -119,7 +119,7 @@ def run(model: str, hidden: int = HIDDEN) -> dict:
         base = [sys.executable, "-m", "helpers.measure.loading", "--twin", twin, "--dir", tmp]
         out["checkpoint"] = _child(base + ["--action", "save"], env)
         for name, setup in LOADS.items():
-            dtype = spec.checkpoint_dtype if name == "same dtype" else loading.loaded_dtype(setup)
+            dtype = spec.checkpoint_dtype if name == "same dtype" else loading.loaded_dtype(setup, spec)
             got = _child(base + ["--action", "load", "--dtype", dtype], env)
             got["setup"] = {"precision": setup.precision, "strategy": setup.strategy}
             got["estimate_per_rank"] = loading.host_copy(setup, spec) if dtype != spec.checkpoint_dtype else 0

@@ -464,6 +464,20 @@ class _Reader(collect.TrainerYaml):
                 c.fields["precision"] = "bf16-mixed" if bf16 else "fp32"
         if dtype in ("float32", "fp32") and (bf16 or fp16) and c.fields.get("lora_rank") is not None:
             self.fp32_base(dtype_key, dtype)
+        load = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype)
+        if strategies.get(self.strategy).deepspeed and not c.fields.get("base_weights") and load:
+            self.also_sets(dtype_key, f"weights loaded in {load}, cast by DeepSpeed", load_dtype=load)
+
+    def also_sets(self, key: str, sets: str, **fields) -> None:
+        """The entry already made for `key` (a setting, or TRL's default) also sets `fields`, saying `sets`."""
+        import dataclasses
+
+        c = self.c
+        c.fields.update(fields)
+        entries = c.settings if key in self.data else c.defaults
+        for i, e in enumerate(entries):
+            if e.key == key:
+                entries[i] = dataclasses.replace(e, sets=sets, fields={**e.fields, **fields})
 
     def fp32_base(self, key: str, dtype: str) -> None:
         """LoRA (or QLoRA) on a base TRL loads in float32 (its default dtype), trained under 16-bit autocast. On
@@ -471,7 +485,6 @@ class _Reader(collect.TrainerYaml):
         copy autocast makes of each for its matmul, which the linear keeps for backward); a QLoRA base's unquantised
         parts in fp32, or an fp32 base under an engine that shards or re-casts it, is listed with the bytes it adds at
         least."""
-        import dataclasses
 
         from helpers import models, strategies
         from helpers.errors import InputError
@@ -483,13 +496,9 @@ class _Reader(collect.TrainerYaml):
         if not qlora and st.engine == "deepspeed":
             return      # DeepSpeed's bf16/fp16 mode casts the whole module (engine.py _configure_distributed_model)
         if not qlora and st.autocast:
-            c.fields["base_weights"] = "fp32"
-            sets = ("base_weights=fp32 (LoRA on a float32 frozen base under autocast: 4 bytes per frozen weight, "
-                    "and each linear keeps the 16-bit copy autocast makes of its weight)")
-            entries = c.settings if key in self.data else c.defaults
-            for i, e in enumerate(entries):
-                if e.key == key:
-                    entries[i] = dataclasses.replace(e, sets=sets, fields={**e.fields, "base_weights": "fp32"})
+            self.also_sets(key, "base_weights=fp32 (LoRA on a float32 frozen base under autocast: 4 bytes per frozen "
+                                "weight, and each linear keeps the 16-bit copy autocast makes of its weight)",
+                           base_weights="fp32")
             return
         try:
             m = models.spec(self.model) if self.model else None
