@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	touch $(STAMP)
 
 # DeepSpeed's C++ Adam ops, built ahead (minutes, once; skipped with a note where no compiler exists: the notebooks
-# then take DeepSpeed's torch_adam path). Each build's time goes to data/results/deepspeed_op_builds.json.
+# then take DeepSpeed's torch_adam path). `python -m helpers.deepspeed_ops build --record` writes the times to
+# data/results/deepspeed_op_builds.json; this target records nothing (no tracked file changes).
 deepspeed-ops: $(STAMP)
 	-$(PY) -m helpers.deepspeed_ops build
 

@@ -12,8 +12,9 @@ offload (`ratio`) refuses it ("Hybrid Optimizer Only Supports DeepSpeedCPUAdam")
 
 OOM_DEEPSPEED_OPS chooses: `auto` (default: a built op is used; a missing one is built where a compiler exists, the
 torch path taken otherwise), `build` (always the C++ op), `torch` (never build: the torch path).
-`python -m helpers.deepspeed_ops build` builds both ops ahead (`make lab` does) and records each build's time
-in data/results/deepspeed_op_builds.json, which the notice quotes.
+`python -m helpers.deepspeed_ops build` builds both ops ahead (`make lab` does); with `--record` it also records each
+build's time in data/results/deepspeed_op_builds.json, which the notice quotes. Builds made just in time (a notebook's
+first cell, a test) or by `make lab` record nothing: running the project leaves no tracked file changed.
 """
 
 from __future__ import annotations
@@ -223,8 +224,9 @@ def _wait(proc: subprocess.Popen, op: str) -> None:
         print(proc.stderr.read()[-2000:], file=sys.stderr)
 
 
-def build(ops: list[str]) -> dict:
-    """Build `ops` now, in this process, each timed; the times recorded in data/results/deepspeed_op_builds.json."""
+def build(ops: list[str], record_times: bool = False) -> dict:
+    """Build `ops` now, in this process, each timed; with `record_times`, the times written to
+    data/results/deepspeed_op_builds.json (a maintainer's step, `build --record`)."""
     from deepspeed.ops import op_builder
 
     from helpers import provenance
@@ -246,7 +248,7 @@ def build(ops: list[str]) -> dict:
         record.setdefault("builds", {})[op] = {
             "seconds": round(seconds, 1), "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores)", "versions": provenance.versions()}
-    if record.get("builds"):
+    if record_times and record.get("builds"):
         try:
             files.write_text_atomically(TIMINGS, json.dumps(record, indent=1) + "\n")
         except OSError:                  # a read-only checkout still gets its ops built
@@ -258,8 +260,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m helpers.deepspeed_ops",
                                 description="Build DeepSpeed's C++ Adam ops ahead, or show their status.")
     sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="build the ops (default: both) and record the time each took")
+    b = sub.add_parser("build", help="build the ops (default: both), each timed")
     b.add_argument("ops", nargs="*", help=f"any of {', '.join(OPS)}")
+    b.add_argument("--record", action="store_true", help="write the times to data/results/deepspeed_op_builds.json "
+                                                         "(the notice's expected time)")
     sub.add_parser("status", help="built, buildable or no compiler, for each op")
     a = p.parse_args(argv)
     if a.command == "status":
@@ -274,7 +278,7 @@ def main(argv=None) -> int:
         print("error: no C++ compiler (c++ and ninja) on PATH: DeepSpeed runs will use its torch_adam path instead",
               file=sys.stderr)
         return 2
-    build(a.ops or list(OPS))
+    build(a.ops or list(OPS), record_times=a.record)
     return 0
 
 

@@ -71,3 +71,26 @@ def test_build_dir_without_torch_is_torchs_own(monkeypatch, extensions_dir):
         monkeypatch.setenv("TORCH_EXTENSIONS_DIR", extensions_dir)
     for op in deepspeed_ops.OPS:
         assert deepspeed_ops._linux_build_dir(op) == deepspeed_ops.Path(_get_build_directory(op, verbose=False))
+
+
+@pytest.mark.parametrize("record", [False, True])
+def test_a_build_records_its_time_only_when_asked(monkeypatch, tmp_path, record):
+    """A just-in-time build (a notebook's first cell, a test, `make lab`) leaves the tracked timings file alone;
+    `build --record` writes it. The build itself is replaced by a builder whose load() returns at once."""
+    import types
+
+    class Builder:
+        def load(self):
+            return None
+
+    fake = types.SimpleNamespace(op_builder=types.SimpleNamespace(CPUAdamBuilder=Builder, FusedAdamBuilder=Builder))
+    monkeypatch.setitem(deepspeed_ops.sys.modules, "deepspeed", types.ModuleType("deepspeed"))
+    monkeypatch.setitem(deepspeed_ops.sys.modules, "deepspeed.ops", fake)
+    timings = tmp_path / "timings.json"
+    timings.write_text('{"builds": {"cpu_adam": {"seconds": 183.0}}}')
+    monkeypatch.setattr(deepspeed_ops, "TIMINGS", timings)
+    monkeypatch.setattr(deepspeed_ops, "status", lambda op: "buildable")
+    monkeypatch.setattr(deepspeed_ops, "compiler", lambda: "/usr/bin/c++")
+    assert deepspeed_ops.main(["build", "cpu_adam"] + (["--record"] if record else [])) == 0
+    seconds = deepspeed_ops.json.loads(timings.read_text())["builds"]["cpu_adam"]["seconds"]
+    assert (seconds != 183.0) is record
