@@ -452,3 +452,23 @@ def test_a_misspelt_memory_key_is_refused_not_ignored(tmp_path, fmt, text, bad, 
     ok = read(write(tmp_path, "ok.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nuse_peft: true\n"
                                          "per_device_eval_batch_size: 4\ngradient_checkpointing_kwargs: {}\n"))
     assert "per_device_eval_batch_size" in by_key(ok.ignored)
+
+
+def test_trl_sft_loss_types_are_read_as_sft_and_dpo_ones_as_dpo(tmp_path):
+    """SFTConfig.loss_type (nll, dft, chunked_nll; TRL 1.x defaults to chunked_nll) is an SFT file's key: a user's
+    `loss_type: nll` was read as DPO and given a reference model. DPOConfig's (sigmoid, ...) still makes the run DPO;
+    TRL 0.x's max_prompt_length, dropped by 1.x, is listed as ignored."""
+    base = "model_name_or_path: meta-llama/Llama-3.2-3B\nbf16: true\n"
+    for value in ("nll", "dft", "chunked_nll"):
+        imp = read(write(tmp_path, f"{value}.yaml", base + f"loss_type: {value}\n"))
+        assert imp.setup.run == "sft" and by_key(imp.settings)["loss_type"].value == value
+        assert "(trainer)" in by_key(imp.defaults)
+    chunked = read(write(tmp_path, "c.yaml", base + "loss_type: chunked_nll\n"))
+    assert by_key(chunked.settings)["loss_type"].sets == "full logits counted (chunks lower)"
+    default = read(write(tmp_path, "d.yaml", base))
+    assert by_key(default.defaults)["loss_type"].value == "chunked_nll"
+    liger = read(write(tmp_path, "l.yaml", base + "use_liger_kernel: true\n"))
+    assert "loss_type" not in by_key(liger.defaults) and liger.setup.fused_ce      # nll, through Liger's kernel
+    dpo = read(write(tmp_path, "p.yaml", base + "loss_type: sigmoid\nmax_prompt_length: 512\n"))
+    assert dpo.setup.run == "dpo" and "max_prompt_length" in by_key(dpo.ignored)
+    assert "loss_type" not in by_key(dpo.defaults)

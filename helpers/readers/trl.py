@@ -38,6 +38,9 @@ ATTENTION = hf_names.ATTENTION
 PEFT_QV = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2"}
 DPO_KEYS = {"beta", "loss_type", "max_prompt_length", "precompute_ref_log_probs", "ref_model_init_kwargs",
             "rpo_alpha", "reference_free", "sync_ref_model"}
+DPO_0X_KEYS = {"max_prompt_length", "rpo_alpha"}    # DPOConfig fields of TRL 0.x, gone in 1.x (the script drops them)
+# SFTConfig.loss_type's values (sft_config.py @f2cd577): a loss_type among them is an SFT file's, not a DPO one's
+SFT_LOSSES = ("nll", "dft", "chunked_nll")
 # GRPOConfig's own keys (trl/trainer/grpo_config.py @f2cd577): any of them makes the file a GRPO run
 GRPO_KEYS = {"num_generations", "max_completion_length", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
              "num_iterations", "epsilon", "reward_funcs", "scale_rewards", "mask_truncated_completions",
@@ -155,7 +158,8 @@ class _Reader(collect.TrainerYaml):
             c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
 
         self.grpo = bool(GRPO_KEYS & set(data))
-        dpo = sorted(DPO_KEYS & set(data))
+        self.sft_loss = isinstance(data.get("loss_type"), str) and data["loss_type"] in SFT_LOSSES
+        dpo = sorted(k for k in DPO_KEYS & set(data) if not (k == "loss_type" and self.sft_loss))
         if not dpo and not self.grpo:
             self.default("(trainer)", "sft", "read as SFT (trl sft): a TRL YAML does not name its trainer; a DPO, "
                          "KTO or reward run launched with it keeps more (a reference model, pairs of sequences)",
@@ -178,6 +182,8 @@ class _Reader(collect.TrainerYaml):
                   reference="none")
         else:
             c.set("precompute_ref_log_probs", precompute, "a reference in the step (copy, or LoRA's base)")
+        for key in sorted(DPO_0X_KEYS & set(self.data)):      # (no memory effect either way)
+            c.ignore(key, take(key))
         if "reference_free" in self.data:
             c.unmodelled("reference_free", take("reference_free"),
                          "not a DPOConfig field in TRL 1.x, where it is dropped; TRL 0.x still loaded the reference "
@@ -349,6 +355,21 @@ class _Reader(collect.TrainerYaml):
                               + base.did_you_mean(attn, allowed))
         else:
             c.unmodelled("attn_implementation", attn, "attention kernel not modelled: estimated as sdpa")
+        if not self.grpo and c.fields.get("run") != "dpo":
+            self.sft_loss_type(bool(liger))
+
+    def sft_loss_type(self, liger: bool) -> None:
+        """SFTConfig.loss_type (sft_config.py @f2cd577: chunked_nll unless use_liger_kernel, then nll). The estimate
+        counts the full logits and their cross-entropy (nll); chunked_nll computes the head on non-ignored tokens only,
+        in chunks of tokens, so there the real figure is lower (its chunks are not modelled)."""
+        lower = "full logits counted (chunks lower)"
+        if "loss_type" not in self.data:
+            if not liger:
+                self.default("loss_type", "chunked_nll", lower, "sft_config.py SFTConfig")
+            return
+        value = self.take("loss_type")
+        self.c.set("loss_type", value, {"nll": "full logits and their cross-entropy", "dft": "full logits "
+                                        "(counted as nll)", "chunked_nll": lower}[value])
 
     def lora(self) -> None:
         """peft LoRA: rank, targets and dropout."""
