@@ -90,7 +90,11 @@ def _candidates(m, s: TrainSetup) -> list[tuple[str, dict]]:
         out.append((f"strategy {name}", change))
     both = st.offload_together
     if "offload_optimizer" in st.offload and not s.offload_optimizer:
-        out.append(("optimizer offload", {"offload_optimizer": True} | ({"offload_params": True} if both else {})))
+        change = {"offload_optimizer": True} | ({"offload_params": True} if both else {})
+        if not st.torch_optimizer and (s.adam_impl is not None or s.optimizer == "adamw-8bit"):
+            change |= {"adam_impl": None} | ({"optimizer": "adamw"} if s.optimizer == "adamw-8bit" else {})
+            # (accelerate swaps DeepSpeedCPUAdam in for the Trainer's optimizer: TrainSetup.validate says so)
+        out.append(("optimizer offload", change))
     if "offload_params" in st.offload and not s.offload_params and not both:
         out.append(("parameter offload", {"offload_params": True}))
     if s.pin_memory and (s.offload_optimizer or s.offload_params):

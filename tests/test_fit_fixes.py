@@ -324,3 +324,18 @@ def test_ways_that_lower_the_peak_come_before_those_that_hold_more():
     assert ways.index(selective) > max(i for i, x in enumerate(lowers) if x)
     table = fixes.table(ways)
     assert "adam_impl=None" not in table and "strategy=zero3, adam_impl unset" in table
+
+
+@pytest.mark.parametrize("given,change", [
+    (dict(adam_impl="fused"), {"offload_optimizer": True, "adam_impl": None}),
+    (dict(adam_impl=None, optimizer="adamw-8bit"), {"offload_optimizer": True, "adam_impl": None,
+                                                    "optimizer": "adamw"}),
+])
+def test_optimizer_offload_is_tried_where_the_trainer_named_its_own_adamw(given, change):
+    """The HF Trainer's optimizer under ZeRO (transformers' default adamw_torch_fused) is swapped for DeepSpeedCPUAdam
+    when the optimizer is offloaded: the way out is tried as that, not refused for the Trainer's default."""
+    s = TrainSetup(strategy="zero2", gpus=8, gpu_gib=40, host_gib=512, **given)
+    skipped = []
+    ways = {w.name: w for w in fixes.ways_out("llama-3.1-8b", s, skipped=skipped)}
+    assert ways["optimizer offload"].change == change
+    assert "optimizer offload" not in [name for name, _ in skipped]
