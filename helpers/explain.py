@@ -316,13 +316,18 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
     if traced is not None:
         ex.phase, ex.phase_from = traced[0], "traceback"
         f = traced[1]
-        say(f"phase: {PHASE_WORDS[traced[0]]} (from the traceback: {f.file.rsplit('/', 1)[-1]}:{f.line} in "
-            f"{f.function})")
+        say(f"phase: {PHASE_WORDS[traced[0]]} " + (f"(from the log, line {f.line}: {f.code[:100]!r})"
+                                                  if f.file == "<log>" else
+                                                  f"(from the traceback: {f.file.rsplit('/', 1)[-1]}:{f.line} in "
+                                                  f"{f.function})"))
     if o is not None:
         _fragmentation(ex, o)
         _others(ex, o)
-    for h in pasted.host:
-        say(f"host: {_host_words(h)} (line {h.line}: {h.text[:120]!r})")
+    for kind in dict.fromkeys(h.kind for h in pasted.host):        # one line per sign, however often it is logged
+        same = [h for h in pasted.host if h.kind == kind]
+        more = f"; also line{'s' if len(same) > 2 else ''} {', '.join(str(h.line) for h in same[1:])}" \
+            if len(same) > 1 else ""
+        say(f"host: {_host_words(same[0])} (line {same[0].line}: {same[0].text[:120]!r}{more})")
     if pasted.host:
         say("  host RAM runs out while loading (each rank converts the whole model into its own memory when it loads "
             "it in a dtype other than the checkpoint's: ranks per node x model size, counted in the estimate's setup), "
@@ -656,6 +661,13 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
         say(f"  no GPU capacity known (the input names none: give --gpu NAME or --gpu-gib X): {verdict}")
     else:
         say(f"  estimate's verdict at {fmt(cap, 2)}: {verdict}")
+    if ex.pasted.host and ex.phase == "load":
+        held, hcap = report.loading_bytes(r, "host"), r.host.capacity_bytes
+        say(f"  host while the model loads, estimated: {fmt(held, 2)} per node" + (f" of {fmt(hcap, 2)}" if hcap else "")
+            + ("; under the capacity, so the kill is not explained by what the estimate counts there: the ranks' own "
+               "processes (interpreter, libraries, data-loader workers), the checkpoint's memory-mapped pages where a "
+               "container's memory limit counts them, and other jobs on the node are not counted"
+               if hcap and held <= hcap else ""))
     first = r.oom["phase"] or next((p for p, b in phases.items() if cap and b + sum(report.preset_parts(r).values())
                                     > cap), None)
     if ex.phase is None and first:

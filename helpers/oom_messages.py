@@ -198,6 +198,10 @@ class Pasted:
     def phase(self) -> tuple[str, Frame] | None:
         return phase_of(self.frames)
 
+    def frames_with_phase(self) -> bool:
+        """Whether the traceback's own frames already name a phase (a log line then adds none)."""
+        return self.phase() is not None
+
     def to_json(self) -> dict:
         ph = self.phase()
         return {"ooms": [o.to_json() for o in self.ooms],
@@ -282,6 +286,11 @@ def _clean(text: str) -> tuple[list[str], list[int | None], int | None]:
 
 SAVING_LOG = re.compile(r"Saving model checkpoint to |\[engine\.py:\d+:save_checkpoint\]|save_16bit_model")
 SAVING_NEAR = 20     # a save logged within this many lines before the error is where the run died
+# transformers' progress bar while from_pretrained reads the weights (4.x: "Loading checkpoint shards", 5.x:
+# core_model_loading.py "Loading weights"), and the progress a run shows once training runs (a tqdm bar of steps, the
+# Trainer's logged loss): where the last of them before a kill is the loading bar, the run died loading the model
+LOADING_LOG = re.compile(r"Loading (?:checkpoint shards|weights)\s*:\s*\d+%")
+PROGRESS_LOG = re.compile(r"\d+%\|.*\|\s*\d+/\d+ \[|\{'loss':|'train_runtime'")
 
 def read(text: str) -> Pasted:
     """Everything `text` says about memory (see the module docstring); InputError when it says nothing this reads."""
@@ -332,6 +341,10 @@ def read(text: str) -> Pasted:
     saving = [n for n, line in enumerate(lines, 1) if SAVING_LOG.search(line) and first is not None and n < first]
     if saving and first - saving[-1] <= SAVING_NEAR:   # the Trainer's "Saving model checkpoint to" just before it
         out.frames.append(Frame("<log>", saving[-1], "state_dict", lines[saving[-1] - 1].strip()[:200]))
+    progress = [n for n, line in enumerate(lines[:first - 1] if first else [], 1)
+                if LOADING_LOG.search(line) or PROGRESS_LOG.search(line)]
+    if progress and LOADING_LOG.search(lines[progress[-1] - 1]) and not out.frames_with_phase():
+        out.frames.append(Frame("<log>", progress[-1], "from_pretrained", lines[progress[-1] - 1].strip()[:200]))
     for n, line in enumerate(lines, 1):           # lines that name the phase without a frame of their own
         if saving and first - saving[-1] <= SAVING_NEAR:
             break

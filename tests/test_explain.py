@@ -529,3 +529,32 @@ def test_zero2_flat_16_bit_buffer_at_initialize_is_a_candidate():
     assert not [c for c in explain.candidates("llama-3-8b", setup.replace(lora_rank=8),
                                               explain.estimate.run("llama-3-8b", setup.replace(lora_rank=8)))
                 if "flat 16-bit buffer" in c.name]            # LoRA: the trained group is the adapters only
+
+
+KILLED_WHILE_LOADING = """\
+[2025-06-12 10:14:03,112] [INFO] [real_accelerator.py:254:get_accelerator] Setting ds_accelerator to cuda (auto detect)
+Loading checkpoint shards:  50%|#####     | 2/4 [00:21<00:21, 10.62s/it]
+W0612 10:14:41.551000 3812 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 3821 closing signal SIGTERM
+E0612 10:14:42.077000 3812 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: -9) local_rank: 3 (pid: 3824) of binary: /usr/bin/python3
+Root Cause (first observed failure):
+  exitcode  : -9 (pid: 3824)
+  traceback : Signal 9 (SIGKILL) received by PID 3824
+"""
+
+
+def test_a_kill_while_the_loading_bar_is_the_last_progress_is_placed_at_the_models_loading():
+    """A user's log (a kill with no traceback of the run's own): transformers' loading bar is its last progress, so the
+    phase is the model's loading, said as read from the log; the kill's three lines are one sign; the estimate's host
+    at loading is set beside the capacity."""
+    p = oom_messages.read(KILLED_WHILE_LOADING)
+    assert p.phase()[0] == "load" and p.phase()[1].line == 2
+    trl = TrainSetup(strategy="zero2", gpus=8, load_dtype="fp32", host_gib=200, gpu_gib=80)
+    text = explain.explain(KILLED_WHILE_LOADING, "llama-3.1-8b", trl, fixes=False).text()
+    assert "phase: loading the model (from the log, line 2: 'Loading checkpoint shards:  50%" in text
+    assert len([x for x in text.splitlines() if x.startswith("host: ")]) == 1 and "; also lines 6, 7)" in text
+    assert "host while the model loads, estimated: 239.32 GiB per node of 200.00 GiB" in text
+    bf16 = explain.explain(KILLED_WHILE_LOADING, "llama-3.1-8b", trl.replace(load_dtype=None), fixes=False).text()
+    assert "host while the model loads, estimated: 0.00 MiB per node of 200.00 GiB; under the capacity, so the kill " \
+           "is not explained by what the estimate counts there" in bf16
+    later = KILLED_WHILE_LOADING.replace("Sending process", "  3%|#         | 5/200 [00:40<26:00, 8.00s/it]\nSending")
+    assert oom_messages.read(later).phase() is None            # training had started: the bar is not the last progress
