@@ -191,6 +191,22 @@ def test_accelerates_zero3_init_flag_sets_zero3_init(tmp_path, flag, expect):
                                        f"  zero_stage: 3\n  zero3_init_flag: {flag}\n").zero3_init is expect
 
 
+def test_a_false_zero3_init_flag_below_stage_3_is_said_not_dropped(tmp_path):
+    """TRL's own ZeRO-2 accelerate config says zero3_init_flag: false; it changes nothing at stage 2, and the row says
+    what it would do at stage 3 (a user moving to stage 3 keeps it), where an ignored list would hide it."""
+    from helpers.readers import read
+
+    (tmp_path / "acc.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n"
+                                       "  zero_stage: 2\n  zero3_init_flag: false\n")
+    imp = read(tmp_path / "acc.yaml")
+    row = next(x for x in imp.settings if x.key == "deepspeed_config.zero3_init_flag")
+    assert row.sets == "none at stage 2; at 3: loads whole" and row.fields == {}
+    assert imp.setup.zero3_init and "deepspeed_config.zero3_init_flag" not in [x.key for x in imp.ignored]
+    (tmp_path / "on.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n"
+                                      "  zero_stage: 2\n  zero3_init_flag: true\n")
+    assert "deepspeed_config.zero3_init_flag" in [x.key for x in read(tmp_path / "on.yaml").ignored]
+
+
 def test_explain_places_a_kill_just_after_the_trainers_save_line_at_the_save(tmp_path):
     from helpers import explain
 

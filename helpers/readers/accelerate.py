@@ -299,10 +299,14 @@ def _deepspeed(c: Record, path: Path, ds: dict, given, trainer, hidden) -> list[
     elif stage == 3:
         c.default(TOOL, p + "zero3_save_16bit_model", False, SRC + " DeepSpeedPlugin.zero3_save_16bit_model "
                   "(ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL, false)", "save_16bit=False", save_16bit=False)
+    if "zero3_init_flag" in ds and stage != 3 and ds["zero3_init_flag"] is False:
+        # (no effect below stage 3; said, because a move to stage 3 with it keeps the whole model on every rank)
+        c.set(p + "zero3_init_flag", False, f"none at stage {stage}; at 3: loads whole")
     for key in ds:
         if key not in ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_accumulation_steps",
                        "zero3_save_16bit_model", "zero3_init_flag") or (
-                key in ("zero3_save_16bit_model", "zero3_init_flag") and stage != 3):
+                key in ("zero3_save_16bit_model", "zero3_init_flag") and stage != 3
+                and not (key == "zero3_init_flag" and ds[key] is False)):
             c.ignore(p + key, ds[key])
     return []
 
