@@ -462,6 +462,7 @@ def _command(a: argparse.Namespace) -> int:
     src = model_source(result.model)
     tower = model_notes(a, imported)
     unmodelled = report.unmodelled_caution(result, imported)
+    world = report.world_caution(result, imported, overrides)
     if a.json:
         doc = result.to_dict() | {"evidence": {"kind": evidence.kind(result), "detail": evidence.detail(result)}}
         if imported is not None:
@@ -475,6 +476,8 @@ def _command(a: argparse.Namespace) -> int:
             doc["not_modelled_model"] = tower
         if unmodelled:
             doc["unmodelled_caution"] = unmodelled
+        if world:
+            doc["world_caution"] = world
         print(json.dumps(doc, indent=1, default=str), flush=True)
     else:
         if imported is not None:
@@ -486,6 +489,8 @@ def _command(a: argparse.Namespace) -> int:
         print(report.table(result), flush=True)
         if unmodelled:
             print(unmodelled, flush=True)
+        if world:
+            print(world, flush=True)
     if a.items and not a.json:
         print("\n" + report.items_table(result))
     if save is not None:

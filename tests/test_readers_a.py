@@ -472,3 +472,21 @@ def test_trl_sft_loss_types_are_read_as_sft_and_dpo_ones_as_dpo(tmp_path):
     dpo = read(write(tmp_path, "p.yaml", base + "loss_type: sigmoid\nmax_prompt_length: 512\n"))
     assert dpo.setup.run == "dpo" and "max_prompt_length" in by_key(dpo.ignored)
     assert "loss_type" not in by_key(dpo.defaults)
+
+
+def test_a_sharding_strategy_on_an_assumed_single_gpu_is_said_beside_the_verdict(tmp_path, capsys):
+    """A TRL YAML naming a DeepSpeed JSON says no world size: 1 GPU is assumed, and ZeRO-2 then shards nothing, so
+    the verdict is one GPU's whole share; a line beside it says so, and goes once --gpus is given."""
+    from helpers.__main__ import main
+
+    ds_file(tmp_path, {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}, "z2.json")
+    cfg = write(tmp_path, "t.yaml", "model_name_or_path: meta-llama/Llama-3.2-3B\nbf16: true\ndeepspeed: z2.json\n")
+    line = ("the files do not say how many GPUs the run uses: 1 is assumed, and zero2 on one GPU shards nothing; "
+            "pass --gpus N (and --gpus-per-node) for the run's world size")
+    assert main(["estimate", "--from", str(cfg), "--gpu-gib", "80"]) == 0
+    assert line in capsys.readouterr().out.splitlines()
+    assert main(["estimate", "--from", str(cfg), "--gpu-gib", "80", "--gpus", "8"]) == 0
+    assert "the files do not say how many GPUs" not in capsys.readouterr().out
+    single = write(tmp_path, "s.yaml", "model_name_or_path: meta-llama/Llama-3.2-3B\nbf16: true\n")
+    assert main(["estimate", "--from", str(single), "--gpu-gib", "80"]) == 0
+    assert "the files do not say how many GPUs" not in capsys.readouterr().out      # one GPU shards nothing anyway
