@@ -359,17 +359,37 @@ class _Reader(collect.TrainerYaml):
             self.sft_loss_type(bool(liger))
 
     def sft_loss_type(self, liger: bool) -> None:
-        """SFTConfig.loss_type (sft_config.py @f2cd577: chunked_nll unless use_liger_kernel, then nll). The estimate
-        counts the full logits and their cross-entropy (nll); chunked_nll computes the head on non-ignored tokens only,
-        in chunks of tokens, so there the real figure is lower (its chunks are not modelled)."""
-        lower = "full logits counted (chunks lower)"
-        if "loss_type" not in self.data:
-            if not liger:
-                self.default("loss_type", "chunked_nll", lower, "sft_config.py SFTConfig")
+        """SFTConfig.loss_type (sft_config.py @f2cd577: chunked_nll unless use_liger_kernel, then nll; chunked_nll
+        since TRL 1.4.0, the default since 1.7.0). The estimate counts the full logits and their cross-entropy (nll).
+        chunked_nll is listed as not modelled: `_chunked_cross_entropy_loss` takes 256 tokens at a time under
+        checkpoint, and each chunk upcasts the
+        output head's weight (`w.float()`) in its forward and again in its recompute, so with short sequences the real
+        figure is higher than the estimate (with long ones, lower)."""
+        value = self.take("loss_type") if "loss_type" in self.data else None
+        if value is None and liger:
             return
-        value = self.take("loss_type")
-        self.c.set("loss_type", value, {"nll": "full logits and their cross-entropy", "dft": "full logits "
-                                        "(counted as nll)", "chunked_nll": lower}[value])
+        if value in ("nll", "dft"):
+            self.c.set("loss_type", value, "full logits and their cross-entropy" if value == "nll"
+                       else "full logits (counted as nll)")
+            return
+        from helpers import models
+        from helpers.errors import InputError
+        from helpers.units import fmt
+
+        try:
+            m = models.spec(self.model) if self.model else None
+        except InputError:         # (a model the catalogue cannot read: the entry says it without a figure)
+            m = None
+        upcast = f": {fmt(m.vocab * m.hidden * 4)} for {m.name}" if m is not None else ""
+        why = (f"TRL's chunked_nll is not modelled: the full logits and their cross-entropy are counted instead. It "
+               f"takes 256 tokens at a time under checkpoint, and each chunk upcasts the output head's weight to fp32 "
+               f"in its forward and again in its backward's recompute (vocab x hidden x 4 bytes{upcast}): with short "
+               f"sequences the real figure is higher than this estimate, with long ones lower; loss_type: nll runs "
+               f"as estimated")
+        if value is None:
+            self.c.unmodelled_at(f"{TOOL} default", None, "loss_type", "chunked_nll", why)
+        else:
+            self.c.unmodelled("loss_type", value, why)
 
     def lora(self) -> None:
         """peft LoRA: rank, targets and dropout."""
