@@ -218,6 +218,11 @@ def test_cli_takes_no_zero3_init_and_says_where_it_runs_out(capsys):
     (TrainSetup(lora_rank=8, base_weights="nf4"), "a 4-bit base is quantised as it is loaded onto the GPU"),
     (TrainSetup(strategy="fsdp2", gpus=8), "loaded as fp32 (the dtype the engine trains its weights in) from a bf16 "
                                            "checkpoint: converted on every rank"),
+    (TrainSetup(lora_rank=8, base_weights="fp32"), "loaded as fp32 (the frozen base's dtype: base_weights fp32) from a "
+                                                   "bf16 checkpoint: converted on every rank"),
+    (TrainSetup(lora_rank=8), "loaded as bf16 (the frozen base's dtype, the compute dtype) from a bf16 checkpoint"),
+    (TrainSetup(strategy="zero2", gpus=8, load_dtype="bf16"), "loaded as bf16 (the dtype the training script asks "
+                                                              "for, load_dtype; DeepSpeed's compute dtype) from a bf16"),
 ])
 def test_the_output_says_how_the_model_is_loaded_where_it_counts_nothing_too(setup, words):
     text = report.table(estimate.run("llama-3.1-8b", setup))

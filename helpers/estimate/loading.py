@@ -105,9 +105,16 @@ def words(setup, m: ModelSpec) -> str:
     if setup.strat.family == "zero3" and setup.zero3_init:
         return ("built already partitioned under deepspeed.zero.Init; global rank 0 reads the checkpoint through its "
                 "memory-mapped files (the page cache), the others read nothing")
-    why = ("the dtype the training script asks for, load_dtype; DeepSpeed casts the module to "
-           f"{_compute(setup)} afterwards" if setup.load_dtype is not None else
-           "DeepSpeed casts the module itself" if setup.strat.deepspeed else "the dtype the engine trains its weights in")
+    compute = _compute(setup)
+    if setup.load_dtype is not None:
+        why = "the dtype the training script asks for, load_dtype; " + (
+            f"DeepSpeed casts the module to {compute} afterwards" if dtype != compute else "DeepSpeed's compute dtype")
+    elif setup.strat.deepspeed:
+        why = "DeepSpeed casts the module itself"
+    elif setup.lora_rank is not None:
+        why = "the frozen base's dtype" + (": base_weights fp32" if setup.base_fp32 else ", the compute dtype")
+    else:
+        why = "the dtype the engine trains its weights in"
     assumed = f"loaded as {dtype} ({why})"
     if host_copy(setup, m):
         source = f"{m.checkpoint_dtype} checkpoint" if m.checkpoint_dtype else "checkpoint whose config.json names no dtype"
