@@ -462,7 +462,7 @@ def _command(a: argparse.Namespace) -> int:
     src = model_source(result.model)
     tower = model_notes(a, imported)
     unmodelled = report.unmodelled_caution(result, imported)
-    world = report.world_caution(result, imported, overrides)
+    world = report.world_caution(result.setup, imported, overrides)
     if a.json:
         doc = result.to_dict() | {"evidence": {"kind": evidence.kind(result), "detail": evidence.detail(result)}}
         if imported is not None:
@@ -576,14 +576,17 @@ def _explain(a: argparse.Namespace) -> int:
     if getattr(a, "from_files", None) or a.model is not None:
         model, setup, imported, overrides = imported_from(a)
     ex = explain.explain(text, model, setup, gpu=a.gpu, snapshot=snap)
+    world = report.world_caution(dataclasses.asdict(setup), imported, overrides) if setup is not None else None
     if a.json:
         doc = ex.to_json()
         if imported is not None:
             doc["imported"] = imported.to_json() | {"overrides": overrides}
+        if world:
+            doc["world_caution"] = world
         print(json.dumps(doc, indent=1, default=str), flush=True)
         return 0
     head = report.imported_table(imported, overrides) + "\n\n" if imported is not None else ""
-    print(head + ex.text(), flush=True)
+    print(head + ex.text() + (f"\n{world}" if world else ""), flush=True)
     return 0
 
 

@@ -38,6 +38,7 @@ from helpers.vocab import PHASE_LABELS
 # The estimate's phases a traceback's phase compares with: a forward or backward may be the first step's or a later
 # one's (the traceback does not say which), so both are read.
 ESTIMATE_PHASES = {"load": ("setup",), "setup": ("setup",), "resume": ("resume",), "forward": ("forward", "steady"),
+                   "training": ("forward", "backward", "step", "steady"),
                    "backward": ("backward", "steady"), "step": ("step",), "save": ("step",)}
 LOAD_LABEL = {"load": "model's loading (the estimate's setup)",      # a traceback's phase inside an estimate phase
               "save": "checkpoint save (counted in the estimate's optimizer step)"}
@@ -320,6 +321,10 @@ def explain(text: str | None, model=None, setup: TrainSetup | None = None, gpu: 
                                                   if f.file == "<log>" else
                                                   f"(from the traceback: {f.file.rsplit('/', 1)[-1]}:{f.line} in "
                                                   f"{f.function})"))
+    if ex.phase is None and pasted.training is not None:
+        ex.phase, ex.phase_from = "training", "log"
+        say(f"phase: {PHASE_WORDS['training']} (from the log, line {pasted.training[0]}: "
+            f"{pasted.training[1][:100]!r}; which part of a step, the log does not say)")
     if o is not None:
         _fragmentation(ex, o)
         _others(ex, o)
@@ -661,9 +666,15 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
         say(f"  no GPU capacity known (the input names none: give --gpu NAME or --gpu-gib X): {verdict}")
     else:
         say(f"  estimate's verdict at {fmt(cap, 2)}: {verdict}")
-    if ex.pasted.host and ex.phase == "load":
-        held, hcap = report.loading_bytes(r, "host"), r.host.capacity_bytes
-        say(f"  host while the model loads, estimated: {fmt(held, 2)} per node" + (f" of {fmt(hcap, 2)}" if hcap else "")
+    if ex.pasted.host and ex.phase in ("load", "training"):
+        hcap = r.host.capacity_bytes
+        held = report.loading_bytes(r, "host") if ex.phase == "load" else \
+            max(r.host.phases.get(p, 0) for p in ESTIMATE_PHASES["training"])
+        saves = ex.phase == "training" and any(i["device"] == "host" for i in r.meta.get("saving") or ())
+        say(f"  host {'while the model loads' if ex.phase == 'load' else 'in the training steps'}, estimated: "
+            f"{fmt(held, 2)} per node" + (f" of {fmt(hcap, 2)}" if hcap else "")
+            + (" (a checkpoint's save counted in the optimizer step: a kill before the first save had less)"
+               if saves else "")
             + ("; under the capacity, so the kill is not explained by what the estimate counts there: the ranks' own "
                "processes (interpreter, libraries, data-loader workers), the checkpoint's memory-mapped pages where a "
                "container's memory limit counts them, and other jobs on the node are not counted"

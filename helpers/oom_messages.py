@@ -190,6 +190,7 @@ class Pasted:
     smi: list[SmiGPU] = field(default_factory=list)
     smi_processes: list[tuple[int, int, str, Printed]] = field(default_factory=list)   # gpu, pid, name, used
     other_errors: list[HostSign] = field(default_factory=list)      # CUDA errors outside the caching allocator
+    training: tuple[int, str] | None = None     # (line, text): the log's last progress before the error is a step's
 
     @property
     def oom(self) -> CudaOOM | None:
@@ -345,6 +346,8 @@ def read(text: str) -> Pasted:
                 if LOADING_LOG.search(line) or PROGRESS_LOG.search(line)]
     if progress and LOADING_LOG.search(lines[progress[-1] - 1]) and not out.frames_with_phase():
         out.frames.append(Frame("<log>", progress[-1], "from_pretrained", lines[progress[-1] - 1].strip()[:200]))
+    elif progress:
+        out.training = (progress[-1], lines[progress[-1] - 1].strip()[:200])
     for n, line in enumerate(lines, 1):           # lines that name the phase without a frame of their own
         if saving and first - saving[-1] <= SAVING_NEAR:
             break
@@ -487,6 +490,7 @@ PHASE_WORDS = {
     "save": "checkpoint save", "resume": "resuming from a checkpoint", "load": "loading the model",
     "generation": "generation", "evaluation": "evaluation", "setup": "engine set-up (before the first forward)",
     "step": "optimizer step", "backward": "backward", "forward": "forward",
+    "training": "training steps",
 }
 
 

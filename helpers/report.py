@@ -263,18 +263,19 @@ def unmodelled_caution(r: Result, imported, any_verdict: bool = False) -> str | 
             f"({', '.join(raising)})")
 
 
-def world_caution(r: Result, imported, overrides) -> str | None:
-    """For a set-up read from files that name no world size (1 GPU assumed, `Record.gpus_unknown`) under a strategy
+def world_caution(setup: dict, imported, overrides) -> str | None:
+    """For a set-up (`setup`, a TrainSetup's fields) read from files that name no world size (1 GPU assumed,
+    `Record.gpus_unknown`) under a strategy
     that shards over the GPUs: one line saying the figure is for one GPU and how to give the run's own count. None
     otherwise, or where a flag gave the count."""
     from helpers import strategies
     from helpers.readers.provenance import GPUS_UNKNOWN_TOOL
 
-    if imported is None or r.setup.get("gpus") != 1 or any(o.get("field") == "gpus" for o in overrides or ()):
+    if imported is None or setup.get("gpus") != 1 or any(o.get("field") == "gpus" for o in overrides or ()):
         return None
     if not any(d.key == "gpus" and d.tool == GPUS_UNKNOWN_TOOL for d in imported.defaults):
         return None
-    st = strategies.get(r.setup["strategy"])
+    st = strategies.get(setup["strategy"])
     if not st.shards:
         return None
     return (f"the files do not say how many GPUs the run uses: 1 is assumed, and {st.name} on one GPU shards "

@@ -556,5 +556,23 @@ def test_a_kill_while_the_loading_bar_is_the_last_progress_is_placed_at_the_mode
     bf16 = explain.explain(KILLED_WHILE_LOADING, "llama-3.1-8b", trl.replace(load_dtype=None), fixes=False).text()
     assert "host while the model loads, estimated: 0.00 MiB per node of 200.00 GiB; under the capacity, so the kill " \
            "is not explained by what the estimate counts there" in bf16
-    later = KILLED_WHILE_LOADING.replace("Sending process", "  3%|#         | 5/200 [00:40<26:00, 8.00s/it]\nSending")
+    later = KILLED_WHILE_LOADING.replace("W0612", "  3%|#         | 5/200 [00:40<26:00, 8.00s/it]\nW0612")
     assert oom_messages.read(later).phase() is None            # training had started: the bar is not the last progress
+    assert oom_messages.read(later).training == (3, "3%|#         | 5/200 [00:40<26:00, 8.00s/it]")
+    text = explain.explain(later, "llama-3.1-8b", trl, fixes=False).text()
+    assert "phase: training steps (from the log, line 3: '3%|#         | 5/200 [00:40<26:00, 8.00s/it]'; which part " \
+           "of a step, the log does not say)" in text
+    assert "host in the training steps, estimated: 119.66 GiB per node of 200.00 GiB (a checkpoint's save counted in " \
+           "the optimizer step: a kill before the first save had less)" in text
+
+
+def test_explain_says_when_the_files_leave_the_world_size_to_one_gpu(tmp_path, capsys):
+    (tmp_path / "ds.json").write_text('{"bf16": {"enabled": true}, "zero_optimization": {"stage": 2}}')
+    (tmp_path / "t.yaml").write_text("model_name_or_path: meta-llama/Llama-3.2-3B\nbf16: true\ndeepspeed: ds.json\n")
+    (tmp_path / "log.txt").write_text(KILLED_WHILE_LOADING)
+    args = ["explain", "--message", str(tmp_path / "log.txt"), "--from", str(tmp_path / "t.yaml"), "--host-gib", "64"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.rstrip().endswith("the files do not say how many GPUs the run uses: 1 is assumed, "
+                                                     "and zero2 on one GPU shards nothing; pass --gpus N (and "
+                                                     "--gpus-per-node) for the run's world size")
+    assert main(args + ["--gpus", "8"]) == 0 and "how many GPUs" not in capsys.readouterr().out
