@@ -309,8 +309,8 @@ def _more_gpus(model, setup, base, gpu, skipped):
 def _host_ways(model, setup, base, gpu, skipped) -> list[WayOut]:
     """Where the host runs out (ranks per node x the loading copy, offloaded states): fewer GPUs per node (the
     most that fit among the divisors of the world size: the same world size on more nodes, each full; host RAM is
-    per node) and the host RAM per node the estimate
-    needs. Changes of hardware: no step time is priced. [] where the host fits."""
+    per node), offload turned off where the set-up offloads, and the host RAM per node the estimate needs. Changes
+    of hardware: no step time is priced. [] where the host fits."""
     if failing_device(base) != "host":
         for name in ("fewer GPUs per node", "more host RAM"):
             skipped.append((name, "the host fits as given"))
@@ -326,6 +326,14 @@ def _host_ways(model, setup, base, gpu, skipped) -> list[WayOut]:
         nodes = -(-setup.gpus // k)
         out.append(_way(model, f"fewer GPUs per node ({k} per node, {nodes} nodes)", got[0], setup, base, got[1],
                         got[2], gpu))
+    off = {k: False for k in ("offload_optimizer", "offload_params") if getattr(setup, k)}
+    if off:                                     # the offloaded states back on the GPUs: the host holds them no more
+        try:
+            new = setup.replace(**off)
+            out.append(_way(model, "offload off (the states back on the GPUs)", off, setup, base, new,
+                            estimate.run(model, new), gpu))
+        except InputError as exc:
+            skipped.append(("offload off", str(exc)))
     need = -(-base.host.peak_bytes // GiB)                           # whole GiB, rounded up
     try:
         new = setup.replace(host_gib=float(need))

@@ -339,3 +339,17 @@ def test_optimizer_offload_is_tried_where_the_trainer_named_its_own_adamw(given,
     ways = {w.name: w for w in fixes.ways_out("llama-3.1-8b", s, skipped=skipped)}
     assert ways["optimizer offload"].change == change
     assert "optimizer offload" not in [name for name, _ in skipped]
+
+
+def test_a_host_that_runs_out_with_offload_is_offered_offload_off():
+    """A user's ZeRO-2 with optimizer offload ran out of host at the save (284 GiB of 256): turning offload off, which
+    fits on 80 GiB GPUs, was not among the ways out."""
+    s = TrainSetup(strategy="zero2", gpus=8, offload_optimizer=True, adam_impl=None, gpu_gib=80, host_gib=128)
+    base = estimate.run("llama-3.1-8b", s)
+    assert base.oom["device"] == "host"
+    ways = {w.name: w for w in fixes.ways_out("llama-3.1-8b", s)}
+    off = ways["offload off (the states back on the GPUs)"]
+    assert off.change == {"offload_optimizer": False} and off.fits
+    assert off.result.host.peak_bytes < base.host.peak_bytes
+    assert "offload off (the states back on the GPUs)" not in {w.name for w in fixes.ways_out(
+        "llama-3.1-8b", s.replace(offload_optimizer=False, host_gib=64))}
