@@ -199,10 +199,6 @@ class Pasted:
     def phase(self) -> tuple[str, Frame] | None:
         return phase_of(self.frames)
 
-    def frames_with_phase(self) -> bool:
-        """Whether the traceback's own frames already name a phase (a log line then adds none)."""
-        return self.phase() is not None
-
     def to_json(self) -> dict:
         ph = self.phase()
         return {"ooms": [o.to_json() for o in self.ooms],
@@ -344,7 +340,7 @@ def read(text: str) -> Pasted:
         out.frames.append(Frame("<log>", saving[-1], "state_dict", lines[saving[-1] - 1].strip()[:200]))
     progress = [n for n, line in enumerate(lines[:first - 1] if first else [], 1)
                 if LOADING_LOG.search(line) or PROGRESS_LOG.search(line)]
-    if progress and LOADING_LOG.search(lines[progress[-1] - 1]) and not out.frames_with_phase():
+    if progress and LOADING_LOG.search(lines[progress[-1] - 1]) and out.phase() is None:   # frames name none
         out.frames.append(Frame("<log>", progress[-1], "from_pretrained", lines[progress[-1] - 1].strip()[:200]))
     elif progress:
         out.training = (progress[-1], lines[progress[-1] - 1].strip()[:200])

@@ -265,9 +265,8 @@ def unmodelled_caution(r: Result, imported, any_verdict: bool = False) -> str | 
 
 def world_caution(setup: dict, imported, overrides) -> str | None:
     """For a set-up (`setup`, a TrainSetup's fields) read from files that name no world size (1 GPU assumed,
-    `Record.gpus_unknown`) under a strategy
-    that shards over the GPUs: one line saying the figure is for one GPU and how to give the run's own count. None
-    otherwise, or where a flag gave the count."""
+    `Record.gpus_unknown`) under a strategy that shards over the GPUs: one line saying the figure is for one GPU and
+    how to give the run's own count. None otherwise, or where a flag gave the count."""
     from helpers import strategies
     from helpers.readers.provenance import GPUS_UNKNOWN_TOOL
 

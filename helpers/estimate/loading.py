@@ -63,7 +63,7 @@ def ram_efficient_words(on: bool) -> str:
     return "no change: every rank converts" if on else "off: every rank converts"
 
 
-def _compute(setup) -> str:
+def compute_dtype(setup) -> str:
     """The compute dtype's name: 'fp32' under precision fp32, else the 16-bit one."""
     return "fp32" if setup.precision == "fp32" else setup.half
 
@@ -77,7 +77,7 @@ def loaded_dtype(setup, m: ModelSpec | None = None) -> str | None:
         return (m.checkpoint_dtype if m is not None else None) or "fp32"
     if setup.load_dtype is not None:
         return setup.load_dtype
-    compute = _compute(setup)
+    compute = compute_dtype(setup)
     if setup.lora_rank is not None:
         return "fp32" if setup.base_fp32 else compute
     if setup.strat.deepspeed or setup.precision == "bf16":
@@ -105,7 +105,7 @@ def words(setup, m: ModelSpec) -> str:
     if setup.strat.family == "zero3" and setup.zero3_init:
         return ("built already partitioned under deepspeed.zero.Init; global rank 0 reads the checkpoint through its "
                 "memory-mapped files (the page cache), the others read nothing")
-    compute = _compute(setup)
+    compute = compute_dtype(setup)
     if setup.load_dtype is not None:
         why = "the dtype the training script asks for, load_dtype; " + (
             f"DeepSpeed casts the module to {compute} afterwards" if dtype != compute else "DeepSpeed's compute dtype")
@@ -135,7 +135,7 @@ def add_load(b: Builder, m: ModelSpec) -> None:
            f"{dtype} in private memory: {m.params:,} x {BYTES[dtype] if dtype else 0} B = {fmt(copy)} per rank until "
            f"the model moves to the GPU (transformers 5.23 core_model_loading._materialize_copy)")
     if s.strat.family == "zero3" and not s.zero3_init:
-        compute = _compute(s)
+        compute = compute_dtype(s)
         whole = m.params * BYTES[compute]
         b.gpu(f"the whole model before ZeRO-3 partitions it ({compute})", "parameters", whole, LOAD,
               f"without zero.Init, DeepSpeed's engine casts the module to {compute} and moves all of it to the GPU "

@@ -96,7 +96,7 @@ def add_reference(b: Builder, m: ModelSpec, lifecycle: bool = True) -> None:
     if not holds_copy(s):
         return
     fam = s.strat.family
-    compute = "fp32" if s.precision == "fp32" else s.half
+    compute = loading.compute_dtype(s)
     loaded = loading.loaded_dtype(s, m) or compute
     n = s.degrees.shard
     name = "reference model (frozen, DPO)"

@@ -77,9 +77,12 @@ class SingleStep:
                                        device=dev)
             tracker.label([self.buckets], "comm_buffers")
 
+    def _autocast(self):
+        """torch's autocast in the set-up's 16-bit dtype for mixed precision; nothing otherwise."""
+        return fakegpu.autocast(engines.HALF[self.setup.half]) if self.setup.mixed else contextlib.nullcontext()
+
     def forward(self, ids):
-        ctx = fakegpu.autocast(engines.HALF[self.setup.half]) if self.setup.mixed else contextlib.nullcontext()
-        with ctx:
+        with self._autocast():
             if self.setup.outputs_held:     # the loop's variable keeps the logits (LitGPT): rebound after this forward
                 out = self.model(input_ids=ids, labels=ids)
                 loss, self.held = out.loss, out.logits
@@ -129,9 +132,6 @@ class DPOStep(SingleStep):
             reference.eval()
             tracker.label(list(reference.parameters()) + list(reference.buffers()), "parameters")
             engines.watch_logits(reference, tracker)
-
-    def _autocast(self):
-        return fakegpu.autocast(engines.HALF[self.setup.half]) if self.setup.mixed else contextlib.nullcontext()
 
     def _reference_logps(self, ids):
         labels = ids[:, 1:]
@@ -256,8 +256,7 @@ class TensorParallelReplicatedStep(SingleStep):
         super().__init__(model, setup, tracker, mesh)
 
     def forward(self, ids):
-        ctx = fakegpu.autocast(engines.HALF[self.setup.half]) if self.setup.mixed else contextlib.nullcontext()
-        with ctx:
+        with self._autocast():
             loss = tensor_parallel.loss(self.model, ids, self.tracker)
             self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
         return loss

@@ -158,8 +158,8 @@ class _Reader(collect.TrainerYaml):
             c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
 
         self.grpo = bool(GRPO_KEYS & set(data))
-        self.sft_loss = isinstance(data.get("loss_type"), str) and data["loss_type"] in SFT_LOSSES
-        dpo = sorted(k for k in DPO_KEYS & set(data) if not (k == "loss_type" and self.sft_loss))
+        sft_loss = isinstance(data.get("loss_type"), str) and data["loss_type"] in SFT_LOSSES
+        dpo = sorted(k for k in DPO_KEYS & set(data) if not (k == "loss_type" and sft_loss))
         if not dpo and not self.grpo:
             self.default("(trainer)", "sft", "read as SFT (trl sft): a TRL YAML does not name its trainer; a DPO, "
                          "KTO or reward run launched with it keeps more (a reference model, pairs of sequences)",
@@ -362,9 +362,8 @@ class _Reader(collect.TrainerYaml):
         """SFTConfig.loss_type (sft_config.py @f2cd577: chunked_nll unless use_liger_kernel, then nll; chunked_nll
         since TRL 1.4.0, the default since 1.7.0). The estimate counts the full logits and their cross-entropy (nll).
         chunked_nll is listed as not modelled: `_chunked_cross_entropy_loss` takes 256 tokens at a time under
-        checkpoint, and each chunk upcasts the
-        output head's weight (`w.float()`) in its forward and again in its recompute, so with short sequences the real
-        figure is higher than the estimate (with long ones, lower)."""
+        checkpoint, and each chunk upcasts the output head's weight (`w.float()`) in its forward and again in its
+        recompute, so with short sequences the real figure is higher than the estimate (with long ones, lower)."""
         value = self.take("loss_type") if "loss_type" in self.data else None
         if value is None and liger:
             return
@@ -372,14 +371,9 @@ class _Reader(collect.TrainerYaml):
             self.c.set("loss_type", value, "full logits and their cross-entropy" if value == "nll"
                        else "full logits (counted as nll)")
             return
-        from helpers import models
-        from helpers.errors import InputError
         from helpers.units import fmt
 
-        try:
-            m = models.spec(self.model) if self.model else None
-        except InputError:         # (a model the catalogue cannot read: the entry says it without a figure)
-            m = None
+        m = self.spec()
         upcast = f": {fmt(m.vocab * m.hidden * 4)} for {m.name}" if m is not None else ""
         why = (f"TRL's chunked_nll is not modelled: the full logits and their cross-entropy are counted instead. It "
                f"takes 256 tokens at a time under checkpoint, and each chunk upcasts the output head's weight to fp32 "
@@ -509,6 +503,17 @@ class _Reader(collect.TrainerYaml):
         if strategies.get(self.strategy).deepspeed and not c.fields.get("base_weights") and load:
             self.also_sets(dtype_key, f"weights loaded in {load}, cast by DeepSpeed", load_dtype=load)
 
+    def spec(self):
+        """The named model's ModelSpec, or None where there is none or the catalogue cannot read it (an entry then
+        says what it says without a figure)."""
+        from helpers import models
+        from helpers.errors import InputError
+
+        try:
+            return models.spec(self.model) if self.model else None
+        except InputError:
+            return None
+
     def also_sets(self, key: str, sets: str, **fields) -> None:
         """The entry already made for `key` (a setting, or TRL's default) also sets `fields`, saying `sets`."""
         import dataclasses
@@ -526,9 +531,7 @@ class _Reader(collect.TrainerYaml):
         copy autocast makes of each for its matmul, which the linear keeps for backward); a QLoRA base's unquantised
         parts in fp32, or an fp32 base under an engine that shards or re-casts it, is listed with the bytes it adds at
         least."""
-
-        from helpers import models, strategies
-        from helpers.errors import InputError
+        from helpers import strategies
         from helpers.estimate import quantized
         from helpers.units import to_gib
 
@@ -541,10 +544,7 @@ class _Reader(collect.TrainerYaml):
                                 "weight, and each linear keeps the 16-bit copy autocast makes of its weight)",
                            base_weights="fp32")
             return
-        try:
-            m = models.spec(self.model) if self.model else None
-        except InputError:         # (a model the catalogue cannot read: the entry says it without a figure)
-            m = None
+        m = self.spec()
         extra, shards = "", 1 if qlora else max(1, c.fields.get("gpus", 1))
         if m is not None:
             n = m.params - sum(t.numel for t in quantized.nf4_tensors(m)) if qlora else m.params
