@@ -222,6 +222,10 @@ def imported_from(a: argparse.Namespace):
                                   f"the files leave the world size to the launcher: on N GPUs {imp.format} runs "
                                   f"{imp.more_gpus}"})
     _split_train_batch(a, imp, typed, overrides)
+    if "versions" in typed:                 # a flag's releases join the file's (per library, the flag's win)
+        from helpers import versions
+
+        typed["versions"] = a.versions = versions.merged(imp.setup.versions, typed["versions"])
     for field, value in typed.items():
         old = getattr(imp.setup, field)
         if old == value:

@@ -46,6 +46,24 @@ def reference_lines(r: Result) -> list[str]:
                 f"re-enacted{caveat})"]
 
 
+def loss_lines(r: Result) -> list[str]:
+    """TRL's SFT loss (trl_loss_type): what its release computes, or why the full logits are counted instead."""
+    if not r.setup.get("trl_loss_type"):
+        return []
+    from helpers.estimate import sft_loss
+    from helpers.training import TrainSetup
+
+    s = TrainSetup(**r.setup)
+    why = sft_loss.unmodelled(s)
+    if why:
+        return ["", why]
+    how = {sft_loss.FULL: "the model's own loss over the full logits",
+           sft_loss.CHUNKED: "256 tokens at a time under checkpoint (chunked_nll)",
+           sft_loss.TILED: "the fused LM head, in tiles of 4096 tokens x 32768 vocabulary entries"}[sft_loss.mechanism(s)]
+    return ["", f"loss: TRL (loss_type {s.trl_loss_type}) computes {how} at the release above; the dry run "
+                f"re-enacts it (helpers.measure.trl_loss)"]
+
+
 def saving_lines(r: Result) -> list[str]:
     """What saving a checkpoint holds beside what outlives the step (helpers.estimate.saving), where it holds any."""
     items = r.meta.get("saving") or []
@@ -204,6 +222,7 @@ def table(r: Result) -> str:
             f"{p} {v / MiB:.0f}" for p, v in r.meta["rss_bytes"].items()))
     lines += loading_lines(r)
     lines += reference_lines(r)
+    lines += loss_lines(r)
     lines += saving_lines(r)
     if not any(r.host.phases.values()):
         lines += ["", "host: nothing offloaded (the processes' own RAM, data loaders and the CUDA context are not counted)"]

@@ -24,6 +24,7 @@ CHECKPOINTING = ("none", "full", "selective")
 RUNS = ("sft", "dpo")          # what is trained: next-token SFT, or DPO (chosen + rejected, a reference model)
 DPO_LOGPS = ("logsumexp", "log-softmax")       # DPO's log-probabilities: TRL's per-sequence logsumexp, LLaMA-Factory's
 REFERENCES = ("copy", "adapters-off", "none")   # DPO's reference: a frozen copy, the LoRA base, or none in the step
+TRL_LOSS_TYPES = ("unset", "nll", "chunked_nll")   # TRL SFTConfig.loss_type as given (dft is nll's memory)
 ADAPTER_DTYPES = ("fp32", "bf16")
 LOAD_DTYPES = ("fp32", "bf16", "fp16", "auto")  # the dtype a script loads the model in (auto: the checkpoint's own)
 BASE_WEIGHTS = ("fp32", "nf4", "nf4-dq")  # LoRA's frozen base: fp32 under 16-bit autocast; QLoRA's bitsandbytes 4-bit
@@ -371,6 +372,18 @@ class TrainSetup:
     fused_ce: bool = option(False, Face("--fused-ce", "fused/chunked linear cross-entropy",
                                         control=Control("check", "fused CE"), remedy=("fused cross-entropy", True)))
     """A fused/chunked linear cross-entropy (Liger, torch's linear_cross_entropy): full logits never exist."""
+    trl_loss_type: str | None = option(None, Face(
+        "--trl-loss-type", "the loss as TRL's SFTTrainer computes it for its loss_type (nll, chunked_nll, or unset: "
+                           "the release's default), by the TRL release in --versions (default: the newest rules): "
+                           "full logits before 1.15 for nll, 256-token chunks under checkpoint 1.4-1.14 for "
+                           "chunked_nll, tiles of 4096 tokens x 32768 vocabulary entries from 1.15 (default: not "
+                           "TRL, transformers' own loss)",
+        choices=TRL_LOSS_TYPES,
+        no_time="TRL's chunked or tiled head recomputes the output head's projection in backward: its time is not "
+                "modelled"))
+    """TRL's SFT `loss_type` as the run's config gives it ('unset': TRL's default at its release); None: the model's
+    own loss (transformers' ForCausalLMLoss). What it computes depends on the TRL release (helpers.versions: the rules
+    keyed 'trl_*'; helpers.estimate.sft_loss)."""
     attention: str = option("sdpa", Face(
         "--attention", "", choices=ATTENTIONS, control=Control("menu", "attention", options=ATTENTIONS),
         remedy=("flash attention", "flash"),
@@ -630,6 +643,11 @@ class TrainSetup:
                 raise InputError("reference 'adapters-off' (the policy's base with its LoRA adapters disabled) needs "
                                  "lora_rank; a full fine-tune's reference is a copy ('copy') or none ('none')")
         _choice("dpo_logps", self.dpo_logps, DPO_LOGPS)
+        if self.trl_loss_type is not None:
+            _choice("trl_loss_type", self.trl_loss_type, TRL_LOSS_TYPES)
+            if self.fused_ce:
+                raise InputError(f"trl_loss_type {self.trl_loss_type!r} with fused_ce: TRL takes use_liger_kernel's "
+                                 f"loss instead of its own (and refuses chunked_nll with it); leave one of them unset")
         if self.dpo_logps != "logsumexp" and self.run != "dpo":
             raise InputError(f"dpo_logps {self.dpo_logps!r} is a DPO option: use it with run 'dpo', got run "
                              f"{self.run!r}")

@@ -106,7 +106,35 @@ RULES = (
          "2026-07-06); tuners/lora/layer.py ParamWrapper",
          lambda s: bool(s.lora_rank) and s.lora_targets == "all-linear",
          lambda m, s: bool(m.peft_expert_names())),
+    Rule("trl_chunked_nll", "trl", "1.4.0",
+         "SFTConfig has no loss_type 'chunked_nll' (SFTTrainer raises 'Invalid loss_type')",
+         "loss_type 'chunked_nll' computes the loss 256 valid tokens at a time, each chunk under non-reentrant "
+         "checkpoint (_chunked_cross_entropy_loss)",
+         "trl 1.4.0 trainer/sft_trainer.py _patch_chunked_ce_lm_head, _CHUNKED_LM_HEAD_CHUNK_SIZE = 256",
+         lambda s: s.trl_loss_type == "chunked_nll"),
+    Rule("trl_chunked_nll_default", "trl", "1.7.0",
+         "loss_type defaults to 'nll': the model's own loss over the full logits",
+         "loss_type left unset is 'chunked_nll' ('nll' with use_liger_kernel)",
+         "trl 1.7.0 trainer/sft_config.py __post_init__ (self.loss_type = 'nll' if self.use_liger_kernel else "
+         "'chunked_nll'); 1.4.0 to 1.6.x default='nll'",
+         lambda s: s.trl_loss_type == "unset"),
+    Rule("trl_chunk_projects_in_fp32", "trl", "1.13.0",
+         "each chunk projects in fp32, h.float() @ w.float().t(): the output head's weight upcast to fp32 in every "
+         "chunk's forward and again in its recompute",
+         "each chunk projects in the hidden states' dtype, (h @ w.to(h.dtype).t()).float()",
+         "trl 1.12.0 and 1.13.0 trainer/sft_trainer.py _chunk",
+         lambda s: s.trl_loss_type in ("unset", "chunked_nll")),
+    Rule("trl_fused_lm_head", "trl", "1.15.0",
+         "SFTTrainer computes loss_type 'nll' with the model's own loss (the full logits) and 'chunked_nll' in "
+         "256-token chunks",
+         "every loss_type goes through add_fused_lm_head: the valid positions' hidden states projected in tiles of "
+         "4096 tokens x 32768 vocabulary entries (trl.kernels.ChunkedLogProbFunction); 'chunked_nll' is an alias of "
+         "'nll'",
+         "trl 1.15.0 trainer/sft_trainer.py (add_fused_lm_head, model(**inputs, fused_lm_head=True)), "
+         "trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE = 32768, kernels/chunked_logprob.py TOKEN_CHUNK_SIZE = 4096",
+         lambda s: s.trl_loss_type is not None),
 )
+
 LIBRARIES = tuple(sorted({r.library for r in RULES}))
 ALIASES = {"bnb": "bitsandbytes"}
 _BY_KEY = {r.key: r for r in RULES}
@@ -140,6 +168,14 @@ def parse(text: str | None) -> dict[str, Version]:
             raise InputError(f"versions: {lib}={ver[:40]!r}{'...' if len(ver) > 40 else ''} is not a release number "
                              f"(e.g. 0.42.0)") from None
     return out
+
+
+def merged(base: str | None, over: str | None) -> str | None:
+    """`base`'s pairs with `over`'s in place of any for the same library (a flag's releases over a file's)."""
+    if not base or not over:
+        return over or base
+    pairs = {**parse(base), **parse(over)}
+    return ",".join(f"{lib}={v}" for lib, v in pairs.items())
 
 
 def installed(library: str) -> Version | None:

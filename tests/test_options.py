@@ -48,6 +48,7 @@ GIVEN = {
     "pin_memory": (["--no-pin-memory"], False), "checkpointing": (["--grad-checkpointing"], "full"),
     "checkpoint_every": (["--checkpoint-every", "2"], 2), "grad_accum": (["--grad-accum", "4"], 4),
     "fused_ce": (["--fused-ce"], True), "kv_expanded": (["--expanded-kv"], True),
+    "trl_loss_type": (["--trl-loss-type", "chunked_nll"], "chunked_nll"),
     "outputs_held": (["--outputs-held"], True),
     "attention": (["--attention", "flash"], "flash"),
     "gpu_gib": (["--gpu-gib", "40"], 40.0), "host_gib": (["--host-gib", "512"], 512.0), "resume": (["--resume"], True),

@@ -455,26 +455,25 @@ def test_a_misspelt_memory_key_is_refused_not_ignored(tmp_path, fmt, text, bad, 
 
 
 def test_trl_sft_loss_types_are_read_as_sft_and_dpo_ones_as_dpo(tmp_path):
-    """SFTConfig.loss_type (nll, dft, chunked_nll; TRL 1.x defaults to chunked_nll) is an SFT file's key: a user's
-    `loss_type: nll` was read as DPO and given a reference model. DPOConfig's (sigmoid, ...) still makes the run DPO;
-    TRL 0.x's max_prompt_length, dropped by 1.x, is listed as ignored."""
+    """SFTConfig.loss_type (nll, dft, chunked_nll) is an SFT file's key: a user's `loss_type: nll` was read as DPO and
+    given a reference model. It sets trl_loss_type (dft's memory is nll's), and left out TRL's release default
+    ('unset'); with use_liger_kernel the loss is Liger's. DPOConfig's (sigmoid, ...) still makes the run DPO; TRL
+    0.x's max_prompt_length, dropped by 1.x, is listed as ignored."""
     base = "model_name_or_path: meta-llama/Llama-3.2-3B\nbf16: true\n"
-    for value in ("nll", "dft", "chunked_nll"):
+    for value, loss in (("nll", "nll"), ("dft", "nll"), ("chunked_nll", "chunked_nll")):
         imp = read(write(tmp_path, f"{value}.yaml", base + f"loss_type: {value}\n"))
-        listed = by_key(imp.not_modelled if value == "chunked_nll" else imp.settings)
-        assert imp.setup.run == "sft" and listed["loss_type"].value == value
+        assert imp.setup.run == "sft" and by_key(imp.settings)["loss_type"].value == value
+        assert imp.setup.trl_loss_type == loss and not imp.not_modelled
         assert "(trainer)" in by_key(imp.defaults)
-    chunked = read(write(tmp_path, "c.yaml", base + "loss_type: chunked_nll\n"))
-    why = by_key(chunked.not_modelled)["loss_type"].why
-    assert "(vocab x hidden x 4 bytes: 1.5 GiB for llama-3.2-3b): with short sequences the real figure is higher" in why
     default = read(write(tmp_path, "d.yaml", base))
-    assert by_key(default.not_modelled)["loss_type"].value == "chunked_nll"
-    assert "default" in by_key(default.not_modelled)["loss_type"].file
+    assert default.setup.trl_loss_type == "unset" and "loss_type" in by_key(default.defaults)
     liger = read(write(tmp_path, "l.yaml", base + "use_liger_kernel: true\n"))
-    assert "loss_type" not in by_key(liger.not_modelled) and liger.setup.fused_ce   # nll, through Liger's kernel
+    assert liger.setup.trl_loss_type is None and liger.setup.fused_ce       # nll, through Liger's kernel
+    both = read(write(tmp_path, "b.yaml", base + "use_liger_kernel: true\nloss_type: chunked_nll\n"))
+    assert both.setup.fused_ce and "1.15 on takes chunked_nll as nll" in by_key(both.not_modelled)["loss_type"].why
     dpo = read(write(tmp_path, "p.yaml", base + "loss_type: sigmoid\nmax_prompt_length: 512\n"))
     assert dpo.setup.run == "dpo" and "max_prompt_length" in by_key(dpo.ignored)
-    assert "loss_type" not in by_key(dpo.defaults)
+    assert "loss_type" not in by_key(dpo.defaults) and dpo.setup.trl_loss_type is None
 
 
 def test_a_sharding_strategy_on_an_assumed_single_gpu_is_said_beside_the_verdict(tmp_path, capsys):

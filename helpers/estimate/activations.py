@@ -16,7 +16,7 @@ import math
 
 from helpers import versions
 from helpers.errors import InputError
-from helpers.estimate import adapters, parallel, quantized
+from helpers.estimate import adapters, parallel, quantized, sft_loss
 from helpers.estimate.items import (
     BWD_DONE,
     BWD_END,
@@ -88,6 +88,26 @@ def adapter_input_copy(setup) -> int:
     if not setup.adapters_fp32 or setup.precision == "fp32" or not setup.strat.adapter_dtype:
         return 0
     return 2 if setup.mixed and setup.strat.autocast else 4
+
+
+def mlp_forward_working_set(m: ModelSpec, s) -> tuple[str, int]:
+    """(what, bytes) alive in one dense layer's forward when nothing is saved (a checkpointed layer), at its MLP's
+    peak: the residual sum and the normed input, then gate's result beside up's being made. With LoRA on gate/up,
+    up's base output, its adapters' input copy (fp32 for fp32 adapters; cast to bf16 again under autocast), the
+    dropped copy and its mask (lora_dropout), lora_B's output and its scaled copy (or the sum they make); else
+    act(gate), up and their product."""
+    T, H, I = s.batch * s.seq, m.hidden, m.intermediate
+    mode = compute_mode(s)
+    a = 4 if mode == "fp32" else 2                         # a matmul's output (bf16 under autocast)
+    stream = 2 if mode == "low" else 4
+    around = T * H * (2 * stream + (2 if mode == "autocast" else 0))   # h, the normed x (and its bf16 cast)
+    if s.lora_rank and adapted_names(m, s) & {"gate_proj", "up_proj", "gate_up_proj"}:
+        own = adapter_input_copy(s)
+        d = 2 if s.mixed and s.strat.autocast else (4 if own == 4 else a)     # lora_B's output
+        copies = (4 + (2 if own == 2 else 0) if own else 0) + ((own or a) + 1 if s.lora_dropout else 0)
+        return ("gate's result, up's base output and its adapters' input copies and output",
+                around + T * (2 * a * I + 2 * d * I + copies * H))
+    return "act(gate), up and their product", around + 3 * a * T * I
 
 
 def lora_saves(m: ModelSpec, setup) -> tuple[int, int, int]:
@@ -329,9 +349,18 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
     final_norm = norm_bytes(m, s, 1) * T - sp
     a = 4 if compute_mode(s) == "fp32" else 2
     width = max(m.intermediate if dense_layers else 0, m.experts_active * m.expert_width + m.shared_width)
-    b.gpu("gradient working set of one layer", "temporaries", a * T * (3 * width + 2 * m.hidden), BWD_END,
+    # with no full logits (a fused or chunked loss) the last layer's backward, every layer's input kept, is the
+    # backward's peak: counted at BWD_HEAD, the head's backward being part of the loss's (BWD_START) there
+    last_layer = no_full_logits(s) and s.checkpointing == "full" and s.checkpoint_every == 1
+    b.gpu("gradient working set of one layer", "temporaries", a * T * (3 * width + 2 * m.hidden),
+          BWD_END | (BWD_HEAD if last_layer else frozenset()),
           "gradients in flight in one MLP's backward: of the SiLU output, of up's output and of gate's output (CUDA's "
           "fused silu_backward makes no more; decomposed it kept a sigmoid and 1 - sigmoid too), and of the hidden state")
+    if s.lora_rank and s.mixed and s.strat.autocast and adapted_names(m, s) & {"gate_proj", "up_proj", "gate_up_proj"}:
+        b.gpu("the gradient of gate's or up's scaled adapter output", "temporaries", 2 * T * m.intermediate,
+              BWD_END | (BWD_HEAD if last_layer else frozenset()),
+              "peft 0.21 tuners/lora/layer.py Linear.forward: result + lora_B(lora_A(x)) * scaling; the product's "
+              "backward makes a new gradient of its output (bf16 under autocast) beside the MLP's own")
     if cp > 1:
         b.gpu("keys and values of the whole sequence, gathered for ring attention", "temporaries",
               a * s.batch * s.seq * cp * (m.k_width + m.v_width), BWD_END,
@@ -367,10 +396,26 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
         b.gpu("activations of the first layer (not checkpointed), not yet freed", "activations",
               max(per_dense, per_moe), BWD_END, "backward frees each layer's saved tensors as it passes")
     elif s.checkpointing == "full":
-        b.gpu("layer inputs kept by checkpointing", "activations", m.layers * stream + final_norm,
-              FORWARDS | BWD_START | BWD_HEAD, "one residual-stream tensor per layer (torch.utils.checkpoint)")
+        if last_layer:
+            b.gpu("layer inputs kept by checkpointing", "activations", m.layers * stream,
+                  FORWARDS | BWD_START | BWD_HEAD, "one residual-stream tensor per layer (torch.utils.checkpoint)")
+            b.gpu("the final norm's saved tensors", "activations", final_norm, FORWARDS | BWD_START,
+                  "freed by the final norm's backward, before the last layer's")
+        else:
+            b.gpu("layer inputs kept by checkpointing", "activations", m.layers * stream + final_norm,
+                  FORWARDS | BWD_START | BWD_HEAD, "one residual-stream tensor per layer (torch.utils.checkpoint)")
         b.gpu("one layer recomputed in backward", "activations", max(per_dense, per_moe),
               BWD_END, "checkpointing re-runs a layer's forward before its backward" + _expanded_note(m, s))
+        if not m.moe_layers and "parameters" not in s.strat.shards:     # (sharded: GATHER is the head's gather)
+            what, nbytes = mlp_forward_working_set(m, s)
+            b.gpu(f"the last layer's forward under checkpoint: {what}", "activations", nbytes, GATHER,
+                  "a checkpointed layer's forward saves nothing, but its MLP's outputs are alive together until down_proj "
+                  "reads their product (transformers LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)); peft 0.21 "
+                  "tuners/lora/layer.py Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling, cast back)")
+        if last_layer:
+            b.gpu("the last layer recomputed while every layer's input is kept", "activations",
+                  max(per_dense, per_moe) - stream, BWD_HEAD, "the last layer's backward comes first: its forward is "
+                  "re-run beside every checkpointed input (its own counted above)")
     else:
         b.gpu("saved activations", "activations", full + final_norm, FORWARDS | BWD_START | BWD_HEAD,
               f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else "")
@@ -454,6 +499,11 @@ def add_merged_experts(b: Builder, m: ModelSpec, s, T: int, a: int) -> None:
           "of the routed tokens' output and input")
 
 
+def no_full_logits(s) -> bool:
+    """The loss never makes the full logits: a fused cross-entropy or TRL's chunked/tiled loss."""
+    return bool(s.fused_ce) or sft_loss.mechanism(s) != sft_loss.FULL
+
+
 def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:
     """Liger's fused linear cross-entropy chunk: next_power_of_2(ceil(tokens / ceil(vocab / hidden)))."""
     return min(tokens, next_power_of_2(math.ceil(tokens / math.ceil(vocab / hidden))))
@@ -479,13 +529,21 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
     T = s.batch * s.seq
     c = 4 if s.precision == "fp32" else 2
     E = T * m.vocab
+    how = sft_loss.mechanism(s)
+    if how != sft_loss.FULL:
+        return _add_trl_loss(b, m, how)
     if s.fused_ce:
         chunk = liger_chunk_tokens(T, m.hidden, m.vocab)
         b.gpu("logits of one chunk (fp32 softmax in place)", "logits", chunk * m.vocab * 4, LOSS,
               f"fused linear cross-entropy: {chunk} tokens at a time (Liger's chunk rule)")
         head_grad = 0 if s.lora_rank else m.vocab * m.hidden * c          # a frozen head needs no weight gradient
-        b.gpu("input and weight gradients made during forward", "logits", T * m.hidden * c + head_grad,
-              FORWARDS | BWD_START | BWD_HEAD, "Liger computes d(hidden) and d(lm_head) in the forward pass")
+        b.gpu("the hidden states' gradient made during forward", "logits", T * m.hidden * c, LOSS | BWD_START,
+              "Liger computes d(hidden) in the forward pass; the final norm's backward reads it")
+        if head_grad:
+            b.gpu("the head weight's gradient made during forward", "logits", head_grad,
+                  LOSS | BWD_START | (frozenset() if s.strat.deepspeed else BWD_HEAD),
+                  "Liger computes d(lm_head) in the forward pass; the loss's backward hands it to the weight (under "
+                  "DeepSpeed its reduce hook takes it into a bucket then)")
         return
     upcast = 4 * E if c == 2 else 0
     if s.outputs_held:
@@ -509,3 +567,85 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
           "ForCausalLMLoss: logits.float(); cross_entropy saves log_softmax's output")
     b.gpu("log_softmax output + its gradient + the logits' fp32 gradient", "logits", 12 * L, BWD_START,
           "nll_loss backward makes a dense fp32 gradient; log_softmax backward another")
+
+
+def _trl_chunk_peaks(s, m: ModelSpec, c: int, autocast: bool, tokens: int) -> tuple[tuple[str, int], tuple[str, int]]:
+    """TRL 1.4-1.14's chunked_nll, one chunk of `tokens`: (what, bytes) at its forward's peak and at its backward's
+    (the chunk recomputed under checkpoint, then its backward), beside the packed hidden states. `c`: bytes of the
+    hidden states and of the head's weight (fp32 under autocast with fp32 weights, else the 16-bit dtype)."""
+    C, V, H = tokens, m.vocab, m.hidden
+    upcast = sft_loss.projects_in_fp32(s)
+    if upcast:      # h.float() @ w.float().t(): fp32 copies of 16-bit inputs; autocast casts both back to bf16
+        copies = (4 * C * H + 4 * V * H if c == 2 else 0) + (2 * C * H + 2 * V * H if autocast else 0)
+        mm = 2 * C * V if autocast else 4 * C * V
+        saved_w = 2 * V * H if autocast else (4 * V * H if c == 2 else 0)
+        kept = mm if autocast else 4 * C * V      # the logits log_softmax reads (under autocast: its fp32 cast)
+        what = "the head's weight upcast to fp32 (w.float())" + (" and cast back by autocast" if autocast else "")
+    else:           # (h @ w.to(h.dtype).t()).float(): autocast casts fp32 inputs to bf16
+        copies = 2 * C * H + 2 * V * H if autocast and c == 4 else 0
+        mm = 2 * C * V if autocast or c == 2 else 4 * C * V
+        saved_w = 2 * V * H if autocast and c == 4 else 0
+        kept = 4 * C * V
+        what = "the head's weight cast to bf16 by autocast" if copies else "the chunk's logits"
+    projection = copies + mm + (4 * C * V if mm < 4 * C * V and not upcast else 0)
+    softmax = kept + 12 * C * V               # log_softmax's output, exp(log_p), exp(log_p) * log_p
+    fwd = (f"one chunk's projection: {what}, and {C} tokens' logits", projection) if projection > softmax else \
+        (f"one chunk's logits, log_softmax, exp and entropy product ({C} tokens, fp32)", softmax)
+    back = saved_w + 12 * C * V
+    bwd = (f"one chunk recomputed: {what}, and {C} tokens' logits", projection) if projection > back else \
+        (f"one chunk's backward: the weight copy its matmul saved and three fp32 {C}-token logits-sized tensors "
+         f"(log_softmax's output, exp's, their gradient)", back)
+    return fwd, bwd
+
+
+def _add_trl_loss(b: Builder, m: ModelSpec, how: str) -> None:
+    """TRL's SFT loss, computed from the hidden states and the head's weight (helpers.measure.trl_loss re-enacts
+    both): 'chunked' (TRL 1.4-1.14 chunked_nll) or 'tiled' (TRL 1.15+'s fused LM head). The full logits never
+    exist; what the loss holds is its packed copy of the hidden states and one chunk's or tile's working set."""
+    s = b.setup
+    N, V, H = s.batch * (s.seq - 1), m.vocab, m.hidden
+    mode = compute_mode(s)
+    c = 4 if mode in ("autocast", "fp32") else 2            # the hidden states' and the head weight's bytes
+    autocast = s.mixed and s.strat.autocast
+    trained = not s.lora_rank
+    src = ("trl 1.4.0-1.14.x trainer/sft_trainer.py _chunked_cross_entropy_loss, _chunk" if how == sft_loss.CHUNKED
+           else "trl 1.16.0 trainer/utils.py add_fused_lm_head, kernels/chunked_logprob.py ChunkedLogProbFunction")
+    packed = "hidden[order]" if how == sft_loss.CHUNKED else "hidden_states[mask]"
+    b.gpu(f"the shifted hidden states packed for the loss ({packed}, a copy)", "logits", N * H * c, LOSS | BWD_START,
+          f"{src}: every position with a label, {N:,} x hidden; the loss's backward reads it")
+    if how == sft_loss.CHUNKED:
+        last = N - (math.ceil(N / sft_loss.CHUNK_TOKENS) - 1) * sft_loss.CHUNK_TOKENS
+        fwd, bwd = _trl_chunk_peaks(s, m, c, autocast, min(N, sft_loss.CHUNK_TOKENS))
+        if s.batch > 1 and N * H * c > fwd[1]:
+            fwd = ("the shifted hidden states' reshape (a copy, before they are packed)", N * H * c)
+        b.gpu(fwd[0], "logits", fwd[1], LOSS, src + ": 256 tokens at a time under non-reentrant checkpoint; "
+              "nothing of a chunk is kept after its forward")
+        if N > sft_loss.CHUNK_TOKENS:    # the backward runs the last chunk (of `last` tokens) first
+            bwd = max(bwd, _trl_chunk_peaks(s, m, c, autocast, last)[1], key=lambda x: x[1])
+        b.gpu(bwd[0], "logits", bwd[1], BWD_START, src + ": each chunk's forward recomputed in the loss's backward")
+        if trained:
+            grad_mm = (2 if autocast else 4 if sft_loss.projects_in_fp32(s) else c) * V * H
+            b.gpu("the head weight's gradient of one chunk, as its matmul makes it, and its conversion", "logits",
+                  grad_mm + (c * V * H if grad_mm != c * V * H else 0), BWD_START,
+                  src + ": the gradient of the weight copy, converted to the weight's dtype and added to its .grad")
+    else:
+        n = min(N, sft_loss.TILE_TOKENS)
+        compute = 2 if autocast or c == 2 else 4
+        casts_h = n * H * compute if compute != c else 0
+        w_slice = min(V, sft_loss.TILE_VOCAB) * H * compute if compute != c else 0
+        stats = sft_loss.TILE_STATS * N * 4
+        b.gpu(f"the projection's tile buffer ({n} tokens x {sft_loss.TILE_VOCAB} vocabulary entries) and per-token "
+              f"statistics" + (", a tile's hidden states and weight slice cast to bf16" if casts_h else ""), "logits",
+              n * sft_loss.TILE_VOCAB * compute + stats + casts_h + w_slice, LOSS,
+              src + ": mm_buf, the online-logsumexp statistics; Triton folds each tile in registers")
+        second = min(max(V - sft_loss.TILE_VOCAB, 0), sft_loss.TILE_VOCAB) * H * compute if compute != c else 0
+        grads = N * H * 4 + (4 * V * H if trained else 0)
+        b.gpu("the backward's fp32 gradient accumulators (hidden states" + (", head weight" if trained else "")
+              + "), its tile buffer" + (" and weight slices cast to bf16" if w_slice else ""), "logits",
+              grads + n * sft_loss.TILE_VOCAB * compute + casts_h + w_slice + second, BWD_START,
+              src + ": grad_hidden and grad_weight zeros in fp32, each tile re-projected into a new mm_buf; the next "
+              "weight slice is cast while the previous is still held")
+        if c == 2:
+            b.gpu("the gradients cast back to bf16 (hidden states" + (", head weight" if trained else "") + ")",
+                  "logits", N * H * 2 + (2 * V * H if trained else 0), BWD_START,
+                  src + ": grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), beside the fp32 ones")

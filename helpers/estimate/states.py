@@ -21,7 +21,7 @@ import math
 from helpers import versions
 from helpers.deepspeed_rules import first_host_group, zero3_sub_groups
 from helpers.degrees import ceil_div
-from helpers.estimate import adapters, quantized
+from helpers.estimate import adapters, quantized, sft_loss
 from helpers.estimate.items import (
     ALWAYS,
     BWD_DONE,
@@ -289,12 +289,15 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     else:
         b.gpu(f"parameters ({dt[storage]})", "parameters", P * storage, ALWAYS, "the model's own weights")
     embed = 0 if m.tied else m.group_params.get("embed", 0)
+    head = m.group_params["embed"] if m.tied else m.lm_head_params
+    head_called = sft_loss.mechanism(s) == sft_loss.FULL    # (TRL's chunked/tiled loss reads the head's weight
+    # itself and casts it chunk by chunk: helpers.estimate.activations)
     if s.mixed and s.checkpointing == "none":
-        b.gpu(f"{s.half} weight copies (autocast cache, saved for backward)", "temporaries", m.matmul_params * 2,
+        b.gpu(f"{s.half} weight copies (autocast cache, saved for backward)", "temporaries",
+              (m.matmul_params - (0 if head_called else head)) * 2,
               FORWARDS | BWD_START | BWD_HEAD, "torch.autocast caches the bf16 cast of each fp32 matmul weight (not the "
               "embedding or norms); matmuls save it for backward")
     elif s.mixed:
-        head = m.group_params["embed"] if m.tied else m.lm_head_params
         weights = {g: sum(t.numel for t in m.tensors if t.group == g and t.ndim >= 2) for g in m.group_params
                    if g.startswith("layer.")}
         layer, every = max(weights.values()), s.checkpoint_every
@@ -310,8 +313,9 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
             if m.layers % every == 0:
                 b.gpu(f"{s.half} weight copies of the last layer, recomputed", "temporaries", layer * 2, BWD_HEAD,
                       "the last layer is checkpointed: its recomputation casts its weights again")
-        b.gpu(f"{s.half} copy of the output head's weight, saved for backward", "temporaries", head * 2,
-              FORWARDS | BWD_START | BWD_HEAD, "the head is not checkpointed: its matmul keeps the cast")
+        if head_called:
+            b.gpu(f"{s.half} copy of the output head's weight, saved for backward", "temporaries", head * 2,
+                  FORWARDS | BWD_START | BWD_HEAD, "the head is not checkpointed: its matmul keeps the cast")
         b.gpu(f"{s.half} weight copies of the layer being recomputed", "temporaries", layer * 2, BWD_END,
               "recomputation casts one layer's weights again")
     b.gpu(f"gradients ({dt[storage]})" + (", all but the embedding's" if embed else ""), "gradients",

@@ -88,7 +88,7 @@ class SingleStep:
                 loss, self.held = out.loss, out.logits
                 del out
             else:                           # the output (and its logits) is dropped, as trainers do
-                loss = engines.causal_lm_loss(self.model, ids, self.setup.fused_ce, self.tracker)
+                loss = engines.setup_loss(self.model, ids, self.setup, self.tracker)
             self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
         return loss
 
@@ -302,7 +302,7 @@ class ZeroEquivalentStep(SingleStep):
             p.register_post_accumulate_grad_hook(self._reduce)
 
     def forward(self, ids):
-        return engines.causal_lm_loss(self.model, ids, self.setup.fused_ce, self.tracker)
+        return engines.setup_loss(self.model, ids, self.setup, self.tracker)
 
     def backward(self, loss):
         self.offset = 0

@@ -21,6 +21,16 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
         raise InputError(f"fused_ce in a {mode} run needs the output head's whole weight (strategies {', '.join(allowed)}); "
                          f"got strategy {setup.strategy!r}, whose engine shards or wraps it: use `estimate`, or measure "
                          f"the loss's memory with strategy 'single' (it does not depend on the sharding)")
+    from helpers.estimate import sft_loss
+
+    if setup.trl_loss_type is not None and sft_loss.unmodelled(setup):
+        raise InputError(f"trl_loss_type with strategy {setup.strategy!r} has no {mode} run here: TRL's loss reads "
+                         f"the head's whole weight, which this engine shards (the estimate counts the full logits "
+                         f"and says so); measure with strategy single, ddp, zero1 or zero2")
+    if mode != "dry" and sft_loss.mechanism(setup) != sft_loss.FULL:
+        raise InputError(f"trl_loss_type {setup.trl_loss_type!r} at this TRL release ({sft_loss.mechanism(setup)} "
+                         f"loss) has no {mode} run here (the training loop computes the model's own loss): a dry run "
+                         f"re-enacts TRL's loss, or measure with trl_loss_type unset")
     if setup.run == "dpo" and mode != "dry":
         raise InputError(f"run 'dpo' has no {mode} run here (the training loop trains SFT): a dry run re-enacts TRL's "
                          f"and LLaMA-Factory's DPO step with its reference model (single, ddp), and `estimate` "
@@ -36,10 +46,23 @@ def chunked_ce_options():
     return torch.nn.LinearCrossEntropyOptions(chunking_method="aspect_ratio")
 
 
-def causal_lm_loss(model, ids, fused: bool, tracker=None):
+def setup_loss(model, ids, setup: TrainSetup, tracker=None):
+    """`causal_lm_loss` the way the set-up computes it (fused_ce; TRL's SFT loss by its release)."""
+    from helpers.estimate import sft_loss
+
+    how = sft_loss.mechanism(setup)
+    return causal_lm_loss(model, ids, setup.fused_ce, tracker, how, how == sft_loss.CHUNKED and sft_loss.projects_in_fp32(setup))
+
+
+def causal_lm_loss(model, ids, fused: bool, tracker=None, trl: str = "full", upcast: bool = False):
     """The next-token loss of a causal LM on `ids`: Hugging Face's own (full logits, upcast to fp32), or with
     `fused` torch's chunked `linear_cross_entropy` on the decoder's hidden states (the full logits never exist;
-    gradients of the hidden states and the head's weight are made in forward, as Liger's kernel does)."""
+    gradients of the hidden states and the head's weight are made in forward, as Liger's kernel does), or TRL's SFT
+    loss `trl` ('chunked', 'tiled': helpers.measure.trl_loss; `upcast`: a chunk projects in fp32)."""
+    if trl != "full":
+        from helpers.measure import trl_loss
+
+        return trl_loss.loss(model, ids, trl, upcast, tracker)
     if not fused:
         return model(input_ids=ids, labels=ids).loss
     hidden = model.get_decoder()(input_ids=ids).last_hidden_state

@@ -30,6 +30,7 @@ from helpers.readers.provenance import Record, boolean
 
 NAME = "trl"
 TOOL = "TRL 1.10.0.dev0 (commit f2cd577)"
+TRL_RELEASE = "trl=1.10.0"    # the release whose loss rules (helpers.versions 'trl_*') a file's run is estimated at
 SRC = "github:huggingface/trl@f2cd577 trl/trainer/"
 TRAINING_KEYS = {"model_name_or_path", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
                  "max_seq_length", "use_peft", "lora_r", "dataset_name", "output_dir", "gradient_checkpointing",
@@ -359,31 +360,33 @@ class _Reader(collect.TrainerYaml):
             self.sft_loss_type(bool(liger))
 
     def sft_loss_type(self, liger: bool) -> None:
-        """SFTConfig.loss_type (sft_config.py @f2cd577: chunked_nll unless use_liger_kernel, then nll; chunked_nll
-        since TRL 1.4.0, the default since 1.7.0). The estimate counts the full logits and their cross-entropy (nll).
-        chunked_nll is listed as not modelled: `_chunked_cross_entropy_loss` takes 256 tokens at a time under
-        checkpoint, and each chunk upcasts the output head's weight (`w.float()`) in its forward and again in its
-        recompute, so with short sequences the real figure is higher than the estimate (with long ones, lower)."""
+        """SFTConfig.loss_type, as trl_loss_type: what TRL computes for it depends on its release (helpers.versions,
+        the 'trl_*' rules; helpers.estimate.sft_loss): the full logits (nll before 1.15), 256 tokens at a time under
+        checkpoint (chunked_nll 1.4-1.14, the default from 1.7), or the fused LM head's tiles (every loss_type from
+        1.15). With use_liger_kernel and loss_type unset, Liger's fused cross-entropy (fused_ce) instead. dft's
+        memory is nll's."""
         value = self.take("loss_type") if "loss_type" in self.data else None
         if value is None and liger:
             return
-        if value in ("nll", "dft"):
-            self.c.set("loss_type", value, "full logits and their cross-entropy" if value == "nll"
-                       else "full logits (counted as nll)")
-            return
-        from helpers.units import fmt
-
-        m = self.spec()
-        upcast = f": {fmt(m.vocab * m.hidden * 4)} for {m.name}" if m is not None else ""
-        why = (f"TRL's chunked_nll is not modelled: the full logits and their cross-entropy are counted instead. It "
-               f"takes 256 tokens at a time under checkpoint, and each chunk upcasts the output head's weight to fp32 "
-               f"in its forward and again in its backward's recompute (vocab x hidden x 4 bytes{upcast}): with short "
-               f"sequences the real figure is higher than this estimate, with long ones lower; loss_type: nll runs "
-               f"as estimated")
+        self.c.default("(TRL release)", "versions", "1.10.0", "the release this reader follows (TRL_RELEASE)",
+                       f"versions={TRL_RELEASE}: its loss rules (--versions trl=X for yours)", versions=TRL_RELEASE)
         if value is None:
-            self.c.unmodelled_at(f"{TOOL} default", None, "loss_type", "chunked_nll", why)
-        else:
-            self.c.unmodelled("loss_type", value, why)
+            self.default("loss_type", None, "trl_loss_type=unset (the release's default: chunked_nll from 1.7, "
+                         "nll before; every loss_type through the fused LM head from 1.15)", "sft_config.py",
+                         trl_loss_type="unset")
+            return
+        if value not in ("nll", "dft", "chunked_nll"):
+            raise ConfigError(self.path, f"loss_type {value!r} is none SFTConfig takes (nll, dft, chunked_nll)")
+        if liger:
+            if value == "chunked_nll":
+                self.c.unmodelled("loss_type", value, "chunked_nll with use_liger_kernel: TRL 1.4-1.14 refuses the "
+                                  "pair, 1.15 on takes chunked_nll as nll; counted as Liger's fused cross-entropy")
+            else:
+                self.c.set("loss_type", value, "through Liger's fused cross-entropy (fused_ce)")
+            return
+        loss = "nll" if value == "dft" else value
+        self.c.set("loss_type", value, f"trl_loss_type={loss}" + (" (dft's memory is nll's)" if value == "dft" else ""),
+                   trl_loss_type=loss)
 
     def lora(self) -> None:
         """peft LoRA: rank, targets and dropout."""
