@@ -91,6 +91,11 @@ def test_a_scaled_run_of_trl_s_loss_is_refused_in_one_line():
     assert "\n" not in str(err.value)
 
 
-def test_a_dry_run_of_trl_s_loss_where_the_head_is_sharded_is_refused():
-    with pytest.raises(InputError, match="trl_loss_type with strategy 'zero3' has no dry run here"):
-        dryrun.run(MODEL, TrainSetup(strategy="zero3", gpus=2, trl_loss_type="unset"), progress=False)
+def test_where_the_head_is_sharded_the_report_says_the_full_logits_are_counted():
+    """The estimate and a dry run (as the estimate, the model's own loss) of such a set-up say it beside the figures."""
+    from helpers import report
+
+    r = estimate.run(MODEL, TrainSetup(strategy="fsdp2", gpus=2, trl_loss_type="unset", versions="trl=1.16.0"))
+    assert "TRL's chunked/tiled loss under strategy fsdp2 is not modelled" in report.table(r)
+    r = estimate.run(MODEL, TrainSetup(trl_loss_type="unset", versions="trl=1.16.0"))
+    assert "computes the fused LM head, in tiles of 4096 tokens x 32768 vocabulary entries" in report.table(r)

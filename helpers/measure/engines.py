@@ -23,10 +23,6 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
                          f"the loss's memory with strategy 'single' (it does not depend on the sharding)")
     from helpers.estimate import sft_loss
 
-    if setup.trl_loss_type is not None and sft_loss.unmodelled(setup):
-        raise InputError(f"trl_loss_type with strategy {setup.strategy!r} has no {mode} run here: TRL's loss reads "
-                         f"the head's whole weight, which this engine shards (the estimate counts the full logits "
-                         f"and says so); measure with strategy single, ddp, zero1 or zero2")
     if mode != "dry" and sft_loss.mechanism(setup) != sft_loss.FULL:
         raise InputError(f"trl_loss_type {setup.trl_loss_type!r} at this TRL release ({sft_loss.mechanism(setup)} "
                          f"loss) has no {mode} run here (the training loop computes the model's own loss): a dry run "
