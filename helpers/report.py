@@ -58,10 +58,12 @@ def loss_lines(r: Result) -> list[str]:
     if why:
         return ["", why]
     how = {sft_loss.FULL: "the model's own loss over the full logits",
-           sft_loss.CHUNKED: "256 tokens at a time under checkpoint (chunked_nll)",
-           sft_loss.TILED: "the fused LM head, in tiles of 4096 tokens x 32768 vocabulary entries"}[sft_loss.mechanism(s)]
-    return ["", f"loss: TRL (loss_type {s.trl_loss_type}) computes {how} at the release above; the dry run "
-                f"re-enacts it (helpers.measure.trl_loss)"]
+           sft_loss.CHUNKED: "the loss 256 tokens at a time under checkpoint (chunked_nll)",
+           sft_loss.TILED: "the loss through its fused LM head, in tiles of 4096 tokens x 32768 vocabulary entries"}
+    release = versions.of(s, "trl")[0]
+    return ["", f"loss: TRL {release or '(newest rules)'} with loss_type {s.trl_loss_type} computes "
+                f"{how[sft_loss.mechanism(s)]} (--versions trl=X for your release); the dry run re-enacts it "
+                f"(helpers.measure.trl_loss)"]
 
 
 def saving_lines(r: Result) -> list[str]:

@@ -117,13 +117,13 @@ RULES = (
          "loss_type left unset is 'chunked_nll' ('nll' with use_liger_kernel)",
          "trl 1.7.0 trainer/sft_config.py __post_init__ (self.loss_type = 'nll' if self.use_liger_kernel else "
          "'chunked_nll'); 1.4.0 to 1.6.x default='nll'",
-         lambda s: s.trl_loss_type == "unset"),
+         lambda s: s.trl_loss_type == "unset" and older(s, "trl_fused_lm_head")),
     Rule("trl_chunk_projects_in_fp32", "trl", "1.13.0",
          "each chunk projects in fp32, h.float() @ w.float().t(): the output head's weight upcast to fp32 in every "
          "chunk's forward and again in its recompute",
          "each chunk projects in the hidden states' dtype, (h @ w.to(h.dtype).t()).float()",
          "trl 1.12.0 and 1.13.0 trainer/sft_trainer.py _chunk",
-         lambda s: s.trl_loss_type in ("unset", "chunked_nll")),
+         lambda s: s.trl_loss_type in ("unset", "chunked_nll") and older(s, "trl_fused_lm_head")),
     Rule("trl_fused_lm_head", "trl", "1.15.0",
          "SFTTrainer computes loss_type 'nll' with the model's own loss (the full logits) and 'chunked_nll' in "
          "256-token chunks",

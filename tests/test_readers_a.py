@@ -492,3 +492,14 @@ def test_a_sharding_strategy_on_an_assumed_single_gpu_is_said_beside_the_verdict
     single = write(tmp_path, "s.yaml", "model_name_or_path: meta-llama/Llama-3.2-3B\nbf16: true\n")
     assert main(["estimate", "--from", str(single), "--gpu-gib", "80"]) == 0
     assert "the files do not say how many GPUs" not in capsys.readouterr().out      # one GPU shards nothing anyway
+
+
+def test_a_trl_loss_type_neither_sft_nor_dpo_is_refused_not_read_as_dpo(tmp_path):
+    """`loss_type: chunked` (a typo of chunked_nll) made an SFT file a DPO run with a reference model."""
+    base = "model_name_or_path: meta-llama/Llama-3.2-3B\nbf16: true\n"
+    with pytest.raises(ConfigError) as err:
+        read(write(tmp_path, "t.yaml", base + "loss_type: chunked\n"))
+    assert "neither SFTConfig's" in str(err.value) and "did you mean chunked_nll?" in str(err.value)
+    assert read(write(tmp_path, "m.yaml", base + "loss_type: [sigmoid, sft]\n")).setup.run == "dpo"
+    grpo = read(write(tmp_path, "g.yaml", base + "num_generations: 4\nloss_type: dapo\n"))
+    assert grpo.setup is not None

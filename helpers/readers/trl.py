@@ -42,6 +42,9 @@ DPO_KEYS = {"beta", "loss_type", "max_prompt_length", "precompute_ref_log_probs"
 DPO_0X_KEYS = {"max_prompt_length", "rpo_alpha"}    # DPOConfig fields of TRL 0.x, gone in 1.x (the script drops them)
 # SFTConfig.loss_type's values (sft_config.py @f2cd577): a loss_type among them is an SFT file's, not a DPO one's
 SFT_LOSSES = ("nll", "dft", "chunked_nll")
+# DPOConfig.loss_type's values (dpo_config.py @f2cd577; a list of them combines losses)
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+              "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm")
 # GRPOConfig's own keys (trl/trainer/grpo_config.py @f2cd577): any of them makes the file a GRPO run
 GRPO_KEYS = {"num_generations", "max_completion_length", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
              "num_iterations", "epsilon", "reward_funcs", "scale_rewards", "mask_truncated_completions",
@@ -159,7 +162,15 @@ class _Reader(collect.TrainerYaml):
             c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
 
         self.grpo = bool(GRPO_KEYS & set(data))
-        sft_loss = isinstance(data.get("loss_type"), str) and data["loss_type"] in SFT_LOSSES
+        loss_type = data.get("loss_type")
+        named = [loss_type] if isinstance(loss_type, str) else loss_type if isinstance(loss_type, list) else []
+        unknown = [x for x in named if not isinstance(x, str) or x not in SFT_LOSSES + DPO_LOSSES]
+        if "loss_type" in data and not self.grpo and (unknown or not named):   # (GRPO's own are read with it)
+            bad = unknown[0] if unknown else loss_type
+            raise ConfigError(path, f"loss_type {bad!r} is neither SFTConfig's ({', '.join(SFT_LOSSES)}) nor "
+                                    f"DPOConfig's ({', '.join(DPO_LOSSES)})"
+                              + (base.did_you_mean(bad, SFT_LOSSES + DPO_LOSSES) if isinstance(bad, str) else ""))
+        sft_loss = isinstance(loss_type, str) and loss_type in SFT_LOSSES
         dpo = sorted(k for k in DPO_KEYS & set(data) if not (k == "loss_type" and sft_loss))
         if not dpo and not self.grpo:
             self.default("(trainer)", "sft", "read as SFT (trl sft): a TRL YAML does not name its trainer; a DPO, "
