@@ -110,6 +110,13 @@ GRID = [
     ("qwen2.5-7b", T(strategy="fsdp1", gpus=4, gpus_per_node=4, precision="bf16", adam_impl="fused", seq=512)),
     ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, precision="fp32", seq=256, checkpointing="full")),
     ("llama-3.2-1b", T(strategy="fsdp1", gpus=2, gpus_per_node=2, seq=256, grad_accum=2)),
+    # LoRA under FSDP1 (peft's fsdp_auto_wrap_policy, as the HF Trainer wraps it): the first iteration's input copies
+    # (use_orig_params False) and every iteration's (True), pure bf16, an MoE with attention adapters only
+    ("llama-3-8b", T(strategy="fsdp1", gpus=8, lora_rank=16, seq=1024)),
+    ("llama-3.2-1b", T(strategy="fsdp1", gpus=4, gpus_per_node=4, lora_rank=16, lora_dropout=0.05, seq=512,
+                       use_orig_params=True)),
+    ("qwen2.5-7b", T(strategy="fsdp1", gpus=4, precision="bf16", lora_rank=32, seq=1024, checkpointing="full")),
+    ("mixtral-8x7b", T(strategy="fsdp1", gpus=8, lora_rank=16, lora_targets="q,v", seq=512, checkpointing="full")),
     # LoRA under FSDP2 (peft before fully_shard): untied and tied embeddings, bf16 and bf16-mixed, CPU offload
     ("llama-3-8b", T(strategy="fsdp2", gpus=8, precision="bf16", adam_impl="fused", lora_rank=32, seq=2048,
                      checkpointing="full", attention="flash")),

@@ -130,7 +130,7 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
     Strategy("fsdp1", "torch FSDP1 FullyShardedDataParallel, FULL_SHARD", shards=SHARDABLE, engine="fsdp1",
              family="fsdp1", dry_run="FSDP1 FullyShardedDataParallel (FULL_SHARD, a unit per decoder layer) on a fake "
              "process group, rank 0's view", offload=("offload_optimizer", "offload_params"), offload_together=True,
-             fake_process_group=True, dry_run_offload=False),
+             fake_process_group=True, dry_run_offload=False, lora=True),
 )}
 NAMES = tuple(REGISTRY)
 

@@ -39,7 +39,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -312,6 +312,16 @@ class TrainSetup:
         remedy=("sharded checkpoints (SHARDED_STATE_DICT)", True),
         no_time="the files a save writes, not the step"))
     """FSDP only. True: SHARDED_STATE_DICT saves (torch.distributed.checkpoint); False: FULL_STATE_DICT on rank 0."""
+    use_orig_params: bool = option(False, Face(
+        "--use-orig-params", "FSDP1: use_orig_params=True (fsdp_use_orig_params; accelerate's default is false): "
+                             "with LoRA every iteration then keeps the first iteration's copies of the adapted "
+                             "layers' inputs (the adapters read as fp32 shards between iterations)",
+        control=Control("check", "use_orig_params", tooltip="FSDP1: the original parameters as views of the flat "
+                                                            "shards between iterations"),
+        applies=lambda v: strategies.get(v["strategy"]).family == "fsdp1"))
+    """FSDP1 only. True: FullyShardedDataParallel(use_orig_params=True): after each reshard the original parameters
+    are views of the sharded FlatParameter (fp32 for trained units under bf16-mixed), so peft casts each adapted
+    layer's input in every iteration, not only the first (`helpers.estimate.activations.first_iteration_casts`)."""
     checkpoint_saves: bool = option(True, Face(
         "--checkpoint-saves", "the run saves checkpoints as it trains (the HF Trainer's save_strategy steps or epoch, "
                               "torchtitan's checkpoint.enable), and each save is counted after an optimizer step; "
@@ -481,7 +491,7 @@ class TrainSetup:
         st = self.strat
         if st.adapter_dtype:                  # peft's default on a bf16 base
             return True
-        return st.engine == "fsdp2" and self.precision == "bf16-mixed"     # MixedPrecisionPolicy's fp32 originals
+        return st.engine in ("fsdp2", "fsdp1") and self.precision == "bf16-mixed"    # fp32 originals, cast to bf16
 
     @property
     def quantized(self) -> bool:
@@ -630,6 +640,10 @@ class TrainSetup:
             raise InputError(f"sharded_save (FSDP's SHARDED_STATE_DICT) is an FSDP option: use it with strategy "
                              f"{strategies.listing(lambda x: x.family in ('fsdp1', 'fsdp2'), 'or')}, got "
                              f"{self.strategy!r}")
+        if self.use_orig_params and st.family != "fsdp1":
+            raise InputError(f"use_orig_params is an FSDP1 option (FullyShardedDataParallel; FSDP2 always keeps the "
+                             f"original parameters): use it with strategy "
+                             f"{strategies.listing(lambda x: x.family == 'fsdp1', 'or')}, got {self.strategy!r}")
         _choice("run", self.run, RUNS)
         if self.run == "dpo" and (self.tensor_parallel > 1 or self.context_parallel > 1):
             raise InputError("run 'dpo' with tensor_parallel or context_parallel is not modelled (the reference model's "

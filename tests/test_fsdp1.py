@@ -102,7 +102,7 @@ def test_registry_cli_and_explorer_offer_it(capsys):
      r"offload_ratio is honoured only by DeepSpeed ZeRO-3 .* got strategy 'fsdp1'"),
     (dict(gpus=2, offload_optimizer=True), r"FSDP1 .* offloads parameters, gradients and optimizer states together "
                                            r"\(CPUOffload\(offload_params=True\)\)"),
-    (dict(gpus=2, lora_rank=8), "lora_rank is modelled with strategies"),
+    (dict(gpus=2, lora_rank=8, base_weights="nf4"), "base_weights 'nf4' is modelled with strategies"),
     (dict(gpus=2, optimizer="adamw-8bit"), "optimizer 'adamw-8bit'"),
 ])
 def test_bad_options_are_refused_in_one_line(options, message):

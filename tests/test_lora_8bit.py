@@ -86,7 +86,7 @@ def test_lora_dry_run_agrees_with_the_estimate_at_full_size():
 
 @pytest.mark.parametrize("changes,needle", [
     (dict(lora_rank=0), "lora_rank must be a positive integer"),
-    (dict(lora_rank=8, strategy="fsdp1"), "lora_rank is modelled with strategies single, ddp, zero1, zero2, zero3 and fsdp2"),
+    (dict(lora_rank=8, strategy="fsdp1", gpus=2, optimizer="adamw-8bit"), "'adamw-8bit' (bitsandbytes) is modelled with strategies"),
     (dict(optimizer="adam-4bit"), "unknown optimizer 'adam-4bit'"),
     (dict(optimizer="adamw-8bit", strategy="zero3"), "'adamw-8bit' (bitsandbytes) is modelled with strategies"),
     (dict(optimizer="adamw-8bit", adam_impl="fused"), "leave adam_impl unset"),

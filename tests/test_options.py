@@ -43,7 +43,7 @@ GIVEN = {
     "gpus_per_node": (["--gpus-per-node", "4"], 4), "offload_optimizer": (["--offload-optimizer"], True),
     "offload_params": (["--offload-params"], True), "offload_ratio": (["--offload-ratio", "0.5"], 0.5),
     "zero3_init": (["--no-zero3-init"], False), "save_16bit": (["--no-save-16bit"], False),
-    "sharded_save": (["--sharded-save"], True), "checkpoint_saves": (["--no-checkpoint-saves"], False),
+    "sharded_save": (["--sharded-save"], True), "use_orig_params": (["--use-orig-params"], True), "checkpoint_saves": (["--no-checkpoint-saves"], False),
     "sharded_load": (["--sharded-load"], True), "load_dtype": (["--load-dtype", "fp32"], "fp32"),
     "pin_memory": (["--no-pin-memory"], False), "checkpointing": (["--grad-checkpointing"], "full"),
     "checkpoint_every": (["--checkpoint-every", "2"], 2), "grad_accum": (["--grad-accum", "4"], 4),

@@ -107,10 +107,12 @@ def test_axolotl_deepspeed_example_with_its_json_from_axolotl_root():
     assert alone == got                                                         # axolotl finds it under its own
 
 
-def test_axolotl_lora_under_fsdp1_is_refused_in_one_line_until_modelled():
-    with pytest.raises(ConfigError, match="FSDP1's flat parameters") as e:
-        read(AX / "llama-3" / "qlora-fsdp-70b.yaml")
-    assert "\n" not in str(e.value)
+def test_axolotl_qlora_under_fsdp1_is_estimated_as_lora_with_the_4bit_base_said():
+    """LoRA under FSDP1 is modelled (peft's wrap policy); a bitsandbytes 4-bit base under an engine's sharding is not:
+    the file is estimated with a 16-bit base (the real weights smaller) and load_in_4bit listed as not modelled."""
+    got = reading(AX / "llama-3" / "qlora-fsdp-70b.yaml")
+    assert (got["strategy"], got["lora_rank"], got["base_weights"], got["offload"]) == ("fsdp1", 8, None, (True, True))
+    assert "load_in_4bit" in got["not_modelled"]
 
 
 def test_axolotl_fused_loss_with_tp_and_cp_is_estimated_without_it_and_said():
@@ -294,8 +296,9 @@ def test_llamafactory_with_the_accelerate_config_it_is_launched_with():
         s = imp.setup
         assert (imp.format, s.strategy, s.gpus, s.gpus_per_node, s.lora_rank) == ("llamafactory", "ddp", 8, 4, 8)
         assert {Path(f).name for f in imp.files} == {lf.name, acc.name}
-    with pytest.raises(ConfigError, match="FSDP1's flat parameters"):       # LoRA under accelerate's FSDP1
-        read([lf, UP / "accelerate" / "examples" / "config_yaml_templates" / "fsdp.yaml"])
+    fsdp = read([lf, UP / "accelerate" / "examples" / "config_yaml_templates" / "fsdp.yaml"])   # (once refused)
+    s = fsdp.setup                       # LoRA under accelerate's FSDP1, with the template's fsdp_use_orig_params
+    assert (s.strategy, s.gpus, s.lora_rank, s.use_orig_params) == ("fsdp1", 2, 8, True)
 
 
 @pytest.mark.parametrize("ds, gpus, field, value", [

@@ -77,7 +77,7 @@ def test_cli_and_explorer_offer_the_registry():
     (dict(strategy="zero2", offload_params=True), "offload_params needs zero3, fsdp2 or fsdp1"),
     (dict(strategy="fsdp2", gpus=2, offload_optimizer=True, offload_params=True, offload_ratio=0.5), r"honoured only by DeepSpeed ZeRO-3 \(partial offload; strategy zero3\)"),
     (dict(strategy="single", gpus=2), "use ddp, zero1, zero2, zero3, fsdp2 or fsdp1"),
-    (dict(strategy="fsdp1", lora_rank=8), "lora_rank is modelled with strategies single, ddp, zero1, zero2, zero3 and fsdp2, got 'fsdp1'"),
+    (dict(strategy="fsdp2", use_orig_params=True), "use_orig_params is an FSDP1 option .* use it with strategy fsdp1, got 'fsdp2'"),
     (dict(strategy="zero1", adam_impl="fused", offload_optimizer=True), "steps on the host with DeepSpeedCPUAdam"),
     (dict(strategy="fsdp2", optimizer="adamw-8bit"), "strategies single, ddp, zero1 and zero2"),
 ])

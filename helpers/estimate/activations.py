@@ -78,13 +78,37 @@ def adapted_names(m: ModelSpec, setup) -> set[str]:
     return {t.name.rsplit(".", 2)[-2] for t in adapters.targets(m, setup) if t.group == "layer.0" and t.linear}
 
 
-def adapter_input_copy(setup) -> int:
+def first_iteration_casts(setup) -> bool:
+    """LoRA under FSDP1 with bf16-mixed: an adapter's weight, as peft reads it before calling the adapter
+    (`lora_A.weight.dtype`), is a view of its unit's fp32 FlatParameter until that unit is first unsharded; FSDP1
+    (use_orig_params=False, accelerate's default) then leaves it a view of the bf16 unsharded buffer. So in the first
+    iteration peft casts each adapted linear's input to fp32 and autocast casts it back to bf16, a copy each adapter
+    keeps (as on one GPU under autocast); from the second on the casts are no-ops and the adapters share their input.
+    torch 2.13 `torch/distributed/fsdp/_flat_param.py` (_use_unsharded_views); peft 0.21 tuners/lora/layer.py
+    Linear.forward (_cast_input_dtype); located in dry runs (iteration 1 saves 4 more layer-input copies per Llama
+    layer than iteration 2)."""
+    return bool(setup.lora_rank) and setup.strat.engine == "fsdp1" and setup.precision == "bf16-mixed" \
+        and not setup.use_orig_params
+
+
+def every_iteration_casts(setup) -> bool:
+    """As `first_iteration_casts`, in every iteration: FSDP1 with use_orig_params=True makes the original parameters
+    views of the sharded FlatParameter again after each reshard (`_flat_param.py` _use_sharded_views), the adapters'
+    fp32 shards, so peft casts each adapted layer's input every time (dry runs: iteration 2 keeps as much as 1)."""
+    return bool(setup.lora_rank) and setup.strat.engine == "fsdp1" and setup.precision == "bf16-mixed" \
+        and setup.use_orig_params
+
+
+def adapter_input_copy(setup, first: bool = False) -> int:
     """Bytes per element of the copy of its input each adapted linear keeps for itself, 0 where the adapters read the
     very tensor the base layer read. peft casts a layer's input to the adapters' dtype (`_cast_input_dtype`): fp32
     adapters on a bf16 base (`TrainSetup.adapters_fp32`, peft's default) get an fp32 copy each, which they keep
     (4); under torch's autocast the matmul casts it back to bf16 and keeps that (2); adapters in the base's dtype
     share the input (0), and so do fp32 adapters whose engine computes with 16-bit copies of them (FSDP2's
-    MixedPrecisionPolicy: peft casts the input to that copy's dtype, a no-op)."""
+    MixedPrecisionPolicy: peft casts the input to that copy's dtype, a no-op). `first`: in the first iteration, where
+    `first_iteration_casts` says it differs (2)."""
+    if first and first_iteration_casts(setup) or every_iteration_casts(setup):
+        return 2
     if not setup.adapters_fp32 or setup.precision == "fp32" or not setup.strat.adapter_dtype:
         return 0
     return 2 if setup.mixed and setup.strat.autocast else 4
@@ -110,7 +134,7 @@ def mlp_forward_working_set(m: ModelSpec, s) -> tuple[str, int]:
     return "act(gate), up and their product", around + 3 * a * T * I
 
 
-def lora_saves(m: ModelSpec, setup) -> tuple[int, int, int]:
+def lora_saves(m: ModelSpec, setup, first: bool = False) -> tuple[int, int, int]:
     """Bytes per token a decoder layer with LoRA keeps in its norms, for o_proj's input and for down_proj's input.
 
     The base is frozen, norms included: a frozen linear saves no input and `weight * x` with a frozen weight saves
@@ -123,7 +147,7 @@ def lora_saves(m: ModelSpec, setup) -> tuple[int, int, int]:
     dtype: bf16 under autocast, fp32 for fp32 adapters without it, else the base's) instead of the shared input, and
     torch's native_dropout saves its mask for backward (bool, 1 byte per element)."""
     a = 4 if compute_mode(setup) == "fp32" else 2
-    own = adapter_input_copy(setup)
+    own = adapter_input_copy(setup, first)
     dropped = bool(setup.lora_dropout)
     adapted = adapted_names(m, setup)
 
@@ -261,13 +285,13 @@ def _expanded_note(m: ModelSpec, s) -> str:
             f"(kv_expanded: torchtune's and LitGPT's attention)") if extra else ""
 
 
-def layer_bytes(m: ModelSpec, setup, moe: bool) -> int:
-    """Bytes saved for backward by one decoder layer, without checkpointing."""
+def layer_bytes(m: ModelSpec, setup, moe: bool, first: bool = False) -> int:
+    """Bytes saved for backward by one decoder layer, without checkpointing (`first`: in the first iteration)."""
     T, B, S = setup.batch * setup.seq, setup.batch, setup.seq
     mode = compute_mode(setup)
     a = 4 if mode == "fp32" else 2                                  # attention / MLP compute dtype
     if setup.lora_rank:
-        norms, o_input, down_input = lora_saves(m, setup)
+        norms, o_input, down_input = lora_saves(m, setup, first)
     else:
         qkv_readers, mlp_readers = (1 if m.fused_qkv else 3), (1 if m.fused_gate_up else 2)
         norms = norm_bytes(m, setup, qkv_readers) + norm_bytes(m, setup, mlp_readers) \
@@ -417,6 +441,16 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
                   max(per_dense, per_moe) - stream, BWD_HEAD, "the last layer's backward comes first: its forward is "
                   "re-run beside every checkpointed input (its own counted above)")
     else:
+        if first_iteration_casts(s):
+            first_dense = layer_bytes(m, s, moe=False, first=True) - layer_bytes(m, s, moe=False)
+            first_moe = layer_bytes(m, s, moe=True, first=True) - layer_bytes(m, s, moe=True) if m.moe_layers else 0
+            b.gpu("first iteration: each adapted linear's own bf16 copy of its input", "activations",
+                  dense_layers * first_dense + m.moe_layers * first_moe,
+                  FIRST_FORWARDS | {"backward_start", "backward_head"},
+                  "until each adapter unit is first gathered, peft reads its weight as fp32 and casts the input to "
+                  "fp32, autocast casts it back and the adapter keeps that copy (first_iteration_casts)")
+            b.gpu("first iteration: the first layer's own input copies, not yet freed", "activations",
+                  max(first_dense, first_moe), {"backward_end"}, "backward frees each layer's saved tensors as it passes")
         b.gpu("saved activations", "activations", full + final_norm, FORWARDS | BWD_START | BWD_HEAD,
               f"{per_dense / T:,.0f} bytes per token per dense layer" + (f", {per_moe / T:,.0f} per MoE layer" if per_moe else "")
               + _expanded_note(m, s))

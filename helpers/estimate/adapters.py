@@ -51,10 +51,24 @@ def experts_adapted(m: ModelSpec, setup) -> bool:
     return converted(m, setup) and any(t.ndim == 3 for t in targets(m, setup))
 
 
+def check_fsdp1(m: ModelSpec, setup) -> None:
+    """InputError for LoRA on an MoE's 3-D experts under FSDP1: peft's ParamWrapper merges each expert weight, a view
+    of FSDP1's flat parameter, with its delta in place, and autograd stops it ("Output 0 of View is a view and its base
+    or another view of its base has been modified inplace"; torch 2.13 FSDP1 on gloo with peft 0.21.2 training a tiny
+    Mixtral, and its dry run alike). A run that fails before its first step has no memory to estimate."""
+    if setup.lora_rank and setup.strat.engine == "fsdp1" and experts_adapted(m, setup):
+        raise InputError(f"LoRA on {m.name}'s MoE experts under strategy 'fsdp1' fails before it trains: peft's "
+                         f"ParamWrapper merges each expert weight, a view of FSDP1's flat parameter, in place and "
+                         f"autograd refuses it (seen on torch 2.13 with peft 0.21.2); use strategy fsdp2, or "
+                         f"lora_targets without the experts (e.g. q_proj,k_proj,v_proj,o_proj)")
+
+
 def check(m: ModelSpec, setup) -> None:
     """InputError where peft itself refuses the set-up: ParamWrapper raises for lora_dropout != 0; a list naming one
     of the two names fused into gate_up_proj without the other; "all-linear" on peft 0.19.x; a list whose only
-    targets are transformers 4 names a peft before 0.19 finds no module for."""
+    targets are transformers 4 names a peft before 0.19 finds no module for; LoRA on the experts under FSDP1
+    (`check_fsdp1`)."""
+    check_fsdp1(m, setup)
     if not setup.lora_rank or not m.peft_named(setup.lora_targets):
         return
     peft = versions.of(setup, "peft")[0]

@@ -111,6 +111,11 @@ def add_model_states(b: Builder, m: ModelSpec) -> None:
             why = ("fully_shard shards every parameter, frozen ones too: each rank keeps a dim-0 chunk padded to "
                    "ceil(rows/N) rows (_fsdp_param.py _init_sharded_param), in the dtype the base was loaded in"
                    + ("; CPUOffloadPolicy: on the host" if s.offload_params else ""))
+        elif s.strat.engine == "fsdp1":
+            part = [ceil_div(n, s.degrees.shard) for n in fsdp1_units(m)]
+            why = ("peft's fsdp_auto_wrap_policy: each decoder layer's frozen weights one FlatParameter, the embedding, "
+                   "final norm and head the root's, each padded to a multiple of the world size and 1/N kept, in the "
+                   "dtype the base was loaded in" + ("; CPUOffload: on the host" if s.offload_params else ""))
         else:
             part = [s.degrees.split(t.numel) for t in m.tensors]
             why = "ZeRO-3 partitions every parameter, frozen ones too (1/N each)" + \
@@ -676,6 +681,73 @@ def _zero3(b: Builder, m: ModelSpec) -> None:
            "DeepSpeedCPUAdam, lazy at the first step, pageable")
 
 
+def fsdp1_units(m: ModelSpec) -> list[int]:
+    """The elements of each FSDP1 unit of `m` as `helpers.measure.fsdp1` wraps it: the root (embedding, final norm,
+    an untied head) first, then a unit per decoder layer."""
+    layers = [v for k, v in m.group_params.items() if k.startswith("layer.")]
+    return [m.params - sum(layers)] + layers
+
+
+def _fsdp1_lora(b: Builder, m: ModelSpec) -> None:
+    """LoRA under FSDP1 as the HF Trainer wraps a peft model (transformers `distributed/fsdp.py`
+    update_fsdp_plugin_peft sets peft's `fsdp_auto_wrap_policy`): every adapter weight (a leaf Linear whose weight
+    requires grad) is a unit of its own, each decoder layer's frozen weights another, the frozen embedding, norm and
+    head the root; `m` is the adapters, `b.base` the whole model, whose frozen shards add_model_states placed. A frozen
+    unit has no gradient: it is gathered in forward and again in backward (for its input's gradient) and resharded
+    by a hook on its inputs' gradients (`_runtime_utils.py` _register_post_backward_reshard_only_hook), with no
+    reduce-scatter. Under bf16-mixed the adapters stay fp32 (peft's autocast_adapter_dtype; accelerate upcasts every
+    trainable FlatParameter to fp32 anyway) and MixedPrecision casts their shards to bf16 (`_mp_shard`); the bf16 base
+    is not cast again. torch 2.13 `torch/distributed/fsdp/`; each moment below was located in dry runs."""
+    s, G, base = b.setup, b.setup.degrees.shard, b.base
+    compute, storage = dtype_bytes(s)
+    off = s.offload_params
+    place = b.host if off else b.gpu
+    root, *layers = fsdp1_units(base)
+    shard = lambda n: ceil_div(n, G)
+    padded = lambda n: shard(n) * G
+    layer = max(layers)
+    adt = " (fp32)" if storage == 4 else " (bf16)"
+    shards = [shard(t.numel) for t in m.tensors]
+    place("sharded LoRA adapters" + adt + ", a unit each", "parameters", sum(shards) * storage, ALWAYS,
+          "peft's wrap policy makes every adapter weight its own FlatParameter, padded to a multiple of the world "
+          "size, 1/N kept" + ("; CPUOffload: on the host" if off else ""), pinned=off and s.pin_memory,
+          blocks=[n * storage for n in shards])
+    b.gpu("lazy initialisation: an unsharded buffer of the largest unit, made and freed", "temporaries",
+          max(padded(n) for n in [root] + layers) * compute, FORWARD_INIT,
+          "_init_param_attributes allocates _full_param_padded and frees it at once")
+    b.gpu("unsharded root unit (embedding, norm, head; frozen)", "temporaries", padded(root) * compute,
+          FORWARDS | BWD_START | BWD_HEAD | BWD_END | BWD_DONE,
+          "FULL_SHARD does not reshard the root after forward; with no gradient it is resharded when backward ends")
+    b.gpu("unsharded decoder layer being gathered (frozen)", "temporaries", padded(layer) * compute, GATHER,
+          "one layer unit at a time in forward (no forward prefetch); its adapters are units of their own")
+    b.gpu("unsharded last layer, prefetched", "temporaries", padded(layers[-1]) * compute, BWD_START | BWD_HEAD,
+          "BACKWARD_PRE: the root's pre-backward hook all-gathers the next unit")
+    b.gpu("the last layer's backward: the layer before it prefetched", "temporaries", padded(layer) * compute,
+          BWD_HEAD, "BACKWARD_PRE: each unit's pre-backward hook all-gathers the next before its own backward runs, "
+                    "every layer's activations but the head's still saved")
+    b.gpu("unsharded layer in backward and the next one prefetched (limit_all_gathers: 2 in flight)", "temporaries",
+          2 * padded(layer) * compute, BWD_END, "BACKWARD_PRE prefetch; a frozen layer makes no weight gradient")
+    if off:
+        base_blocks = [shard(n) * compute for n in [root] + layers]
+        every = base_blocks + [n * storage for n in shards]
+        b.host("pageable shards until the first reshard (pin_memory() made the pinned copy)", "parameters",
+               sum(every), FORWARD_INIT, "_init_param_attributes: _local_shard = _local_shard.pin_memory(); the flat "
+               "parameter still holds the pageable one until it is first resharded")
+        b.host("sharded gradient buffers on the host (_cpu_grad), frozen units' too", "gradients", sum(every),
+               frozenset(MOMENTS[MOMENTS.index("forward_init"):]),
+               "_init_param_attributes makes a pinned zeros_like(_local_shard) for every FlatParameter with "
+               "CPUOffload, whether it requires grad or not: the frozen base's as large as its shards; the "
+               "adapters' reduce-scattered gradients are copied into theirs", pinned=s.pin_memory, blocks=every)
+    else:
+        b.gpu("sharded gradients of the adapters" + adt, "gradients", sum(shards) * storage, GRADS,
+              "each adapter unit's flat gradient reduce-scattered, cast to the parameters' dtype "
+              "(_cast_grad_to_param_dtype)", blocks=[n * storage for n in shards])
+    place("AdamW exp_avg + exp_avg_sq of the adapters (sharded)", "optimizer_states", 2 * sum(shards) * storage,
+          STATES, "torch AdamW on the adapters' flat shards; the frozen base has none"
+          + ("; the step runs on the CPU" if off else ""))
+    _adam_temporary(b, m, sum(shards), storage, "host" if off else "gpu")
+
+
 def _fsdp1(b: Builder, m: ModelSpec) -> None:
     """FSDP1 (FullyShardedDataParallel, FULL_SHARD) as `helpers.measure.fsdp1` wraps a decoder: a unit per decoder
     layer and the root unit (embedding, final norm, output head), each one FlatParameter padded to a multiple of the
@@ -683,6 +755,8 @@ def _fsdp1(b: Builder, m: ModelSpec) -> None:
     `_full_param_padded`, `_full_prec_full_param_padded`, `_cpu_grad`), `_runtime_utils.py` (`_post_forward_reshard`
     keeps the root unsharded, BACKWARD_PRE prefetch, `_reduce_grad`, `_cast_grad_to_param_dtype`). Each moment below
     was located in dry runs."""
+    if b.base is not None:
+        return _fsdp1_lora(b, m)
     s, G = b.setup, b.setup.degrees.shard
     compute, storage = dtype_bytes(s)
     off = s.offload_params

@@ -19,7 +19,7 @@ from helpers import estimate, gpus, models, provenance, strategies
 from helpers import versions as library_versions
 from helpers.degrees import ceil_div
 from helpers.errors import InputError
-from helpers.estimate import reference
+from helpers.estimate import adapters, reference
 from helpers.measure import allocator, engines, fakegpu, nf4, reserved, tensor_parallel
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
@@ -202,14 +202,15 @@ class FSDP1Step(SingleStep):
         self.stack.enter_context(fsdp1.no_stream_records())
         self.stack.enter_context(fsdp1.pinned_host_memory())
         self.stack.enter_context(fsdp1.reduce_scatter_counted(tracker))
+        self.stack.enter_context(fsdp1.fake_data_ptrs_told_apart())
         try:
             self.model = fsdp1.wrap(model, setup, device_id=fakegpu.device(), process_group=mesh.get_group())
         except BaseException:
             self.stack.close()
             raise
         self.setup, self.tracker, self.module = setup, tracker, self.model
-        self.params = list(self.model.parameters())
-        tracker.label(self.params, "parameters")
+        tracker.label(list(self.model.parameters()), "parameters")
+        self.params = [p for p in self.model.parameters() if p.requires_grad]       # LoRA: the adapters only
         self.optimizer = engines.adamw(self.params, setup.adam, lr=1e-5)
 
     def close(self):
@@ -218,7 +219,8 @@ class FSDP1Step(SingleStep):
     def forward(self, ids):
         from helpers.measure import fsdp1
 
-        loss = self.model(input_ids=ids, labels=ids).loss
+        with self._autocast():                  # accelerate runs an FSDP model's forward under autocast too
+            loss = self.model(input_ids=ids, labels=ids).loss
         fsdp1.label_buffers(self.tracker, self.model, self.setup.offload_params)     # made by the lazy init
         return loss
 
@@ -480,6 +482,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         raise InputError(why)
     m = models.spec(model)
     m.check_lora_rank(setup.lora_rank, setup.lora_targets)
+    adapters.check_fsdp1(m, setup)
     st = setup.strat
     if setup.tensor_parallel > 1:
         from helpers.estimate import parallel

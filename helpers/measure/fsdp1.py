@@ -19,7 +19,11 @@ How it is wrapped, and why (torch 2.13 `torch/distributed/fsdp/fully_sharded_dat
 - offload: `CPUOffload(offload_params=True)`, FSDP1's only offload: parameter shards and gradient shards (`_cpu_grad`)
   on the host, so the optimizer steps on the host too; there is no separate optimizer offload, hence
   offload_optimizer and offload_params go together;
-- `use_orig_params=False` (torch's default): no per-parameter alignment padding in the flat parameter.
+- `use_orig_params=False` (torch's and accelerate's default; `TrainSetup.use_orig_params` sets True): no
+  per-parameter alignment padding in the flat parameter;
+- LoRA: peft's `fsdp_auto_wrap_policy` (what the HF Trainer sets for a peft model, transformers
+  `distributed/fsdp.py` update_fsdp_plugin_peft): every adapter weight its own unit, each decoder layer's frozen
+  weights another, and accelerate's autocast around the forward (as for every FSDP model under bf16-mixed).
 """
 
 from __future__ import annotations
@@ -47,11 +51,17 @@ def wrap(model, setup: TrainSetup, device_id=None, process_group=None):
     mp = None
     if setup.precision == "bf16-mixed":
         mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)
-    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=decoder_layer_classes(model))
+    if setup.lora_rank:
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        policy = fsdp_auto_wrap_policy(model)
+    else:
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=decoder_layer_classes(model))
     kw = {} if process_group is None else {"process_group": process_group}
     wrapped = FSDP(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD, mixed_precision=mp,
                    cpu_offload=CPUOffload(offload_params=setup.offload_params), device_id=device_id,
-                   backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True, use_orig_params=False,
+                   backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True,
+                   use_orig_params=setup.use_orig_params,
                    sync_module_states=False, **kw)
     return wrapped
 
@@ -84,6 +94,32 @@ def no_stream_records():
         yield
     finally:
         _flat_param._no_dispatch_record_stream, _runtime_utils._no_dispatch_record_stream = originals
+
+
+@contextlib.contextmanager
+def fake_data_ptrs_told_apart():
+    """FSDP1's end of backward reshards what no post-backward hook resharded (a frozen unit whose inputs need no
+    gradient: the root, the first layer under LoRA) unless `flat_param.data_ptr() == _local_shard.data_ptr()`
+    (`_runtime_utils.py` _catch_all_reshard); every fake tensor's data_ptr() is 0, so a dry run would skip that
+    reshard and keep those units unsharded through the step. Made to compare storages instead, which fake tensors
+    tell apart (a real GPU's pointers do)."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    original = _runtime_utils._catch_all_reshard
+
+    def catch_all_reshard(state):
+        handle = state._handle
+        if handle is None:
+            return
+        same = handle.flat_param.untyped_storage()._cdata == handle.flat_param._local_shard.untyped_storage()._cdata
+        if not same or handle._skipped_use_sharded_views:
+            _runtime_utils._reshard(state, handle, _runtime_utils._should_free_in_backward(state, handle))
+
+    _runtime_utils._catch_all_reshard = catch_all_reshard
+    try:
+        yield
+    finally:
+        _runtime_utils._catch_all_reshard = original
 
 
 def handles(wrapped) -> list:

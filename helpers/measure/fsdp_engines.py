@@ -55,15 +55,23 @@ class FSDP1Engine:
         self.stack.enter_context(fsdp1.reduce_scatter_counted(tracker))
         device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
         self.model = self.module = fsdp1.wrap(net, s, device_id=device)
-        self.params = list(self.model.parameters())
         self.where = "host" if s.offload_params else "gpu"
-        tracker.label(self.params, "parameters", self.where)
+        tracker.label(list(self.model.parameters()), "parameters", self.where)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]     # LoRA: the adapters' units only
         self.optimizer = engines.adamw(self.params, s.adam)
+        self.device_type = device_type
         self.describe = (f"FSDP1 FullyShardedDataParallel (FULL_SHARD) over gloo, {s.gpus} processes under torchrun, "
-                         f"torch AdamW ({s.adam})" + (", CPUOffload(offload_params=True)" if s.offload_params else ""))
+                         f"torch AdamW ({s.adam})" + (", CPUOffload(offload_params=True)" if s.offload_params else "")
+                         + (f", peft LoRA r={s.lora_rank} on {s.lora_targets}, wrapped by peft's fsdp_auto_wrap_policy"
+                            if s.lora_rank else ""))
 
     def forward(self, ids):
-        loss = self.model(input_ids=ids, labels=ids).loss
+        import contextlib
+
+        autocast = torch.autocast(self.device_type, dtype=engines.HALF[self.s.half]) if self.s.mixed else \
+            contextlib.nullcontext()            # accelerate runs an FSDP model's forward under autocast too
+        with autocast:
+            loss = self.model(input_ids=ids, labels=ids).loss
         self.fsdp1.label_buffers(self.tracker, self.model, self.s.offload_params)
         return loss
 

@@ -31,6 +31,7 @@ import torch
 from helpers import deepspeed_ops, deepspeed_rules, estimate, models, provenance
 from helpers import versions as library_versions
 from helpers.errors import InputError, MeasurementError
+from helpers.estimate import adapters
 from helpers.measure import children, engines, nf4, procgroup
 from helpers.measure.fsdp_engines import FSDP1Engine, FSDP2Engine
 from helpers.measure.steps import Hooks, run_steps
@@ -85,6 +86,7 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
     check_steps(steps)
     engines.refuse_unsupported(setup, "scaled")
     models.spec(model).check_lora_rank(setup.lora_rank, setup.lora_targets)
+    adapters.check_fsdp1(models.spec(model), setup)
     twin, s = scaled_setup(model, setup)
     st = s.strat
     if st.one_process_per_gpu and s.gpus > MAX_PROCESSES:

@@ -373,12 +373,16 @@ def _fsdp(c: Record, fsdp: dict) -> None:
     if kind is not None:
         sharded = base.fsdp_sharded_save(c.path, p + "fsdp_state_dict_type", kind)
         c.set(p + "fsdp_state_dict_type", kind, f"sharded_save={sharded}", sharded_save=sharded)
+    if "fsdp_use_orig_params" in fsdp and version == 1:      # (FSDP2 always keeps the original parameters)
+        on = c.flag(p + "fsdp_use_orig_params", fsdp["fsdp_use_orig_params"])
+        c.set(p + "fsdp_use_orig_params", on, f"use_orig_params={on}", use_orig_params=on)
     if "fsdp_cpu_ram_efficient_loading" in fsdp:
         on = c.flag(p + "fsdp_cpu_ram_efficient_loading", fsdp["fsdp_cpu_ram_efficient_loading"])
         c.set(p + "fsdp_cpu_ram_efficient_loading", on, loading.ram_efficient_words(on))
     for key, value in fsdp.items():
         if key not in ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy", "fsdp_offload_params",
-                       "fsdp_activation_checkpointing", "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading"):
+                       "fsdp_activation_checkpointing", "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading") \
+                and (key != "fsdp_use_orig_params" or version != 1):
             c.ignore(p + key, value)
 
 

@@ -48,7 +48,8 @@ CUSTOM_OPTIMIZERS = ("optimi_adamw", "ao_adamw_4bit", "ao_adamw_8bit", "ao_adamw
                      "q_galore_adamw8bit")
 # keys a reader of memory needs: every one is read below; anything else is listed as ignored.
 FSDP_KEYS = ("offload_params", "activation_checkpointing", "sharding_strategy", "reshard_after_forward",
-             "cpu_offload_pin_memory", "fsdp_version", "version", "state_dict_type", "cpu_ram_efficient_loading")
+             "cpu_offload_pin_memory", "fsdp_version", "version", "state_dict_type", "cpu_ram_efficient_loading",
+             "use_orig_params")
 
 
 HEAD_WHY = ("a sequence-classification model (a score head of num_labels outputs instead of the LM head): the estimate "
@@ -341,6 +342,13 @@ class _Reader:
             key, v = plain["cpu_ram_efficient_loading"]
             on = boolean(f, key, v)
             d.setting(f, self.line(ck(key)), ck(key), on, sets=loading.ram_efficient_words(on))
+        if "use_orig_params" in plain:            # utils/trainer.py setup_fsdp_envs: FSDP_USE_ORIG_PARAMS when true
+            key, v = plain["use_orig_params"]
+            on = boolean(f, key, v)
+            if strategy == "fsdp1":
+                d.setting(f, self.line(ck(key)), ck(key), v, use_orig_params=on)
+            else:
+                d.ignored_at(f, self.line(ck(key)), ck(key), v)
         if "reshard_after_forward" in plain:
             key, v = plain["reshard_after_forward"]
             if boolean(f, key, v):

@@ -630,3 +630,10 @@ def _fsdp(c: Record, fsdp, config: dict) -> None:
     if "cpu_ram_efficient_loading" in config:
         on = boolean(c.path, "fsdp_config.cpu_ram_efficient_loading", config["cpu_ram_efficient_loading"])
         c.set("fsdp_config.cpu_ram_efficient_loading", on, loading.ram_efficient_words(on))
+    if version != 2:                     # training_args.py: FSDP1 reads use_orig_params, "true" where it is unset
+        if "use_orig_params" in config:
+            on = boolean(c.path, "fsdp_config.use_orig_params", config["use_orig_params"])
+            c.set("fsdp_config.use_orig_params", on, f"use_orig_params={on}", use_orig_params=on)
+        else:
+            c.default("transformers 5.23.0", "fsdp_config.use_orig_params", True, "training_args.py: "
+                      "str_to_bool(fsdp_config.get('use_orig_params', 'true')) under FSDP1", use_orig_params=True)
