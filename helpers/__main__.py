@@ -236,7 +236,13 @@ def imported_from(a: argparse.Namespace):
         replaced = imp.model or (f"{imp.model_named} (not found here)" if imp.model_named else None)
         overrides.append({"flag": "--model", "field": "model", "value": a.model, "replaced": replaced,
                           "from": _origin(imp, "model") if imp.model_named else "the files name no model"})
-    return a.model or imp.model, setup_from_args(a, imp.setup), imp, overrides
+    setup = setup_from_args(a, imp.setup)
+    for field in FACES:                     # what the flags changed besides themselves (helpers.training with_applicable)
+        old, new = getattr(imp.setup, field), getattr(setup, field)
+        if field not in typed and old != new:
+            overrides.append({"flag": "(follows the flags)", "field": field, "value": new, "replaced": old,
+                              "from": _origin(imp, field), "implied": True})
+    return a.model or imp.model, setup, imp, overrides
 
 
 def _split_train_batch(a, imp, typed: dict, overrides: list) -> None:

@@ -390,7 +390,9 @@ def imported_table(imported, overrides=()) -> str:
         lines.append(f"  {short(d.key, 44):44s}{short(d.value, 14):>14s}  {short(d.sets, 35):36s}default ({d.tool})")
     for o in overrides:
         lines.append(f"  {o['flag']:44s}{short(o['value'], 14):>14s}  {short(o['field'] + '=' + str(o['value']), 35):36s}"
-                     + (f"flag, overrides {short(o['replaced'])} from {o['from']}" if o["replaced"] is not None
+                     + (f"restated under the flags: was {short(o['replaced'])} from {o['from']}"
+                        if o.get("implied") else
+                        f"flag, overrides {short(o['replaced'])} from {o['from']}" if o["replaced"] is not None
                         else "flag (" + ("the files do not set it" if o["from"].startswith("TrainSetup default")
                                          else o["from"]) + ")"))
     if imported.not_modelled:

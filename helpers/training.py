@@ -80,6 +80,10 @@ class Face:
     applies: object = None
     """A test on the set-up's values (a dict): where it fails, a value the user did not give goes back to the field's
     default (LoRA's targets without a LoRA rank; every-Nth-layer checkpointing without full checkpointing)."""
+    elsewhere: object = None
+    """Where `applies` fails: the fields (a dict) its value becomes instead of the default, the same fact in the
+    terms of the set-up's strategy (a float32 LoRA base is base_weights 'fp32' under autocast and load_dtype 'fp32'
+    under DeepSpeed, which casts the module it is given)."""
     remedy: tuple | None = None
     """(name, value): a way out `fixes` tries, setting the field to `value` where it is not already."""
     no_time: str = ""
@@ -219,7 +223,9 @@ class TrainSetup:
         choices=BASE_WEIGHTS, control=Control("menu", "LoRA base", options=("bf16",) + BASE_WEIGHTS, none="bf16",
                                               tooltip="fp32: a float32 base under autocast; nf4: QLoRA's 4-bit base "
                                                       "(with a LoRA rank); -dq: double quantisation"),
-        applies=lambda v: v["lora_rank"] is not None,
+        applies=lambda v: v["lora_rank"] is not None and not (v["base_weights"] == "fp32"
+                                                              and strategies.get(v["strategy"]).deepspeed),
+        elsewhere=lambda v: {"base_weights": None} | ({"load_dtype": "fp32"} if v["lora_rank"] is not None else {}),
         no_time="the base's storage changes the model's numerics (bitsandbytes nf4 dequantises in every matmul; an "
                 "fp32 base is cast in every matmul); its speed is not modelled"))
     """How LoRA's frozen base is stored. None: in the compute dtype (bf16; fp32 under precision 'fp32'). 'fp32': loaded
@@ -347,6 +353,10 @@ class TrainSetup:
                         "checkpoint's own); a checkpoint in another dtype is converted on every rank's host. Default: "
                         "the compute dtype (LLaMA-Factory, axolotl and OpenRLHF load in it)",
         choices=LOAD_DTYPES, applies=lambda v: strategies.get(v["strategy"]).deepspeed,
+        elsewhere=lambda v: {"load_dtype": None} | (
+            {"base_weights": "fp32"} if v["load_dtype"] == "fp32" and v["lora_rank"] is not None
+            and v["base_weights"] is None and v["precision"] in ("bf16-mixed", "fp16-mixed")
+            and strategies.get(v["strategy"]).autocast else {}),
         remedy=("model loaded in its compute dtype (TRL: dtype bfloat16)", None),
         no_time="where the weights are converted at load, not the step"))
     """DeepSpeed strategies only: the dtype `from_pretrained` loads the model in (TRL loads in float32 unless its
@@ -851,12 +861,17 @@ FACES = {f.name: f.metadata["face"] for f in dataclasses.fields(TrainSetup)}
 
 def with_applicable(setup: TrainSetup, keep=()) -> TrainSetup:
     """`setup` with every field whose Face's `applies` fails on it back at its default (LoRA's targets without a LoRA
-    rank, every-Nth-layer checkpointing without full checkpointing), except the fields in `keep` (what a user gave:
-    an inapplicable value given is refused by `validate`, never dropped). Not validated."""
+    rank, every-Nth-layer checkpointing without full checkpointing), or as its `elsewhere` restates it for the
+    strategy now set (a float32 LoRA base under DeepSpeed), except the fields in `keep` (what a user gave: an
+    inapplicable value given is refused by `validate`, never dropped). Not validated."""
     values = {f.name: getattr(setup, f.name) for f in dataclasses.fields(setup)}
-    back = {name: f.default for name, f in ((x.name, x) for x in dataclasses.fields(setup))
-            if FACES[name].applies is not None and name not in keep and not FACES[name].applies(values)
-            and values[name] != f.default}
+    back = {}
+    for f in dataclasses.fields(setup):
+        face = FACES[f.name]
+        if face.applies is None or f.name in keep or values[f.name] == f.default or face.applies(values):
+            continue
+        instead = face.elsewhere(values) if face.elsewhere else {f.name: f.default}
+        back.update({k: v for k, v in instead.items() if k not in keep})
     return dataclasses.replace(setup, **back) if back else setup
 
 

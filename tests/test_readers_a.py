@@ -503,3 +503,46 @@ def test_a_trl_loss_type_neither_sft_nor_dpo_is_refused_not_read_as_dpo(tmp_path
     assert read(write(tmp_path, "m.yaml", base + "loss_type: [sigmoid, sft]\n")).setup.run == "dpo"
     grpo = read(write(tmp_path, "g.yaml", base + "num_generations: 4\nloss_type: dapo\n"))
     assert grpo.setup is not None
+
+
+TRL_FP32_LORA = """model_name_or_path: Qwen/Qwen2.5-7B
+per_device_train_batch_size: 2
+max_length: 1024
+bf16: true
+use_peft: true
+lora_r: 16
+"""
+
+
+def test_a_strategy_flag_restates_trls_float32_base_in_its_own_terms(tmp_path, capsys):
+    """A TRL LoRA file leaves dtype to TRL's float32: on one GPU that is base_weights 'fp32' (autocast over an fp32
+    base). Under `--strategy zero2` DeepSpeed casts the module it is given, so the same fact is load_dtype 'fp32' (once
+    refused: "base_weights 'fp32' ... on 'zero2'"); the table says which values the flags restated."""
+    from helpers.__main__ import main
+
+    f = tmp_path / "sft.yaml"
+    f.write_text(TRL_FP32_LORA)
+    assert read(f, model="qwen2.5-7b").setup.base_weights == "fp32"
+    code = main(["estimate", "--from", str(f), "--model", "qwen2.5-7b", "--offline", "--strategy", "zero2",
+                 "--gpus", "8", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0 and (d["setup"]["base_weights"], d["setup"]["load_dtype"]) == (None, "fp32")
+    assert main(["estimate", "--from", str(f), "--model", "qwen2.5-7b", "--offline", "--strategy", "zero2",
+                 "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.lstrip().startswith("(follows the flags)")]
+    assert len(rows) == 2 and "base_weights=None" in rows[0] and "was fp32" in rows[0] and "load_dtype=fp32" in rows[1]
+    # a typed value is never restated: --base-weights fp32 under zero2 is refused as before
+    assert main(["estimate", "--from", str(f), "--model", "qwen2.5-7b", "--offline", "--strategy", "zero2",
+                 "--gpus", "8", "--base-weights", "fp32"]) == 2
+    assert "base_weights 'fp32'" in capsys.readouterr().err
+    # and back: a DeepSpeed run's float32 load on one GPU is the fp32 base under autocast
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}}')
+    g = tmp_path / "sft_ds.yaml"
+    g.write_text(TRL_FP32_LORA + f"deepspeed: {ds}\n")
+    assert read(g, model="qwen2.5-7b").setup.load_dtype == "fp32"
+    assert main(["estimate", "--from", str(g), "--model", "qwen2.5-7b", "--offline", "--strategy", "single",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["setup"]["base_weights"], d["setup"]["load_dtype"]) == ("fp32", None)

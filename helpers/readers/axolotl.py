@@ -302,7 +302,7 @@ class _Reader:
         d.fields["strategy"] = strategy
         if old:
             words = old if isinstance(old, list) else str(old).split()
-            d.setting(f, self.line("fsdp"), "fsdp", old, sets=f"strategy={strategy!r}")
+            d.setting(f, self.line("fsdp"), "fsdp", old, sets=f"strategy={strategy!r}", strategy=strategy)
             if "offload" in words:
                 plain.setdefault("offload_params", ("fsdp: offload", True))
             if "shard_grad_op" in words:
