@@ -117,6 +117,8 @@ GRID = [
                        use_orig_params=True)),
     ("qwen2.5-7b", T(strategy="fsdp1", gpus=4, precision="bf16", lora_rank=32, seq=1024, checkpointing="full")),
     ("mixtral-8x7b", T(strategy="fsdp1", gpus=8, lora_rank=16, lora_targets="q,v", seq=512, checkpointing="full")),
+    # FSDP1 SHARD_GRAD_OP (reshard_after_forward False): every unit unsharded from its forward to its backward
+    ("qwen2.5-7b", T(strategy="fsdp1", gpus=8, reshard_after_forward=False, seq=512, checkpointing="full")),
     # LoRA under FSDP2 (peft before fully_shard): untied and tied embeddings, bf16 and bf16-mixed, CPU offload
     ("llama-3-8b", T(strategy="fsdp2", gpus=8, precision="bf16", adam_impl="fused", lora_rank=32, seq=2048,
                      checkpointing="full", attention="flash")),
@@ -174,6 +176,7 @@ def _label(name: str, s: T) -> str:
     opts += [f"lora{s.lora_rank}" + ("" if s.lora_targets == "all-linear" else f"[{s.lora_targets}]")] * bool(s.lora_rank)
     opts += [s.base_weights] * bool(s.base_weights)
     opts += ["kv-expanded"] * s.kv_expanded + ["outputs-held"] * s.outputs_held
+    opts += ["orig-params"] * s.use_orig_params + ["shard-grad-op"] * (not s.reshard_after_forward)
     return f"{name} " + " ".join(opts)
 
 

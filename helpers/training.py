@@ -39,7 +39,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "reshard_after_forward", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -328,6 +328,17 @@ class TrainSetup:
     """FSDP1 only. True: FullyShardedDataParallel(use_orig_params=True): after each reshard the original parameters
     are views of the sharded FlatParameter (fp32 for trained units under bf16-mixed), so peft casts each adapted
     layer's input in every iteration, not only the first (`helpers.estimate.activations.first_iteration_casts`)."""
+    reshard_after_forward: bool = option(True, Face(
+        "--reshard-after-forward", "FSDP1: each unit's parameters freed after its forward and gathered again for its "
+                                   "backward (FULL_SHARD, the default); --no-reshard-after-forward: SHARD_GRAD_OP, every "
+                                   "unit kept unsharded from its forward to its backward (the whole 16-bit model at "
+                                   "the loss)",
+        negative="--no-reshard-after-forward",
+        control=Control("check", "reshard after forward", tooltip="FSDP1: FULL_SHARD (checked) or SHARD_GRAD_OP"),
+        applies=lambda v: strategies.get(v["strategy"]).family == "fsdp1",
+        no_time="the step's communication, which is not priced"))
+    """FSDP1 only. True: ShardingStrategy.FULL_SHARD; False: SHARD_GRAD_OP (ZeRO-2-like: parameters stay unsharded
+    between a unit's forward and its backward; gradients and optimizer states stay sharded)."""
     checkpoint_saves: bool = option(True, Face(
         "--checkpoint-saves", "the run saves checkpoints as it trains (the HF Trainer's save_strategy steps or epoch, "
                               "torchtitan's checkpoint.enable), and each save is counted after an optimizer step; "
@@ -650,6 +661,9 @@ class TrainSetup:
             raise InputError(f"sharded_save (FSDP's SHARDED_STATE_DICT) is an FSDP option: use it with strategy "
                              f"{strategies.listing(lambda x: x.family in ('fsdp1', 'fsdp2'), 'or')}, got "
                              f"{self.strategy!r}")
+        if not self.reshard_after_forward and st.family != "fsdp1":
+            raise InputError(f"reshard_after_forward False (SHARD_GRAD_OP) is modelled with strategy "
+                             f"{strategies.listing(lambda x: x.family == 'fsdp1', 'or')}, got {self.strategy!r}")
         if self.use_orig_params and st.family != "fsdp1":
             raise InputError(f"use_orig_params is an FSDP1 option (FullyShardedDataParallel; FSDP2 always keeps the "
                              f"original parameters): use it with strategy "

@@ -116,3 +116,46 @@ def test_dry_run_of_cpu_offload_is_refused_with_the_reason():
     with pytest.raises(InputError, match=r"no dry run of FSDP1 with CPU offload: .* `estimate` models it") as err:
         dryrun.run("llama-3.2-1b", s, progress=False)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name, options", [
+    ("llama-3.2-1b", dict(gpus=4, seq=512)),
+    ("qwen2.5-7b", dict(gpus=8, seq=512, checkpointing="full", precision="bf16")),
+    ("llama-3.2-1b", dict(gpus=4, seq=512, lora_rank=16, checkpointing="full")),
+], ids=["tied-mixed", "7b-bf16-ckpt", "lora-ckpt"])
+def test_shard_grad_op_keeps_every_unit_gathered_to_its_backward(name, options):
+    """SHARD_GRAD_OP (reshard_after_forward False): no unit is freed after its forward, so at the loss the whole
+    16-bit model is unsharded on every GPU, in the dry run as in the estimate (to the byte there); once estimated as
+    FULL_SHARD, a GiB under for a 1B model. Backward is counted a layer high at most (the last layer's prefetch)."""
+    s = TrainSetup(strategy="fsdp1", reshard_after_forward=False, **options)
+    d, e = dryrun.run(name, s, progress=False), estimate.run(name, s, lifecycle=False)
+    full = estimate.run(name, s.replace(reshard_after_forward=True), lifecycle=False)
+    for phase, got in d.gpu.phases.items():
+        want = e.gpu.phases[phase]
+        assert got - got // 400 <= want <= got * 1.025, phase
+    assert e.gpu.breakdown["forward"]["temporaries"] == d.gpu.breakdown["forward"]["temporaries"] or s.lora_rank
+    assert full.gpu.phases["forward"] < d.gpu.phases["forward"] - 2**28      # FULL_SHARD's figure: under
+    with pytest.raises(InputError, match="reshard_after_forward False .* modelled with strategy fsdp1") as err:
+        TrainSetup(strategy="fsdp2", gpus=2, reshard_after_forward=False).validate()
+    assert "\n" not in str(err.value)
+
+
+def test_readers_take_shard_grad_op_under_fsdp1_and_list_it_under_fsdp2(tmp_path):
+    from helpers import readers
+
+    trl = tmp_path / "sft.yaml"
+    trl.write_text("model_name_or_path: meta-llama/Llama-3.2-1B\nbf16: true\nfsdp: shard_grad_op auto_wrap\n"
+                   "fsdp_config:\n  version: 1\n")
+    s = readers.read(trl, model="llama-3.2-1b").setup
+    assert (s.strategy, s.reshard_after_forward) == ("fsdp1", False)
+    launcher = tmp_path / "acc.yaml"
+    launcher.write_text("distributed_type: FSDP\nnum_processes: 4\nmixed_precision: bf16\nfsdp_config:\n"
+                        "  fsdp_version: 1\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n")
+    trl.write_text("model_name_or_path: meta-llama/Llama-3.2-1B\nbf16: true\n")
+    s = readers.read([trl, launcher], model="llama-3.2-1b").setup
+    assert (s.strategy, s.gpus, s.reshard_after_forward) == ("fsdp1", 4, False)
+    launcher.write_text("distributed_type: FSDP\nnum_processes: 4\nmixed_precision: bf16\nfsdp_config:\n"
+                        "  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n")
+    imp = readers.read([trl, launcher], model="llama-3.2-1b")
+    assert (imp.setup.strategy, imp.setup.reshard_after_forward) == ("fsdp2", True)
+    assert any(n.key == "fsdp_config.fsdp_reshard_after_forward" for n in imp.not_modelled)

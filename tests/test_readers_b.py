@@ -505,7 +505,7 @@ def test_axolotl_fsdp1_and_not_modelled(tmp_path):
     i = read(p)
     nm = keyed(i.not_modelled)
     assert i.setup.strategy == "fsdp1"
-    assert nm["fsdp_config.fsdp_sharding_strategy"].value == "SHARD_GRAD_OP"
+    assert "fsdp_config.fsdp_sharding_strategy" not in nm and i.setup.reshard_after_forward is False   # SHARD_GRAD_OP
     assert nm["gradient_checkpointing"].value == "offload" and (i.setup.checkpointing == "full")
     assert nm["optimizer"].value == "paged_adamw_32bit" and nm["rl"].value == "kto"
     assert keyed(i.defaults)["fsdp_version"].value == 1

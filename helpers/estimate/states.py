@@ -688,6 +688,22 @@ def fsdp1_units(m: ModelSpec) -> list[int]:
     return [m.params - sum(layers)] + layers
 
 
+def _kept_gathered(b: Builder, layers: list[int], padded, compute: int) -> None:
+    """FSDP1 under SHARD_GRAD_OP (reshard_after_forward False): a unit is not freed after its forward
+    (`_runtime_utils.py` _post_forward_reshard frees only under the strategies that reshard after forward), so every
+    decoder layer stays unsharded from its forward to its own backward, after which it is freed; the root and the
+    layer being gathered (or prefetched) are counted by the items beside this. Located in dry runs (Llama-3.2-1B on 4
+    ranks: the whole bf16 model unsharded at the loss)."""
+    if b.setup.reshard_after_forward:
+        return
+    b.gpu("every other decoder layer kept unsharded after its forward (SHARD_GRAD_OP)", "temporaries",
+          sum(padded(n) for n in layers[:-1]) * compute, GATHER | LOSS | BWD_START | BWD_HEAD,
+          "no reshard after forward: each layer's all-gathered parameters stay until its backward has run (at the "
+          "last layer's backward the one before it is counted twice: prefetching it gathers nothing)")
+    b.gpu("the last decoder layer kept unsharded after its forward (SHARD_GRAD_OP)", "temporaries",
+          padded(layers[-1]) * compute, LOSS, "no reshard after forward; its backward's prefetch is counted beside")
+
+
 def _fsdp1_lora(b: Builder, m: ModelSpec) -> None:
     """LoRA under FSDP1 as the HF Trainer wraps a peft model (transformers `distributed/fsdp.py`
     update_fsdp_plugin_peft sets peft's `fsdp_auto_wrap_policy`): every adapter weight (a leaf Linear whose weight
@@ -722,6 +738,12 @@ def _fsdp1_lora(b: Builder, m: ModelSpec) -> None:
           "one layer unit at a time in forward (no forward prefetch); its adapters are units of their own")
     b.gpu("unsharded last layer, prefetched", "temporaries", padded(layers[-1]) * compute, BWD_START | BWD_HEAD,
           "BACKWARD_PRE: the root's pre-backward hook all-gathers the next unit")
+    _kept_gathered(b, layers, padded, compute)
+    if not s.reshard_after_forward:
+        b.gpu("every adapter unit kept unsharded after its forward (SHARD_GRAD_OP)", "temporaries",
+              sum(padded(t.numel) for t in m.tensors) * compute, GATHER | LOSS | BWD_START | BWD_HEAD,
+              "the adapters' units are not freed after their forward either: their all-gathered (16-bit under "
+              "MixedPrecision) parameters stay until their backward")
     b.gpu("the last layer's backward: the layer before it prefetched", "temporaries", padded(layer) * compute,
           BWD_HEAD, "BACKWARD_PRE: each unit's pre-backward hook all-gathers the next before its own backward runs, "
                     "every layer's activations but the head's still saved")
@@ -788,6 +810,7 @@ def _fsdp1(b: Builder, m: ModelSpec) -> None:
     b.gpu("unsharded last layer, prefetched", "temporaries", padded(layers[-1]) * compute, BWD_START | BWD_HEAD,
           "BACKWARD_PRE: the root's pre-backward hook (on the loss, so before the loss's own backward) all-gathers "
           "the next unit")
+    _kept_gathered(b, layers, padded, compute)
     head = gp["embed"] if m.tied else m.lm_head_params
     b.gpu("output head's weight gradient, held until the root's flat gradient is assembled", "temporaries",
           head * compute, BWD_HEAD | BWD_END | BWD_DONE,

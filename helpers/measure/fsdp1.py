@@ -58,7 +58,8 @@ def wrap(model, setup: TrainSetup, device_id=None, process_group=None):
     else:
         policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=decoder_layer_classes(model))
     kw = {} if process_group is None else {"process_group": process_group}
-    wrapped = FSDP(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD, mixed_precision=mp,
+    sharding = ShardingStrategy.FULL_SHARD if setup.reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP
+    wrapped = FSDP(model, auto_wrap_policy=policy, sharding_strategy=sharding, mixed_precision=mp,
                    cpu_offload=CPUOffload(offload_params=setup.offload_params), device_id=device_id,
                    backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True,
                    use_orig_params=setup.use_orig_params,

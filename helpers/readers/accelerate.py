@@ -352,6 +352,9 @@ def _fsdp(c: Record, fsdp: dict) -> None:
             c.set(shard_key, shard, "parameters, gradients and optimizer states sharded (full shard)")
         elif str(shard).upper() == "NO_SHARD":
             c.set(shard_key, shard, "strategy=ddp (nothing sharded)", strategy="ddp")
+        elif version == 1 and str(shard).upper() == "SHARD_GRAD_OP":
+            c.set(shard_key, shard, "reshard_after_forward=False (parameters kept gathered from forward to backward)",
+                  reshard_after_forward=False)
         else:
             c.unmodelled(shard_key, shard, "parameters kept gathered between forward and backward "
                                            "(SHARD_GRAD_OP / reshard_after_forward false) or sharded within a node "

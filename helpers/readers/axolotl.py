@@ -328,6 +328,9 @@ class _Reader:
                 name = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYBRID_SHARD"}.get(name, name)
             if name == "FULL_SHARD":
                 d.setting(f, self.line(ck(key)), ck(key), v, sets="every state sharded (as modelled)")
+            elif name == "SHARD_GRAD_OP" and strategy == "fsdp1":
+                d.setting(f, self.line(ck(key)) or self.line("fsdp"), key if key.startswith("fsdp:") else ck(key), v,
+                          reshard_after_forward=False)
             elif name in ("SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
                 d.unmodelled_at(f, self.line(ck(key)) or self.line("fsdp"), key if key.startswith("fsdp:") else ck(key),
                                v, f"FSDP sharding strategy {name} is not modelled: estimated as FULL_SHARD")
@@ -353,6 +356,8 @@ class _Reader:
             key, v = plain["reshard_after_forward"]
             if boolean(f, key, v):
                 d.setting(f, self.line(ck(key)), ck(key), v, sets="resharded after forward (as modelled)")
+            elif strategy == "fsdp1":
+                d.setting(f, self.line(ck(key)), ck(key), v, reshard_after_forward=False)
             else:
                 d.unmodelled_at(f, self.line(ck(key)), ck(key), v, "parameters kept gathered from forward to backward "
                                                                   "are not modelled")

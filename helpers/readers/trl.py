@@ -613,10 +613,13 @@ def _fsdp(c: Record, fsdp, config: dict) -> None:
         raise ConfigError(c.path, f"fsdp {fsdp!r} under FSDP2 (fsdp_config version 2, transformers' default): only "
                                   f"full_shard and shard_grad_op exist there, and transformers stops ('only available "
                                   f"with FSDP1'); set fsdp_config version: 1 or use full_shard")
-    if "full_shard" not in words:
+    if "full_shard" not in words and not (version != 2 and "shard_grad_op" in [w.lower() for w in words]):
         c.unmodelled("fsdp", fsdp, "FSDP sharding other than full_shard is not modelled: estimated as full shard")
     if version == 2:
         c.set("fsdp", fsdp, "strategy=fsdp2 (fsdp_config version 2)", strategy="fsdp2")
+    elif "full_shard" not in words and "shard_grad_op" in [w.lower() for w in words]:
+        c.set("fsdp", fsdp, "strategy=fsdp1, reshard_after_forward=False (SHARD_GRAD_OP)", strategy="fsdp1",
+              reshard_after_forward=False)
     else:
         c.set("fsdp", fsdp, "strategy=fsdp1", strategy="fsdp1")
     if "offload" in words:
