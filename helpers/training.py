@@ -336,7 +336,8 @@ class TrainSetup:
         negative="--no-reshard-after-forward",
         control=Control("check", "reshard after forward", tooltip="FSDP1: FULL_SHARD (checked) or SHARD_GRAD_OP"),
         applies=lambda v: strategies.get(v["strategy"]).family == "fsdp1",
-        no_time="the step's communication, which is not priced"))
+        remedy=("FULL_SHARD (fsdp_sharding_strategy)", True),
+        no_time="FULL_SHARD's second all-gather of each unit in backward, which is not priced"))
     """FSDP1 only. True: ShardingStrategy.FULL_SHARD; False: SHARD_GRAD_OP (ZeRO-2-like: parameters stay unsharded
     between a unit's forward and its backward; gradients and optimizer states stay sharded)."""
     checkpoint_saves: bool = option(True, Face(

@@ -129,7 +129,8 @@ def test_the_explorer_sets_none_and_values_off_its_stops():
 
 def test_fixes_takes_its_single_valued_ways_out_and_untimed_fields_from_the_faces():
     names = [n for n, _ in fixes._candidates(None, TrainSetup(lora_rank=8, lora_dropout=0.1))   # no remedy in effect
-             + fixes._candidates(None, TrainSetup(strategy="zero3", gpus=8, zero3_init=False, load_dtype="fp32"))]
+             + fixes._candidates(None, TrainSetup(strategy="zero3", gpus=8, zero3_init=False, load_dtype="fp32"))
+             + fixes._candidates(None, TrainSetup(strategy="fsdp1", gpus=8, reshard_after_forward=False))]
     for field, f in FACES.items():
         if f.remedy:
             assert f.remedy[0] in names, field
