@@ -133,7 +133,7 @@ def ways_out(model, setup: TrainSetup, gpu: str | None = None, skipped: list | N
 
     def attempt(name: str, change: dict) -> WayOut | None:
         try:
-            new = setup.replace(**change)
+            new = setup.changed(**change)
             r = estimate.run(model, new)
         except InputError as exc:
             skipped.append((name, str(exc)))
@@ -189,7 +189,7 @@ def _pairs(model, setup: TrainSetup, base: Result, gpu) -> list[WayOut]:
                 continue                            # two values of one setting: not a pair
             change = a | b
             try:
-                new = setup.replace(**change)
+                new = setup.changed(**change)
                 r = estimate.run(model, new)
             except InputError:
                 continue
@@ -217,7 +217,7 @@ def _first_fitting(model, setup, changes, gpu):
     last = None
     for change in changes:
         try:
-            new = setup.replace(**change)
+            new = setup.changed(**change)
         except InputError:
             continue
         r = estimate.run(model, new)

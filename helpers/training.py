@@ -410,7 +410,7 @@ class TrainSetup:
                            "full logits before 1.15 for nll, 256-token chunks under checkpoint 1.4-1.14 for "
                            "chunked_nll, tiles of 4096 tokens x 32768 vocabulary entries from 1.15 (default: not "
                            "TRL, transformers' own loss)",
-        choices=TRL_LOSS_TYPES,
+        choices=TRL_LOSS_TYPES, applies=lambda v: not v["fused_ce"],     # use_liger_kernel: TRL takes Liger's loss
         no_time="TRL's chunked or tiled head recomputes the output head's projection in backward: its time is not "
                 "modelled"))
     """TRL's SFT `loss_type` as the run's config gives it ('unset': TRL's default at its release); None: the model's
@@ -574,6 +574,15 @@ class TrainSetup:
             raise InputError(f"unknown set-up option {unknown[0]!r}: allowed are "
                              f"{', '.join(f.name for f in dataclasses.fields(self))}")
         return dataclasses.replace(self, **changes).validate()
+
+    def changed(self, **changes) -> "TrainSetup":
+        """A copy with `changes` made and every other field restated where it no longer applies (`with_applicable`:
+        what a strategy change means for a float32 LoRA base, TRL's loss under a fused cross-entropy), validated:
+        a way out as the user would make it, not a bare field swap."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            return self.replace(**changes)                  # (its one-line refusal)
+        return with_applicable(dataclasses.replace(self, **changes), keep=changes).validate()
 
     def validate(self) -> "TrainSetup":
         """Raise InputError naming the bad value and what is allowed; return self when all is well.

@@ -353,3 +353,17 @@ def test_a_host_that_runs_out_with_offload_is_offered_offload_off():
     assert off.result.host.peak_bytes < base.host.peak_bytes
     assert "offload off (the states back on the GPUs)" not in {w.name for w in fixes.ways_out(
         "llama-3.1-8b", s.replace(offload_optimizer=False, host_gib=64))}
+
+
+def test_a_way_out_restates_what_it_makes_inapplicable():
+    """A TRL run with its default loss_type ('unset'): the fused cross-entropy way out (use_liger_kernel, where TRL
+    takes Liger's loss) is priced, not skipped over the now-moot loss_type (once: "leave one of them unset"); and a
+    float32 LoRA base moves to ZeRO-2 as DeepSpeed loads it (load_dtype fp32), not refused."""
+    s = TrainSetup(lora_rank=16, trl_loss_type="unset", versions="trl=1.10.0", seq=4096, batch=4, gpu_gib=20)
+    skipped = []
+    ways = fixes.ways_out("llama-3.2-3b", s, skipped=skipped)
+    assert not [w for w in skipped if w[0].startswith("fused cross-entropy")]
+    assert any(w.name.startswith("fused cross-entropy") for w in ways)
+    moved = s.replace(base_weights="fp32").changed(strategy="zero2", gpus=8)
+    assert (moved.base_weights, moved.load_dtype, moved.trl_loss_type) == (None, "fp32", "unset")
+    assert s.changed(fused_ce=True).trl_loss_type is None

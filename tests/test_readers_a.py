@@ -319,7 +319,8 @@ def test_trl_qlora_or_fsdp_on_its_float32_default_is_listed_with_its_bytes(tmp_p
     f = read(write(tmp_path, "f.yaml", base + "fsdp: full_shard auto_wrap\nfsdp_config:\n  version: 2\n"))
     nm = by_key(f.not_modelled)
     assert f.setup.strategy == "fsdp2" and f.setup.base_weights is None
-    assert "higher by at least 2 bytes per such parameter (5.98 GiB per GPU for llama-3.2-3b)" in nm["dtype"].why
+    assert "higher by at least 2 bytes per such parameter (5.98 GiB for llama-3.2-3b in all, divided over the GPUs " \
+           "that shard it)" in nm["dtype"].why        # (not per GPU: --gpus may change the world after reading)
     assert nm["dtype"].line is None and "default" in nm["dtype"].file
     ds_file(tmp_path, {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}, "z2.json")
     z = read(write(tmp_path, "z.yaml", base + "deepspeed: z2.json\n"))

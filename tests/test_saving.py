@@ -362,3 +362,15 @@ def test_the_save_line_says_the_model_then_the_optimizer():
     assert line.startswith("saving a checkpoint (after an optimizer step, counted in it): first the model, full model")
     assert "; then the optimizer, full optimizer state dict" in line and line.endswith("(one after the other: the "
                                                                                      "larger counts)")
+
+
+@pytest.mark.parametrize("strategy", ["fsdp1", "fsdp2"])
+def test_a_full_state_dict_save_gathers_offloaded_parameters_too(strategy):
+    """FULL_STATE_DICT gathers the whole model onto rank 0's host whether the shards live on the GPU or, offloaded, on
+    the host: the save's host item is the same (it once counted only GPU-resident parameters, and vanished)."""
+    s = TrainSetup(strategy=strategy, gpus=4, gpus_per_node=4, seq=256)
+    on_gpu = estimate.run("llama-3.2-1b", s)
+    offloaded = estimate.run("llama-3.2-1b", s.replace(offload_optimizer=True, offload_params=True))
+    name = "full model state dict on rank 0"
+    size = lambda r: next(i["bytes"] for i in r.items if i["name"].startswith(name))
+    assert size(offloaded) == size(on_gpu) > 0

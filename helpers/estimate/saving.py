@@ -61,10 +61,13 @@ SOURCE = ("transformers 5.23 trainer.py _save_checkpoint; accelerate 1.15 Accele
 
 
 def model_bytes(b: Builder) -> int:
-    """The model's state dict in the bytes each parameter is kept in on the GPU, whole (unsharded): the parameters
-    items alive at the step, times the shards they were split into."""
+    """The model's state dict in the bytes each parameter is kept in, whole (unsharded): the parameters items alive
+    at the step, on the GPU or offloaded to the host (a host item is per node: divided by its ranks), times the
+    shards they were split into."""
     s = b.setup
-    per_gpu = sum(i.nbytes for i in b.items if i.device == "gpu" and i.category == "parameters" and "step" in i.moments)
+    at_step = [i for i in b.items if i.category == "parameters" and "step" in i.moments]
+    per_gpu = sum(i.nbytes for i in at_step if i.device == "gpu") + \
+        sum(i.nbytes for i in at_step if i.device == "host") // s.ranks_per_node
     return per_gpu * (s.degrees.shard if "parameters" in s.strat.shards else 1)
 
 

@@ -559,13 +559,13 @@ class _Reader(collect.TrainerYaml):
                            base_weights="fp32")
             return
         m = self.spec()
-        extra, shards = "", 1 if qlora else max(1, c.fields.get("gpus", 1))
-        if m is not None:
+        extra = ""
+        if m is not None:          # (the world size may still change: --gpus is applied after the files are read)
             n = m.params - sum(t.numel for t in quantized.nf4_tensors(m)) if qlora else m.params
-            extra = f" ({to_gib(2 * n // shards):.2f} GiB per GPU for {m.name})"
+            extra = (f" ({to_gib(2 * n):.2f} GiB per GPU for {m.name})" if qlora else
+                     f" ({to_gib(2 * n):.2f} GiB for {m.name} in all, divided over the GPUs that shard it)")
         what = "the unquantised embedding, norms and head" if qlora else "the frozen base's shard on each GPU"
-        how = (", and the 4-bit matmuls compute in fp32 (bnb_4bit_compute_dtype is the dtype)" if qlora
-               else f", the base sharded over {shards} GPU(s)")
+        how = ", and the 4-bit matmuls compute in fp32 (bnb_4bit_compute_dtype is the dtype)" if qlora else ""
         where = self.path if key in self.data else f"{TOOL} default"
         c.unmodelled_at(where, self.lines.get(key), key, dtype,
                         f"{'QLoRA' if qlora else 'LoRA'} on a base loaded in float32 (TRL's default dtype) under "
