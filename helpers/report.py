@@ -136,7 +136,9 @@ def _overhead_words(r: Result) -> str:
     parts = preset_parts(r)
     ctx = gpus.cuda_context(r.meta.get("gpu_preset"))
     short = ctx.get("gpu", "").removeprefix("NVIDIA ").split(" ")[0]
-    assumed = f" (an {short}'s, assumed)" if "assumed" in ctx.get("note", "") else ""
+    preset = r.meta.get("gpu_preset")
+    assumed = (f" ({'none measured on ' + preset + ': ' if preset else ''}an {short}'s, assumed)"
+               if "assumed" in ctx.get("note", "") else "")
     if parts.get("nccl_buffers"):
         return f"the CUDA context{assumed}, cuBLAS's workspaces and NCCL's buffers"
     return f"the CUDA context{assumed} and cuBLAS's workspaces"

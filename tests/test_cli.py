@@ -194,3 +194,10 @@ def test_with_a_preset_the_estimate_counts_the_cuda_context_as_fit_does(capsys):
     assert "OOM on GPU with the device total" in out and "the CUDA context tips it over" in out
     assert main(["estimate", *base, "--seq", str(f["value"])]) == 0
     assert "fits:" in capsys.readouterr().out
+
+
+def test_an_assumed_cuda_context_names_the_preset_it_stands_in_for(capsys):
+    """--gpu A100-80GB has no measured CUDA context here: the verdict says the H100's is assumed for it, so the preset
+    does not read as ignored (a new user's question)."""
+    assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "A100-80GB", "--offline"]) == 0
+    assert "(none measured on a100-80gb: an H100's, assumed)" in capsys.readouterr().out
