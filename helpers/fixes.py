@@ -16,6 +16,7 @@ more), then those with a time by the time added, then by host RAM added.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from packaging.version import Version
@@ -66,6 +67,14 @@ def pinned_bytes(r: Result) -> int:
 
 NO_TIME = {name: f.no_time for name, f in FACES.items() if f.no_time}
 """Fields whose change is a different run, not a slower one: no seconds are priced (their Face says why)."""
+
+
+def _with_restated(change: dict, setup: TrainSetup, new: TrainSetup) -> dict:
+    """`change` and every other field the change restated (TrainSetup.changed: the Trainer's adam_impl dropped where
+    offload makes accelerate swap in DeepSpeed's CPU Adam), so a way out says all it changes."""
+    moved = {f.name: getattr(new, f.name) for f in dataclasses.fields(new)
+             if f.name not in change and getattr(new, f.name) != getattr(setup, f.name)}
+    return change | moved
 
 
 def _candidates(m, s: TrainSetup) -> list[tuple[str, dict]]:
@@ -138,7 +147,7 @@ def ways_out(model, setup: TrainSetup, gpu: str | None = None, skipped: list | N
         except InputError as exc:
             skipped.append((name, str(exc)))
             return None
-        return _way(model, name, change, setup, base, new, r, gpu)
+        return _way(model, name, _with_restated(change, setup, new), setup, base, new, r, gpu)
 
     def add(w: WayOut | None) -> None:
         if w is not None:
@@ -194,7 +203,8 @@ def _pairs(model, setup: TrainSetup, base: Result, gpu) -> list[WayOut]:
             except InputError:
                 continue
             if fit.fits(r, gpu)[0]:
-                found.append(_way(model, f"{name_a} + {name_b}", change, setup, base, new, r, gpu))
+                found.append(_way(model, f"{name_a} + {name_b}", _with_restated(change, setup, new), setup, base,
+                                  new, r, gpu))
     found.sort(key=lambda w: (w.step_seconds_added is None, w.step_seconds_added or 0.0, w.host_gib_added))
     return found[:PAIRS_KEPT]
 
@@ -221,7 +231,7 @@ def _first_fitting(model, setup, changes, gpu):
         except InputError:
             continue
         r = estimate.run(model, new)
-        last = (change, new, r)
+        last = (_with_restated(change, setup, new), new, r)
         if fit.fits(r, gpu)[0]:
             break
     return last

@@ -390,11 +390,13 @@ def test_a_trl_yaml_says_it_is_read_as_sft_and_fit_and_fixes_carry_the_caution(t
         assert "every 'fits' below holds only for what is modelled" in capsys.readouterr().out
 
 
-def test_fixes_on_zero3_with_the_trainers_optimizer_says_why_no_offload_ratio(capsys):
-    """The offload-ratio way out, refused for every ratio by the set-up (the Trainer's own AdamW under ZeRO-3 with
-    offload), is skipped with the set-up's reason (it was a TypeError)."""
+def test_fixes_on_zero3_with_the_trainers_optimizer_offloads_with_deepspeeds_cpu_adam(capsys):
+    """The offload-ratio way out under the Trainer's own AdamW on ZeRO-3: accelerate swaps in DeepSpeedCPUAdam when
+    the optimizer is offloaded (map_pytorch_optim_to_deepspeed), so the way out is priced with adam_impl unset and
+    says so (it was once a TypeError, then skipped as refused)."""
     from helpers.__main__ import main
 
     assert main(["fixes", "--offline", "--model", "qwen2.5-0.5b", "--strategy", "zero3", "--gpus", "2",
                  "--adam-impl", "fused", "--gpu", "a10g"]) == 0
-    assert "offload ratio (smallest that fits): adam_impl 'fused' with offload_optimizer" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "offload_optimizer=True, offload_ratio=0.05, adam_impl unset" in out
