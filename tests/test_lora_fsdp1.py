@@ -205,3 +205,16 @@ def test_trl_takes_transformers_default_of_use_orig_params(tmp_path):
     imported = readers.read(f, model="llama-3.2-1b")
     assert imported.setup.strategy == "fsdp1" and imported.setup.use_orig_params is True
     assert any(d.key == "fsdp_config.use_orig_params" and "transformers" in d.tool for d in imported.defaults)
+
+
+def test_the_recorded_mixtral_row_attention_adapters_only():
+    """The grid's Mixtral-8x7B row under FSDP1 with q,v adapters (data/results/dryrun_vs_estimate.json): its peak (the
+    backward) is over the dry run, and its forward, a gathered MoE layer's moment, under by less than 1% (0.77%
+    recorded: what the MoE layer's forward working set leaves out there is not yet located)."""
+    doc = json.loads((models.DATA_DIR / "results" / "dryrun_vs_estimate.json").read_text())
+    (row,) = [r for r in doc["rows"] if r["model"] == "mixtral-8x7b" and r["setup"]["strategy"] == "fsdp1"]
+    e = estimate.run("mixtral-8x7b", TrainSetup(**row["setup"]), lifecycle=False)
+    dry = row["dry_run"]["gpu"]["phases"]
+    assert e.gpu.peak_bytes >= max(dry.values())
+    for phase, got in dry.items():
+        assert got * 0.99 <= e.gpu.phases[phase] <= got * 1.02, phase
