@@ -45,6 +45,8 @@ from helpers.estimate.items import (
 from helpers.models import ModelSpec, Tensor, lora_shape
 from helpers.training import TrainSetup
 
+FROM_FORWARD_INIT = frozenset(MOMENTS[MOMENTS.index("forward_init"):])   # an engine's lazy buffers, kept from then on
+
 
 class Builder:
     """Collects items; host items are given per rank and counted for every rank on the node."""
@@ -756,7 +758,7 @@ def _fsdp1_lora(b: Builder, m: ModelSpec) -> None:
                sum(every), FORWARD_INIT, "_init_param_attributes: _local_shard = _local_shard.pin_memory(); the flat "
                "parameter still holds the pageable one until it is first resharded")
         b.host("sharded gradient buffers on the host (_cpu_grad), frozen units' too", "gradients", sum(every),
-               frozenset(MOMENTS[MOMENTS.index("forward_init"):]),
+               FROM_FORWARD_INIT,
                "_init_param_attributes makes a pinned zeros_like(_local_shard) for every FlatParameter with "
                "CPUOffload, whether it requires grad or not: the frozen base's as large as its shards; the "
                "adapters' reduce-scattered gradients are copied into theirs", pinned=s.pin_memory, blocks=every)
@@ -785,9 +787,8 @@ def _fsdp1(b: Builder, m: ModelSpec) -> None:
     mp = s.precision == "bf16-mixed"
     place = b.host if off else b.gpu
     gp = m.group_params
-    layers = [v for k, v in gp.items() if k.startswith("layer.")]
-    root = m.params - sum(layers)                              # embedding, final norm, an untied head
-    units = [root] + layers
+    units = fsdp1_units(m)
+    root, *layers = units                                      # root: embedding, final norm, an untied head
     shard = lambda n: ceil_div(n, G)
     padded = lambda n: shard(n) * G
     layer = max(layers)
@@ -837,8 +838,7 @@ def _fsdp1(b: Builder, m: ModelSpec) -> None:
         b.host("pageable shards until the first reshard (pin_memory() made the pinned copy)", "parameters",
                shards * storage, FORWARD_INIT, "_init_param_attributes: _local_shard = _local_shard.pin_memory(); the "
                "flat parameter still holds the pageable one until it is first resharded")
-        lazy = frozenset(MOMENTS[MOMENTS.index("forward_init"):])
-        b.host("sharded gradients on the host (_cpu_grad)" + dt, "gradients", shards * storage, lazy,
+        b.host("sharded gradients on the host (_cpu_grad)" + dt, "gradients", shards * storage, FROM_FORWARD_INIT,
                "made (zeros, pinned) at the lazy initialisation and kept: each reduce-scattered gradient is copied in",
                pinned=pin, blocks=[shard(n) * storage for n in units])
     else:
