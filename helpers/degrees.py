@@ -5,7 +5,10 @@ component asks instead of dividing the world size itself).
 world = tp x cp x dp. Tensor parallelism splits each weight over `tp` ranks; context parallelism splits each sequence
 over `cp` ranks; the remaining `dp` ranks see different batches. A sharding strategy (ZeRO, FSDP) splits the model
 states it shards over the data- and context-parallel ranks together (FSDP2's `dp_shard_cp` mesh), `shard` of them; a
-replicating one (DDP) keeps a copy on each of those, `replicate` of them.
+replicating one (DDP) keeps a copy on each of those, `replicate` of them. Hybrid sharding (FSDP2's HSDP over a
+(dp_replicate, dp_shard) mesh, FSDP1's HYBRID_SHARD) splits the data-parallel ranks into `dp_replicate` groups, each
+sharding the states over its own ranks and all-reducing the sharded gradients with the other groups: dp = dp_replicate
+x dp_shard, and shard = dp_shard x cp.
 
 This module is pure arithmetic: it imports nothing of the package.
 """
@@ -32,6 +35,9 @@ class Degrees:
     """Context-parallel degree."""
     sharded: bool = False
     """The strategy shards some model state (ZeRO, FSDP); False: it replicates every state (single, DDP)."""
+    dp_replicate: int = 1
+    """Hybrid sharding: groups of data-parallel ranks that each hold a whole sharded copy (TrainSetup.validate checks
+    that it divides dp); 1: one group, every data-parallel rank shares the shards."""
 
     @property
     def dp(self) -> int:
@@ -40,13 +46,15 @@ class Degrees:
 
     @property
     def shard(self) -> int:
-        """Ranks each (tensor-parallel-local) sharded state is split over: dp x cp for a sharding strategy, else 1."""
-        return self.dp * self.cp if self.sharded else 1
+        """Ranks each (tensor-parallel-local) sharded state is split over: dp_shard x cp for a sharding strategy
+        (dp x cp without hybrid sharding), else 1."""
+        return self.dp // self.dp_replicate * self.cp if self.sharded else 1
 
     @property
     def replicate(self) -> int:
-        """Ranks holding the same copy of each state: dp x cp for a replicating strategy, else 1."""
-        return 1 if self.sharded else self.dp * self.cp
+        """Ranks holding the same copy of each state: dp x cp for a replicating strategy, dp_replicate for a
+        sharding one."""
+        return self.dp_replicate if self.sharded else self.dp * self.cp
 
     @property
     def model_parallel(self) -> int:
@@ -58,5 +66,10 @@ class Degrees:
         return ceil_div(n, self.shard)
 
     def describe(self) -> str:
-        """' (TP 2 x CP 1 x DP 4)' where tensor or context parallelism is on, else ''."""
-        return f" (TP {self.tp} x CP {self.cp} x DP {self.dp})" if self.model_parallel > 1 else ""
+        """' (TP 2 x CP 1 x DP 4)' where tensor or context parallelism is on, ' (HSDP: 2 groups x 8 GPUs sharding)'
+        (with the TP/CP degrees where they are on) under hybrid sharding, else ''."""
+        hybrid = f"{self.dp_replicate} groups x {self.shard} GPUs sharding" if self.dp_replicate > 1 else ""
+        if self.model_parallel > 1:
+            dp = f"DP {self.dp}" + (f" = {self.dp_replicate} replicas x {self.dp // self.dp_replicate}" if hybrid else "")
+            return f" (TP {self.tp} x CP {self.cp} x {dp})"
+        return f" (HSDP: {hybrid})" if hybrid else ""

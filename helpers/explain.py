@@ -219,11 +219,11 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
                                  f"{layer:,} parameters: FSDP1's flat parameter of a wrapped layer (and its "
                                  f"gradient, its AdamW states under a torch optimizer), or the layer gathered for "
                                  f"its forward and backward"))
-            if setup.gpus > 1:
+            n = setup.degrees.shard
+            if n > 1:
                 out.append(Candidate(f"this GPU's shard of one decoder layer's flat parameter in {what}",
-                                     -(-layer // setup.gpus) * nbytes, ("setup", "step", "steady"),
-                                     f"1/{setup.gpus} of {layer:,} parameters (its gradient shard, an AdamW state of "
-                                     f"it)"))
+                                     -(-layer // n) * nbytes, ("setup", "step", "steady"),
+                                     f"1/{n} of {layer:,} parameters (its gradient shard, an AdamW state of it)"))
     seq = setup.seq // setup.context_parallel
     tokens = setup.batch * seq
     acts = [

@@ -117,8 +117,9 @@ def offload_traffic(model, setup: TrainSetup) -> tuple[float, float]:
     m = models.spec(model)
     word = 4 if setup.precision == "fp32" else 2
     trainable = _trainable(m, setup)
-    opt_shard = ceil_div(trainable, setup.gpus) if "optimizer_states" in setup.strat.shards else trainable
-    param_shard = ceil_div(m.params, setup.gpus) if "parameters" in setup.strat.shards else m.params
+    ways = setup.degrees.shard * setup.degrees.tp              # the GPUs one copy of the states is split over
+    opt_shard = ceil_div(trainable, ways) if "optimizer_states" in setup.strat.shards else trainable
+    param_shard = ceil_div(m.params, ways) if "parameters" in setup.strat.shards else m.params
     moved, adam = 0.0, 0.0
     if setup.offload_optimizer:
         moved += setup.ratio * opt_shard * 2 * word

@@ -39,7 +39,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "reshard_after_forward", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "reshard_after_forward", "hybrid_shard", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -329,17 +329,47 @@ class TrainSetup:
     are views of the sharded FlatParameter (fp32 for trained units under bf16-mixed), so peft casts each adapted
     layer's input in every iteration, not only the first (`helpers.estimate.activations.first_iteration_casts`)."""
     reshard_after_forward: bool = option(True, Face(
-        "--reshard-after-forward", "FSDP1: each unit's parameters freed after its forward and gathered again for its "
-                                   "backward (FULL_SHARD, the default); --no-reshard-after-forward: SHARD_GRAD_OP, every "
-                                   "unit kept unsharded from its forward to its backward (the whole 16-bit model at "
-                                   "the loss)",
+        "--reshard-after-forward", "FSDP: each unit's parameters freed after its forward and gathered again for its "
+                                   "backward (FSDP1's FULL_SHARD, FSDP2's reshard_after_forward=True: the defaults); "
+                                   "--no-reshard-after-forward: FSDP1's SHARD_GRAD_OP, FSDP2's "
+                                   "reshard_after_forward=False, every unit kept unsharded from its forward to its "
+                                   "backward (the whole 16-bit model at the loss)",
         negative="--no-reshard-after-forward",
-        control=Control("check", "reshard after forward", tooltip="FSDP1: FULL_SHARD (checked) or SHARD_GRAD_OP"),
+        control=Control("check", "reshard after forward", tooltip="FSDP: parameters freed after each unit's forward "
+                                                                  "(FULL_SHARD) or kept to its backward "
+                                                                  "(SHARD_GRAD_OP)"),
+        applies=lambda v: strategies.get(v["strategy"]).family in ("fsdp1", "fsdp2"),
+        remedy=("reshard after forward (FSDP1 FULL_SHARD, FSDP2 reshard_after_forward true)", True),
+        no_time="the second all-gather of each unit in backward, which is not priced"))
+    """FSDP only. True: FSDP1's ShardingStrategy.FULL_SHARD, FSDP2's reshard_after_forward=True; False: FSDP1's
+    SHARD_GRAD_OP, FSDP2's reshard_after_forward=False (ZeRO-2-like: parameters stay unsharded between a unit's
+    forward and its backward; gradients and optimizer states stay sharded)."""
+    hybrid_shard: bool = option(False, Face(
+        "--hybrid-shard", "FSDP1: HYBRID_SHARD (or _HYBRID_SHARD_ZERO2 with --no-reshard-after-forward): the model "
+                          "states sharded over the GPUs of one node only and replicated on every node, so each GPU "
+                          "holds 1/(GPUs per node) of them, not 1/(GPUs)",
+        control=Control("check", "hybrid shard", tooltip="FSDP1: shard within each node, replicate across nodes"),
         applies=lambda v: strategies.get(v["strategy"]).family == "fsdp1",
-        remedy=("FULL_SHARD (fsdp_sharding_strategy)", True),
-        no_time="FULL_SHARD's second all-gather of each unit in backward, which is not priced"))
-    """FSDP1 only. True: ShardingStrategy.FULL_SHARD; False: SHARD_GRAD_OP (ZeRO-2-like: parameters stay unsharded
-    between a unit's forward and its backward; gradients and optimizer states stay sharded)."""
+        remedy=("shard over every GPU (FULL_SHARD, not HYBRID_SHARD)", False),
+        no_time="the all-reduce between nodes that hybrid sharding saves is not priced"))
+    """FSDP1 only. True: ShardingStrategy.HYBRID_SHARD: torch 2.13 `fsdp/_init_utils.py`
+    _init_process_group_state_for_hybrid_shard makes the intra-node group of `torch.cuda.device_count()` ranks (the
+    GPUs of a node) the one FlatParameters are sharded over, and all-reduces each reduce-scattered gradient shard
+    with the other nodes' (`_runtime_utils.py` _reduce_grad, in place); `degrees` counts a replica per node."""
+    dp_replicate: int = option(1, Face(
+        "--dp-replicate", "FSDP2: HSDP, the data-parallel GPUs split into N groups that each shard the model states "
+                          "over their own GPUs (a 2-D mesh: torchtitan's data_parallel_replicate_degree, torchtune's "
+                          "data_parallel_replicate_dim, accelerate's dp_replicate_size); each GPU holds 1/(data-"
+                          "parallel GPUs / N) of them", metavar="N",
+        control=Control("steps", "DP replicas", options=(1, 2, 4, 8, 16, 32),
+                        tooltip="FSDP2 HSDP: groups that each hold a whole sharded copy"),
+        applies=lambda v: strategies.get(v["strategy"]).family == "fsdp2",
+        remedy=("shard over every data-parallel GPU (dp_replicate 1)", 1),
+        no_time="the all-reduce between replica groups that HSDP saves is not priced"))
+    """FSDP2 only. The replicate degree of a (dp_replicate, dp_shard) mesh: fully_shard on a 2-D mesh shards over
+    dp_shard and all-reduces the reduce-scattered gradients over dp_replicate (torch 2.13
+    `fsdp/_fully_shard/_fsdp_collectives.py` foreach_reduce: all_reduce of the reduce-scatter output, in place).
+    Must divide the data-parallel degree gpus // (tp x cp)."""
     checkpoint_saves: bool = option(True, Face(
         "--checkpoint-saves", "the run saves checkpoints as it trains (the HF Trainer's save_strategy steps or epoch, "
                               "torchtitan's checkpoint.enable), and each save is counted after an optimizer step; "
@@ -555,7 +585,10 @@ class TrainSetup:
     @property
     def degrees(self) -> Degrees:
         """The parallel degrees (world, tp, cp, dp, shard, replicate), computed once: helpers.degrees."""
-        return Degrees(self.gpus, self.tensor_parallel, self.context_parallel, self.strat.sharded)
+        replicas = self.dp_replicate
+        if self.hybrid_shard:                                # FSDP1: a node's GPUs shard, each node a replica
+            replicas = self.gpus // self.ranks_per_node
+        return Degrees(self.gpus, self.tensor_parallel, self.context_parallel, self.strat.sharded, replicas)
 
     @property
     def ranks_per_node(self) -> int:
@@ -611,7 +644,8 @@ class TrainSetup:
                            ("gpus_per_node", MAX_GPUS_PER_NODE), ("reduce_bucket_size", MAX_ELEMENTS),
                            ("sub_group_size", MAX_ELEMENTS), ("prefetch_bucket_size", MAX_ELEMENTS),
                            ("grad_accum", MAX_GRAD_ACCUM), ("tensor_parallel", MAX_GPUS),
-                           ("context_parallel", MAX_GPUS), ("checkpoint_every", MAX_LAYERS)):
+                           ("context_parallel", MAX_GPUS), ("checkpoint_every", MAX_LAYERS),
+                           ("dp_replicate", MAX_GPUS)):
             _integer(name, getattr(self, name), most)
         if self.run == "dpo" and 2 * self.batch * self.seq > MAX_TOKENS:
             raise InputError(f"with run 'dpo', 2 x batch x seq (chosen and rejected) must be at most {MAX_TOKENS:,} "
@@ -671,9 +705,29 @@ class TrainSetup:
             raise InputError(f"sharded_save (FSDP's SHARDED_STATE_DICT) is an FSDP option: use it with strategy "
                              f"{strategies.listing(lambda x: x.family in ('fsdp1', 'fsdp2'), 'or')}, got "
                              f"{self.strategy!r}")
-        if not self.reshard_after_forward and st.family != "fsdp1":
-            raise InputError(f"reshard_after_forward False (SHARD_GRAD_OP) is modelled with strategy "
-                             f"{strategies.listing(lambda x: x.family == 'fsdp1', 'or')}, got {self.strategy!r}")
+        if not self.reshard_after_forward and st.family not in ("fsdp1", "fsdp2"):
+            raise InputError(f"reshard_after_forward False (SHARD_GRAD_OP) is an FSDP option: use it with strategy "
+                             f"{strategies.listing(lambda x: x.family in ('fsdp1', 'fsdp2'), 'or')}, got "
+                             f"{self.strategy!r}")
+        if self.hybrid_shard:
+            if st.family != "fsdp1":
+                raise InputError(f"hybrid_shard (FSDP1's HYBRID_SHARD) is an FSDP1 option: use it with strategy "
+                                 f"{strategies.listing(lambda x: x.family == 'fsdp1', 'or')}, got {self.strategy!r} "
+                                 f"(FSDP2's hybrid sharding is dp_replicate)")
+            if self.gpus % self.ranks_per_node:
+                raise InputError(f"hybrid_shard with gpus={self.gpus} and gpus_per_node={self.gpus_per_node}: "
+                                 f"HYBRID_SHARD shards over each node's GPUs, so the world size must be a whole "
+                                 f"number of nodes")
+        if self.dp_replicate > 1:
+            if st.family != "fsdp2":
+                raise InputError(f"dp_replicate={self.dp_replicate} (HSDP) is an FSDP2 option: use it with strategy "
+                                 f"{strategies.listing(lambda x: x.family == 'fsdp2', 'or')}, got {self.strategy!r} "
+                                 f"(FSDP1's is hybrid_shard)")
+            dp = self.gpus // (self.tensor_parallel * self.context_parallel)
+            if dp % self.dp_replicate:
+                raise InputError(f"dp_replicate={self.dp_replicate} must divide the data-parallel degree {dp} "
+                                 f"(gpus {self.gpus} // (tensor_parallel x context_parallel)): a 2-D mesh of "
+                                 f"dp_replicate x dp_shard")
         if self.use_orig_params and st.family != "fsdp1":
             raise InputError(f"use_orig_params is an FSDP1 option (FullyShardedDataParallel; FSDP2 always keeps the "
                              f"original parameters): use it with strategy "

@@ -135,12 +135,13 @@ def test_shard_grad_op_keeps_every_unit_gathered_to_its_backward(name, options):
         assert got - got // 400 <= want <= got * 1.025, phase
     assert e.gpu.breakdown["forward"]["temporaries"] == d.gpu.breakdown["forward"]["temporaries"] or s.lora_rank
     assert full.gpu.phases["forward"] < d.gpu.phases["forward"] - 2**28      # FULL_SHARD's figure: under
-    with pytest.raises(InputError, match="reshard_after_forward False .* modelled with strategy fsdp1") as err:
-        TrainSetup(strategy="fsdp2", gpus=2, reshard_after_forward=False).validate()
+    with pytest.raises(InputError, match="reshard_after_forward False .* FSDP option: use it with strategy "
+                                         "fsdp2 or fsdp1") as err:
+        TrainSetup(strategy="zero3", gpus=2, reshard_after_forward=False).validate()
     assert "\n" not in str(err.value)
 
 
-def test_readers_take_shard_grad_op_under_fsdp1_and_list_it_under_fsdp2(tmp_path):
+def test_readers_take_shard_grad_op_under_fsdp1_and_fsdp2(tmp_path):
     from helpers import readers
 
     trl = tmp_path / "sft.yaml"
@@ -157,5 +158,5 @@ def test_readers_take_shard_grad_op_under_fsdp1_and_list_it_under_fsdp2(tmp_path
     launcher.write_text("distributed_type: FSDP\nnum_processes: 4\nmixed_precision: bf16\nfsdp_config:\n"
                         "  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n")
     imp = readers.read([trl, launcher], model="llama-3.2-1b")
-    assert (imp.setup.strategy, imp.setup.reshard_after_forward) == ("fsdp2", True)
-    assert any(n.key == "fsdp_config.fsdp_reshard_after_forward" for n in imp.not_modelled)
+    assert (imp.setup.strategy, imp.setup.reshard_after_forward) == ("fsdp2", False)
+    assert not any(n.key == "fsdp_config.fsdp_reshard_after_forward" for n in imp.not_modelled)

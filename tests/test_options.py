@@ -44,7 +44,8 @@ GIVEN = {
     "offload_params": (["--offload-params"], True), "offload_ratio": (["--offload-ratio", "0.5"], 0.5),
     "zero3_init": (["--no-zero3-init"], False), "save_16bit": (["--no-save-16bit"], False),
     "sharded_save": (["--sharded-save"], True), "use_orig_params": (["--use-orig-params"], True),
-    "reshard_after_forward": (["--no-reshard-after-forward"], False), "checkpoint_saves": (["--no-checkpoint-saves"], False),
+    "reshard_after_forward": (["--no-reshard-after-forward"], False), "hybrid_shard": (["--hybrid-shard"], True),
+    "dp_replicate": (["--dp-replicate", "2"], 2), "checkpoint_saves": (["--no-checkpoint-saves"], False),
     "sharded_load": (["--sharded-load"], True), "load_dtype": (["--load-dtype", "fp32"], "fp32"),
     "pin_memory": (["--no-pin-memory"], False), "checkpointing": (["--grad-checkpointing"], "full"),
     "checkpoint_every": (["--checkpoint-every", "2"], 2), "grad_accum": (["--grad-accum", "4"], 4),
@@ -103,6 +104,8 @@ SETUPS = [cases.setup(n, fixed=fixed) for n in range(1, 7) for fixed in (False, 
                gpus_per_node=4, resume=True, adam_impl=None),
     TrainSetup(strategy="fsdp2", gpus=16, tensor_parallel=2, context_parallel=2, checkpointing="full",
                checkpoint_every=3, grad_accum=5, attention="flash", host_gib=256.0),
+    TrainSetup(strategy="fsdp2", gpus=16, dp_replicate=2, reshard_after_forward=False),
+    TrainSetup(strategy="fsdp1", gpus=16, hybrid_shard=True, gpus_per_node=4),
 ]
 
 
@@ -130,7 +133,9 @@ def test_the_explorer_sets_none_and_values_off_its_stops():
 def test_fixes_takes_its_single_valued_ways_out_and_untimed_fields_from_the_faces():
     names = [n for n, _ in fixes._candidates(None, TrainSetup(lora_rank=8, lora_dropout=0.1))   # no remedy in effect
              + fixes._candidates(None, TrainSetup(strategy="zero3", gpus=8, zero3_init=False, load_dtype="fp32"))
-             + fixes._candidates(None, TrainSetup(strategy="fsdp1", gpus=8, reshard_after_forward=False))]
+             + fixes._candidates(None, TrainSetup(strategy="fsdp1", gpus=8, reshard_after_forward=False,
+                                                  hybrid_shard=True))
+             + fixes._candidates(None, TrainSetup(strategy="fsdp2", gpus=8, dp_replicate=2))]
     for field, f in FACES.items():
         if f.remedy:
             assert f.remedy[0] in names, field

@@ -387,8 +387,12 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
                   "the head's group while the loss is computed")
     # (with TP the loss is computed after the model's forward, as torchtitan's train step does
     # (`torchtitan/train.py` forward_backward_step at 238fa9953e4a): the head's group is resharded by then)
+    _fsdp2_kept(b, first, layers, head, tied, compute)
     grads = [v for k, v in m.group_params.items() if k.startswith("layer.")]    # unpadded: what autograd makes
-    not_yet = _fsdp2_backward_ends(b, head, layers, grads, first, tied, G, compute, 0 if off else storage, r)
+    held = off and s.degrees.dp_replicate > 1   # HSDP: each group's reduce-scatter output kept on the GPU (below)
+    not_yet = _fsdp2_backward_ends(b, head, layers, grads, first, tied, G, compute,
+                                   r if held else 0 if off else storage, r,
+                                   head_moment=s.reshard_after_forward or not tied)
     tp = s.tensor_parallel
     if tied:
         b.gpu("tied embedding and head's group at the end of backward: the unsharded weight, the head's gradient held "
@@ -410,10 +414,13 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     in_first = [t.group == "embed" or (m.tied and t.group == "head") for t in m.tensors]
     rest_blocks = [b_ for b_, f in zip(blocks, in_first) if not f]
     first_blocks = [b_ for b_, f in zip(blocks, in_first) if f]
-    if not_yet:
+    if held:
+        _hsdp_offload_held(b, sum(n for n, f in zip(shards, in_first) if not f) * r, not_yet,
+                           sum(n for n, f in zip(shards, in_first) if f) * r if tp == 1 and not tied else 0)
+    elif not_yet:
         b.gpu("sharded gradients of the first blocks, made after that post-backward", "gradients", not_yet,
               GRADS - BWD_POST, "the blocks before the one whose post-backward is the end's peak")
-    place("sharded gradients" + dt + ", all but the embedding's", "gradients", sum(rest_blocks) - not_yet, GRADS,
+    place("sharded gradients" + dt + ", all but the embedding's", "gradients", sum(rest_blocks) - (0 if held else not_yet), GRADS,
           "reduce-scattered into 1/N shards" + ("; copied to the host" if off else ""),
           pinned=off and s.pin_memory, blocks=rest_blocks)
     at_end = BWD_DONE if tp == 1 and (off or not tied) else set()
@@ -425,8 +432,55 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     _adam_temporary(b, m, shard, storage, "host" if off else "gpu")
 
 
+def _fsdp2_kept(b: Builder, first: int, layers: list[int], head: int, tied: bool, compute: int,
+                frozen: bool = False) -> None:
+    """FSDP2 with reshard_after_forward=False: a group's post-forward does not free its unsharded parameters (torch
+    2.13 `_fsdp_param_group.py` post_forward reshards only with post_forward_mesh_info), so every group stays
+    unsharded from its forward to its own backward, whose post-backward frees it; the backward's all-gathers find
+    them unsharded and gather nothing. Group sizes in elements (padded, as gathered). The all-gather being issued and
+    the last one's output are counted by the items beside this. `frozen`: LoRA's frozen base, whose head makes no
+    gradient and no post-backward, so the start of backward holds every group until the last block's backward.
+    Located in dry runs."""
+    if b.setup.reshard_after_forward:
+        return
+    how = "reshard_after_forward=False: each group's all-gathered parameters stay until its backward"
+    untied = 0 if tied else first
+    b.gpu("groups kept unsharded after their forward, before the one being gathered", "temporaries",
+          (untied + sum(layers) if not tied else sum(layers[:-1])) * compute, GATHER, how)
+    b.gpu("every group kept unsharded after its forward", "temporaries",
+          (first + sum(layers) + (0 if tied else head)) * compute, LOSS | BWD_START | (BWD_HEAD if frozen else set()),
+          how)
+    if frozen:
+        return
+    if tied:
+        b.gpu("every group kept unsharded after its forward, and the tied head's unsharded gradient", "temporaries",
+              (2 * first + sum(layers)) * compute, BWD_HEAD, how + "; the tied group's gradient waits for the "
+              "embedding's backward, the last, before its reduce-scatter, and no all-gather is issued")
+    else:
+        b.gpu("every group but the last block kept unsharded after its forward (the head's post-backward and the last "
+              "block are counted beside)", "temporaries", (first + sum(layers[:-1])) * compute, BWD_HEAD, how)
+
+
+def _hsdp_offload_held(b: Builder, rest: int, not_yet: int, embed: int) -> None:
+    """HSDP with CPUOffloadPolicy: a group's reduce-scatter output (reduce dtype, on the GPU) is all-reduced across
+    the replicas and copied to the host, but FSDPParamGroup._all_reduce_state keeps a reference to it until
+    finalize_backward (torch 2.13 `_fsdp_param_group.py` post_backward, AllReduceState: "keeps the caching allocator
+    from reusing the block across layers", PR #140044), so every group's stays on the GPU until backward ends. Bytes:
+    `rest` the blocks' and head's, `not_yet` those not made at the post-backward moment, `embed` the embedding's
+    (made last; 0 for a tied one, whose group's peak comes before its reduce-scatter). Without offload the output is the sharded gradient itself and adds nothing. Seen in dry runs."""
+    why = ("HSDP: each group's reduce-scatter output, all-reduced across replicas and copied to the host, is held on "
+           "the GPU by _all_reduce_state until finalize_backward")
+    if not_yet:
+        b.gpu("reduce-scatter outputs of the first blocks (HSDP), made after that post-backward", "gradients", not_yet,
+              BWD_END | BWD_DONE, why)
+    b.gpu("reduce-scatter outputs held for the all-reduce across replicas (HSDP)", "gradients", rest - not_yet,
+          BWD_END | BWD_POST | BWD_DONE, why)
+    if embed:
+        b.gpu("the embedding's reduce-scatter output (HSDP)", "gradients", embed, BWD_DONE, why)
+
+
 def _fsdp2_backward_ends(b: Builder, head: int, layers: list[int], grads: list[int], first: int, tied: bool, G: int,
-                         compute: int, storage: int, r: int) -> int:
+                         compute: int, storage: int, r: int, head_moment: bool = True) -> int:
     """The two ends of backward (group sizes in elements: `layers` padded as FSDP2 gathers them, `grads` the blocks'
     own sizes, as autograd makes their gradients). Between them activations are freed as gradients are made, so a
     moment in the middle holds less than one of its ends.
@@ -441,7 +495,8 @@ def _fsdp2_backward_ends(b: Builder, head: int, layers: list[int], grads: list[i
     whose experts are padded to a whole expert per rank once there are more ranks than experts (`fsdp2_shard`), does
     not: dry runs of Mixtral-8x7B on 16 ranks and Qwen1.5-MoE-A2.7B on 64 peaked in a block's post-backward.
     `storage`: bytes per element of a sharded gradient on the GPU (0 when they go to the host). Returns the bytes of
-    the sharded gradients not yet made at the end's moment (the blocks before the one chosen)."""
+    the sharded gradients not yet made at the end's moment (the blocks before the one chosen). `head_moment` False:
+    the caller counts the start of backward (`_fsdp2_kept`)."""
     groups = [first] + layers                               # what each block's pre-backward prefetches: the group before
 
     def post_backward(k: int) -> tuple[int, int]:          # block k: (temporaries, reduce-scatter input) in elements
@@ -452,7 +507,9 @@ def _fsdp2_backward_ends(b: Builder, head: int, layers: list[int], grads: list[i
 
     head_grad = 0 if tied else ceil_div(head, G)           # a tied head's group is reduced last
     t, c = post_backward(len(layers) - 1)
-    if (head + layers[-1]) * compute + (head + ceil_div(head, G)) * r >= held((t, c)) + head_grad * storage:
+    if not head_moment:
+        pass
+    elif (head + layers[-1]) * compute + (head + ceil_div(head, G)) * r >= held((t, c)) + head_grad * storage:
         b.gpu("unsharded gradient of the head, and the next group prefetched", "temporaries",
               (head + layers[-1]) * compute, BWD_HEAD, "the head's backward, with the last block's all-gather prefetched")
         b.gpu("reduce-scatter of the head: input and output", "comm_buffers", head * r + ceil_div(head, G) * r,
@@ -526,7 +583,12 @@ def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
           "the head's group is resharded by its post-forward hook before the loss is computed, but the last "
           "all-gather's output is held until the next all-gather is issued (comm_ctx.all_gather_state)")
     logits_grad = 0 if s.fused_ce else s.batch * s.seq * base.vocab
-    if 2 * layers[-1] >= 2 * head + logits_grad:
+    _fsdp2_kept(b, first, layers, head, base.tied, compute, frozen=True)
+    if not s.reshard_after_forward:
+        if logits_grad:
+            b.gpu("gradient of the logits, read by the head's backward", "logits", logits_grad * compute, BWD_HEAD,
+                  "the loss's backward hands the head a batch x seq x vocab gradient in the compute dtype")
+    elif 2 * layers[-1] >= 2 * head + logits_grad:
         b.gpu("the last block gathered again for its backward (buffer + unsharded copy)", "temporaries",
               2 * layers[-1] * compute, BWD_HEAD, "reshard_after_forward freed it; every activation but the head's is "
               "still saved, and the block outweighs the head and the logits' gradient (an MoE block: dry runs of "

@@ -176,6 +176,8 @@ class FSDP2Step(SingleStep):
     bf16-mixed (bf16 compute, fp32 reduce), CPUOffloadPolicy (pageable: a fake host cannot pin) with offload."""
 
     def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
+        if mesh is not None and mesh.mesh_dim_names:                     # named: hybrid sharding, or TP's 'dp' part
+            mesh = _data_parallel(mesh)
         engines.shard_fsdp2(model, setup, mesh, pin_memory=False)
         self.model, self.setup, self.tracker = model, setup, tracker
         tracker.label(list(model.parameters()), "parameters")
@@ -204,7 +206,9 @@ class FSDP1Step(SingleStep):
         self.stack.enter_context(fsdp1.reduce_scatter_counted(tracker))
         self.stack.enter_context(fsdp1.fake_data_ptrs_told_apart())
         try:
-            self.model = fsdp1.wrap(model, setup, device_id=fakegpu.device(), process_group=mesh.get_group())
+            group = (mesh.get_group("dp_shard_cp"), mesh.get_group("dp_replicate")) if setup.hybrid_shard else \
+                mesh.get_group()
+            self.model = fsdp1.wrap(model, setup, device_id=fakegpu.device(), process_group=group)
         except BaseException:
             self.stack.close()
             raise
@@ -236,7 +240,7 @@ class TensorParallelFSDP2Step(FSDP2Step):
     def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None):
         tensor_parallel.apply(model, mesh["tp"])
         with tensor_parallel.real_mesh_arithmetic():
-            super().__init__(model, setup, tracker, mesh["dp_shard_cp"])
+            super().__init__(model, setup, tracker, _data_parallel(mesh))
 
     def forward(self, ids):
         with engines.fsdp_buffers_counted(self.tracker):
@@ -378,17 +382,28 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _fake_mesh(world: int, tp: int = 1):
+def _fake_mesh(world: int, tp: int = 1, replicate: int = 1):
     """A device mesh over a fake process group of `world` ranks, this process being rank 0: 1-D, or with tensor
-    parallelism 2-D ('dp_shard_cp' x 'tp', torchtitan's names: data-parallel and context-parallel ranks outer)."""
+    parallelism 2-D ('dp_shard_cp' x 'tp', torchtitan's names: data-parallel and context-parallel ranks outer), with
+    hybrid sharding a 'dp_replicate' dimension outermost (torchtitan's order)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from helpers.measure import procgroup
 
     procgroup.ensure("fake", world)
-    if tp == 1:
+    if tp == 1 and replicate == 1:
         return init_device_mesh(fakegpu.NAME, (world,))
-    return init_device_mesh(fakegpu.NAME, (world // tp, tp), mesh_dim_names=("dp_shard_cp", "tp"))
+    dims = [("dp_replicate", replicate), ("dp_shard_cp", world // (tp * replicate)), ("tp", tp)]
+    dims = [d for d in dims if d[0] == "dp_shard_cp" or d[1] > 1]
+    return init_device_mesh(fakegpu.NAME, tuple(n for _, n in dims), mesh_dim_names=tuple(k for k, _ in dims))
+
+
+def _data_parallel(mesh):
+    """What FSDP shards over in `mesh`: its 'dp_shard_cp' dimension, or with hybrid sharding the 2-D
+    ('dp_replicate', 'dp_shard_cp') mesh that makes fully_shard hybrid (HSDP)."""
+    if "dp_replicate" in mesh.mesh_dim_names:
+        return mesh["dp_replicate", "dp_shard_cp"]
+    return mesh["dp_shard_cp"]
 
 
 class _Progress(Hooks):
@@ -491,7 +506,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
     dev = fakegpu.device()
     bar = tqdm(total=4 + 4 * setup.grad_accum, desc=f"dry run {m.name}", disable=not progress, leave=False)
     tp = setup.tensor_parallel
-    mesh = _fake_mesh(setup.gpus, tp) if st.fake_process_group or tp > 1 else None
+    mesh = _fake_mesh(setup.gpus, tp, setup.degrees.dp_replicate) if st.fake_process_group or tp > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=True), \
             (nf4.dequantized_matmuls() if setup.quantized else contextlib.nullcontext()), nf4.matmul_as(setup), \
             engines.kv_expanded(setup):

@@ -222,7 +222,7 @@ def shard_fsdp2(model, setup: TrainSetup, mesh, pin_memory: bool) -> None:
     same way: each block's group holds its frozen base weights and its adapters."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    kw = {"mesh": mesh}
+    kw = {"mesh": mesh, "reshard_after_forward": setup.reshard_after_forward}
     if setup.mixed:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if setup.offload_params:

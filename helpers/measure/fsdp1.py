@@ -59,6 +59,9 @@ def wrap(model, setup: TrainSetup, device_id=None, process_group=None):
         policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=decoder_layer_classes(model))
     kw = {} if process_group is None else {"process_group": process_group}
     sharding = ShardingStrategy.FULL_SHARD if setup.reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP
+    if setup.hybrid_shard:                    # `process_group`: (the node's group, the group across nodes)
+        sharding = ShardingStrategy.HYBRID_SHARD if setup.reshard_after_forward else \
+            ShardingStrategy._HYBRID_SHARD_ZERO2
     wrapped = FSDP(model, auto_wrap_policy=policy, sharding_strategy=sharding, mixed_precision=mp,
                    cpu_offload=CPUOffload(offload_params=setup.offload_params), device_id=device_id,
                    backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True,
