@@ -140,7 +140,7 @@ def test_torchtitan_defaults(tmp_path):
 
 def test_torchtitan_2024_keys_and_not_modelled(tmp_path):
     """The October 2024 spellings (training.batch_size, degrees under [training], experimental.*, optimizer.fused,
-    [float8]); pipeline parallel, float8, compile, HSDP and never-reshard are listed, not dropped."""
+    [float8]); pipeline parallel, float8 and compile are listed, not dropped; HSDP and never-reshard are read."""
     p = write(tmp_path, "old.toml", """
         [model]
         name = "llama3"
@@ -169,14 +169,13 @@ def test_torchtitan_2024_keys_and_not_modelled(tmp_path):
     assert i.model is None and i.model_named == "llama3 405B"
     s = i.setup
     assert (s.batch, s.seq, s.adam_impl, s.checkpointing, s.strategy) == (1, 8192, "fused", "selective", "fsdp2")
-    assert s.gpus == 8                     # one replica's shards: 4 x pp 2 (world 16 / replicate 2)
+    assert (s.gpus, s.dp_replicate, s.reshard_after_forward) == (16, 2, False)     # 2 x 4 x pp 2
     nm = keyed(i.not_modelled)
     assert nm["experimental.pipeline_parallel_degree"].value == 2
     assert nm["float8.enable_float8_linear"].value is True
     assert nm["training.compile"].value is True
-    assert nm["parallelism.data_parallel_replicate_degree"].value == 2 and "HSDP" in nm[
-        "parallelism.data_parallel_replicate_degree"].why
-    assert nm["parallelism.fsdp_reshard_after_forward"].value == "never"
+    assert "parallelism.data_parallel_replicate_degree" not in nm and "parallelism.fsdp_reshard_after_forward" not in nm
+    assert "HSDP" in keyed(i.settings)["parallelism.data_parallel_replicate_degree"].sets
     assert keyed(i.settings)["optimizer.fused"].sets == "adam_impl='fused'"
 
 

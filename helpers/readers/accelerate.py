@@ -208,6 +208,9 @@ def _parallelism(c: Record, par) -> None:
             field = {"tp_size": "tensor_parallel", "cp_size": "context_parallel"}.get(short)
             if n == 1 or short == "dp_shard_size":
                 c.set(p + key, n, f"{short}={n}" + (" (FSDP shards over the data-parallel GPUs)" if n > 1 else ""))
+            elif short == "dp_replicate_size" and strategy == "fsdp2":
+                c.set(p + key, n, f"dp_replicate={n} (HSDP: {n} groups, each sharding over its own GPUs)",
+                      dp_replicate=n)
             elif field and strategy in strategies.NAMES and strategies.get(strategy).model_parallel:
                 c.set(p + key, n, f"{field}={n}", **{field: n})
             else:
@@ -352,13 +355,18 @@ def _fsdp(c: Record, fsdp: dict) -> None:
             c.set(shard_key, shard, "parameters, gradients and optimizer states sharded (full shard)")
         elif str(shard).upper() == "NO_SHARD":
             c.set(shard_key, shard, "strategy=ddp (nothing sharded)", strategy="ddp")
-        elif version == 1 and str(shard).upper() == "SHARD_GRAD_OP":
+        elif str(shard).upper() in ("SHARD_GRAD_OP", "FALSE") or shard is False:
             c.set(shard_key, shard, "reshard_after_forward=False (parameters kept gathered from forward to backward)",
                   reshard_after_forward=False)
+        elif str(shard).upper() == "HYBRID_SHARD":
+            c.set(shard_key, shard, "hybrid_shard=True (sharded over each node's GPUs, replicated across nodes)",
+                  hybrid_shard=True)
+        elif str(shard).upper() == "HYBRID_SHARD_ZERO2":
+            c.set(shard_key, shard, "hybrid_shard=True, reshard_after_forward=False (sharded over each node's GPUs, "
+                                    "parameters kept gathered from forward to backward)",
+                  hybrid_shard=True, reshard_after_forward=False)
         else:
-            c.unmodelled(shard_key, shard, "parameters kept gathered between forward and backward "
-                                           "(SHARD_GRAD_OP / reshard_after_forward false) or sharded within a node "
-                                           "only (HYBRID_SHARD): estimated as full sharding")
+            raise ConfigError(c.path, f"{shard_key} {shard!r}: not a sharding strategy accelerate reads")
     offload = fsdp.get("fsdp_offload_params")
     if offload is not None:
         on = c.flag(p + "fsdp_offload_params", offload)

@@ -170,6 +170,7 @@ class _Reader:
         self.sizes()
         self.precision()
         strategy = self.parallel()
+        self.replicas(strategy)
         self.checkpointing()
         self.attention()
         self.lora(strategy)
@@ -331,6 +332,9 @@ class _Reader:
             elif name == "SHARD_GRAD_OP" and strategy == "fsdp1":
                 d.setting(f, self.line(ck(key)) or self.line("fsdp"), key if key.startswith("fsdp:") else ck(key), v,
                           reshard_after_forward=False)
+            elif name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "HYBRID_SHARD_ZERO2") and strategy == "fsdp1":
+                d.setting(f, self.line(ck(key)) or self.line("fsdp"), key if key.startswith("fsdp:") else ck(key), v,
+                          hybrid_shard=True, **({"reshard_after_forward": False} if name.endswith("ZERO2") else {}))
             elif name in ("SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
                 d.unmodelled_at(f, self.line(ck(key)) or self.line("fsdp"), key if key.startswith("fsdp:") else ck(key),
                                v, f"FSDP sharding strategy {name} is not modelled: estimated as FULL_SHARD")
@@ -356,11 +360,8 @@ class _Reader:
             key, v = plain["reshard_after_forward"]
             if boolean(f, key, v):
                 d.setting(f, self.line(ck(key)), ck(key), v, sets="resharded after forward (as modelled)")
-            elif strategy == "fsdp1":
-                d.setting(f, self.line(ck(key)), ck(key), v, reshard_after_forward=False)
             else:
-                d.unmodelled_at(f, self.line(ck(key)), ck(key), v, "parameters kept gathered from forward to backward "
-                                                                  "are not modelled")
+                d.setting(f, self.line(ck(key)), ck(key), v, reshard_after_forward=False)
         for name, (key, value) in plain.items():
             if name not in FSDP_KEYS:
                 d.ignored_at(f, self.line(ck(key)), ck(key), value)
@@ -381,9 +382,20 @@ class _Reader:
         world = shard * replicate * others
         d.setting(f, self.line("dp_shard_size"), "dp_shard_size", shard, gpus=world,
                   sets=f"gpus={world} (dp_shard_size x dp_replicate_size x context/tensor parallel sizes)")
-        if replicate > 1:
+        self.replicate = replicate
+
+    def replicas(self, strategy: str) -> None:
+        """dp_replicate_size (read by world_size, given with dp_shard_size) once the strategy is known: HSDP under
+        FSDP2 (accelerate's ParallelismConfig: dp_replicate x dp_shard mesh)."""
+        d, f, replicate = self.d, self.path, getattr(self, "replicate", 1)
+        if replicate > 1 and strategy == "fsdp2":
+            d.setting(f, self.line("dp_replicate_size"), "dp_replicate_size", replicate, dp_replicate=replicate,
+                      sets=f"dp_replicate={replicate} (HSDP: {replicate} groups, each sharding over dp_shard_size "
+                           f"x context_parallel_size GPUs)")
+        elif replicate > 1:
             d.unmodelled_at(f, self.line("dp_replicate_size"), "dp_replicate_size", replicate,
-                           "HSDP (replicas of a sharded group) is not modelled: estimated as sharding over all GPUs")
+                           "replicas without FSDP2 (accelerate's ParallelismConfig builds HSDP for FSDP2 only) are "
+                           "not modelled: estimated as sharding over all GPUs")
 
     def checkpointing(self):
         d, f = self.d, self.path

@@ -281,27 +281,28 @@ class _Reader:
 
     def strategy(self, dp_rep, dp_shard, tp, cp, pp, ep, world):
         d, f = self.d, self.path
-        gpus = world
+        gpus, hybrid = world, {}
         if dp_shard * cp > 1:
             strategy = "fsdp2"
-            if dp_rep > 1:
-                gpus = world // dp_rep
-                d.unmodelled_at(f, self.line("parallelism.data_parallel_replicate_degree"),
-                               "parallelism.data_parallel_replicate_degree", dp_rep,
-                               f"HSDP (shards over {dp_shard * cp}, replicated {dp_rep} times) is not modelled: "
-                               f"modelled as FSDP2 over {gpus} GPUs, what one replica's shards hold")
+            if dp_rep > 1:          # parallelize.py: fully_shard over the ('dp_replicate', 'dp_shard_cp') mesh
+                hybrid = {"dp_replicate": dp_rep}
+                d.setting(f, self.line("parallelism.data_parallel_replicate_degree"),
+                          "parallelism.data_parallel_replicate_degree", dp_rep,
+                          sets=f"dp_replicate={dp_rep} (HSDP: each of {dp_rep} groups shards over {dp_shard * cp} "
+                               f"GPUs)")
         elif dp_rep > 1:
             strategy = "ddp"
         else:
             strategy = "single" if world == 1 else "ddp"
         d.setting(f, None, "parallelism (degrees)", {"dp_replicate": dp_rep, "dp_shard": dp_shard, "tp": tp, "cp": cp,
-                                                     "pp": pp}, strategy=strategy, gpus=gpus)
+                                                     "pp": pp}, strategy=strategy, gpus=gpus, **hybrid)
         k, reshard = self.find("parallelism.fsdp_reshard_after_forward")
         if reshard not in ("default", "always", "never"):
             raise ConfigError(f, f"{k} must be default, always or never, got {reshard!r}")
         if k and reshard == "never" and strategy == "fsdp2":
-            d.unmodelled_at(f, self.line(k), k, reshard, "FSDP2 keeping every layer's gathered parameters from "
-                                                        "forward to backward is not modelled (modelled: resharded)")
+            d.setting(f, self.line(k), k, reshard, reshard_after_forward=False,
+                      sets="reshard_after_forward=False (every layer's gathered parameters kept from forward to "
+                           "backward)")
         elif k:
             d.setting(f, self.line(k), k, reshard, sets="reshard after forward (as modelled)")
         k, offload = self.find("training.enable_cpu_offload")

@@ -326,18 +326,23 @@ class _Reader:
         d.default(TOOL, "(recipe)", f"{'lora' if self.method != 'full' else 'full'}_finetune_distributed",
                   "the file has a distributed recipe's keys or no single_device in its name: FSDP2's fully_shard "
                   "on every decoder layer and the root; the ranks are tune run --nproc_per_node's", **fields)
-        if dims["data_parallel_replicate_dim"] > 1:
-            d.unmodelled("data_parallel_replicate_dim", dims["data_parallel_replicate_dim"],
-                         "HSDP (replicas of the shards) is not modelled: estimated as FSDP2 over every rank, which "
-                         "holds less per GPU than one replica's shards")
+        rep = dims["data_parallel_replicate_dim"]
+        if rep > 1 and "gpus" in fields:      # training/_distributed.py ParallelDims: a (dp_replicate, dp_shard) mesh
+            d.set("data_parallel_replicate_dim", rep, dp_replicate=rep,
+                  sets=f"dp_replicate={rep} (HSDP: {rep} groups, each sharding over data_parallel_shard_dim GPUs)")
+        elif rep > 1:
+            d.unmodelled("data_parallel_replicate_dim", rep,
+                         f"HSDP with data_parallel_shard_dim -1 (the ranks left) needs the world size: pass --gpus N "
+                         f"--dp-replicate {rep}; without it the estimate shards over every rank, which holds less per "
+                         f"GPU than one replica's shards")
         present, offload = self.value("fsdp_cpu_offload", False)
         offload = _omegaconf_bool(f, "fsdp_cpu_offload", offload)
         if present:
             d.set("fsdp_cpu_offload", offload, offload_params=offload, offload_optimizer=offload)
         present, reshard = self.value("fsdp_reshard_after_forward", True)
         if not _omegaconf_bool(f, "fsdp_reshard_after_forward", reshard):
-            d.unmodelled("fsdp_reshard_after_forward", reshard, "keeping every layer's gathered weights from forward "
-                                                                "to backward is not modelled (modelled: resharded)")
+            d.set("fsdp_reshard_after_forward", reshard, reshard_after_forward=False,
+                  sets="reshard_after_forward=False (every layer's gathered weights kept from forward to backward)")
         present, layers = self.value("custom_sharded_layers", None)
         if not layers:
             d.unmodelled("custom_sharded_layers", layers, "without it the token embedding and the output head are "

@@ -613,15 +613,37 @@ def _fsdp(c: Record, fsdp, config: dict) -> None:
         raise ConfigError(c.path, f"fsdp {fsdp!r} under FSDP2 (fsdp_config version 2, transformers' default): only "
                                   f"full_shard and shard_grad_op exist there, and transformers stops ('only available "
                                   f"with FSDP1'); set fsdp_config version: 1 or use full_shard")
-    if "full_shard" not in words and not (version != 2 and "shard_grad_op" in [w.lower() for w in words]):
-        c.unmodelled("fsdp", fsdp, "FSDP sharding other than full_shard is not modelled: estimated as full shard")
+    c.set("fsdp", fsdp, f"strategy=fsdp{2 if version == 2 else 1} (fsdp_config version {version})",
+          strategy="fsdp2" if version == 2 else "fsdp1")
+    # training_args.py _apply_legacy_fsdp_to_config: the first sharding word sets fsdp_config reshard_after_forward
+    # (setdefault: a value the file gives there wins); FSDP2 reads it as a bool, FSDP1 as a strategy name
+    key, shard = "fsdp_config.reshard_after_forward", config.get("reshard_after_forward")
+    if shard is None:
+        key, shard = "fsdp", next((w.lower() for w in words if w.upper() in strategies), None)
+    if shard is None:
+        return _fsdp_rest(c, config, version, words, fsdp)
     if version == 2:
-        c.set("fsdp", fsdp, "strategy=fsdp2 (fsdp_config version 2)", strategy="fsdp2")
-    elif "full_shard" not in words and "shard_grad_op" in [w.lower() for w in words]:
-        c.set("fsdp", fsdp, "strategy=fsdp1, reshard_after_forward=False (SHARD_GRAD_OP)", strategy="fsdp1",
-              reshard_after_forward=False)
+        if isinstance(shard, str) and shard.lower() in ("full_shard", "shard_grad_op") and key == "fsdp":
+            shard = shard.lower() == "full_shard"
+        on = boolean(c.path, key, shard)
+        c.set(key, shard, f"reshard_after_forward={on}", reshard_after_forward=on)
     else:
-        c.set("fsdp", fsdp, "strategy=fsdp1", strategy="fsdp1")
+        name = str(shard).upper()
+        if name not in strategies:
+            raise ConfigError(c.path, f"{key} {shard!r} under FSDP1 is none of its sharding strategies (full_shard, "
+                                      f"shard_grad_op, no_shard, hybrid_shard, hybrid_shard_zero2)")
+        if name == "NO_SHARD":
+            c.unmodelled(key, shard, "FSDP1's NO_SHARD (every state replicated, as DDP) is not modelled: estimated as "
+                                     "full shard")
+        else:
+            hybrid, raf = name.startswith("HYBRID"), name in ("FULL_SHARD", "HYBRID_SHARD")
+            c.set(key, shard, f"hybrid_shard={hybrid}, reshard_after_forward={raf}", hybrid_shard=hybrid,
+                  reshard_after_forward=raf)
+    _fsdp_rest(c, config, version, words, fsdp)
+
+
+def _fsdp_rest(c: Record, config: dict, version, words: list, fsdp) -> None:
+    """The rest of transformers' FSDP options: offload, checkpointing, saves, loading, use_orig_params."""
     if "offload" in words:
         c.set("fsdp", fsdp, "offload_optimizer=True, offload_params=True (offload)", offload_optimizer=True,
               offload_params=True)
