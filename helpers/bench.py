@@ -119,6 +119,12 @@ GRID = [
     ("mixtral-8x7b", T(strategy="fsdp1", gpus=8, lora_rank=16, lora_targets="q,v", seq=512, checkpointing="full")),
     # FSDP1 SHARD_GRAD_OP (reshard_after_forward False): every unit unsharded from its forward to its backward
     ("qwen2.5-7b", T(strategy="fsdp1", gpus=8, reshard_after_forward=False, seq=512, checkpointing="full")),
+    # hybrid sharding: FSDP1's HYBRID_SHARD within 8-GPU nodes, FSDP2's HSDP (with CPU offload: the reduce-scatter
+    # outputs held on the GPU), and FSDP2 keeping every group gathered from forward to backward
+    ("llama-3-8b", T(strategy="fsdp1", gpus=16, hybrid_shard=True, seq=1024, checkpointing="full")),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=32, dp_replicate=4, seq=1024, checkpointing="full")),
+    ("llama-3.2-3b", T(strategy="fsdp2", gpus=8, dp_replicate=2, seq=512, offload_params=True, **OFF)),
+    ("llama-3-8b", T(strategy="fsdp2", gpus=8, reshard_after_forward=False, seq=1024, checkpointing="full")),
     # LoRA under FSDP2 (peft before fully_shard): untied and tied embeddings, bf16 and bf16-mixed, CPU offload
     ("llama-3-8b", T(strategy="fsdp2", gpus=8, precision="bf16", adam_impl="fused", lora_rank=32, seq=2048,
                      checkpointing="full", attention="flash")),
@@ -176,7 +182,9 @@ def _label(name: str, s: T) -> str:
     opts += [f"lora{s.lora_rank}" + ("" if s.lora_targets == "all-linear" else f"[{s.lora_targets}]")] * bool(s.lora_rank)
     opts += [s.base_weights] * bool(s.base_weights)
     opts += ["kv-expanded"] * s.kv_expanded + ["outputs-held"] * s.outputs_held
-    opts += ["orig-params"] * s.use_orig_params + ["shard-grad-op"] * (not s.reshard_after_forward)
+    opts += ["orig-params"] * s.use_orig_params
+    opts += [("shard-grad-op" if s.strategy == "fsdp1" else "no-reshard")] * (not s.reshard_after_forward)
+    opts += ["hybrid-shard"] * s.hybrid_shard + [f"hsdp{s.dp_replicate}"] * (s.dp_replicate > 1)
     return f"{name} " + " ".join(opts)
 
 
