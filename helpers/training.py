@@ -39,7 +39,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "reshard_after_forward", "hybrid_shard", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "reshard_after_forward", "hybrid_shard", "sync_each_batch", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -339,7 +339,7 @@ class TrainSetup:
                                                                   "(FULL_SHARD) or kept to its backward "
                                                                   "(SHARD_GRAD_OP)"),
         applies=lambda v: strategies.get(v["strategy"]).family in ("fsdp1", "fsdp2"),
-        remedy=("reshard after forward (FSDP1 FULL_SHARD, FSDP2 reshard_after_forward true)", True),
+        remedy=("reshard after forward (FULL_SHARD)", True),
         no_time="the second all-gather of each unit in backward, which is not priced"))
     """FSDP only. True: FSDP1's ShardingStrategy.FULL_SHARD, FSDP2's reshard_after_forward=True; False: FSDP1's
     SHARD_GRAD_OP, FSDP2's reshard_after_forward=False (ZeRO-2-like: parameters stay unsharded between a unit's
@@ -431,6 +431,22 @@ class TrainSetup:
                                                                   tooltip="micro batches per optimizer step")))
     """Gradient accumulation: micro batches per optimizer step (the gradients of the first stay alive through the
     forward and backward of the others)."""
+    sync_each_batch: bool = option(False, Face(
+        "--sync-each-batch", "FSDP with gradient accumulation: gradients reduce-scattered after every micro batch "
+                             "(torchtitan's and torchtune's loops; accelerate's sync_each_batch); without it every "
+                             "micro batch but the last runs under no_sync, as the HF Trainer, accelerate's "
+                             "accumulate() and LitGPT's Fabric run it, and keeps its unsharded gradients (FSDP2 "
+                             "in the reduce dtype: fp32 under bf16-mixed) until the last one reduces them",
+        control=Control("check", "sync each batch", tooltip="FSDP + accumulation: reduce-scatter after every micro "
+                                                            "batch (else no_sync keeps unsharded gradients)"),
+        applies=lambda v: strategies.get(v["strategy"]).family in ("fsdp1", "fsdp2") and v["grad_accum"] > 1,
+        remedy=("gradients reduced every micro batch (sync_each_batch)", True),
+        no_time="a reduce-scatter per micro batch instead of one per step is not priced"))
+    """FSDP with grad_accum > 1 only (elsewhere no effect). False: the micro batches before the last run under
+    no_sync (transformers 5.23 Trainer: `accelerator.no_sync` unless accelerator_config's sync_each_batch; accelerate
+    1.15 no_sync: FSDP1's `no_sync()`, FSDP2's `set_requires_gradient_sync(False)`), so each unit's unsharded gradient
+    accumulates on every GPU (torch 2.13 FSDP2 `_fsdp_param.py` to_accumulated_grad_if_needed: upcast to the reduce
+    dtype); True: every micro batch reduce-scatters, and the sharded gradients accumulate."""
     fused_ce: bool = option(False, Face("--fused-ce", "fused/chunked linear cross-entropy",
                                         control=Control("check", "fused CE"), remedy=("fused cross-entropy", True)))
     """A fused/chunked linear cross-entropy (Liger, torch's linear_cross_entropy): full logits never exist."""
@@ -717,7 +733,7 @@ class TrainSetup:
             if self.gpus % self.ranks_per_node:
                 raise InputError(f"hybrid_shard with gpus={self.gpus} and gpus_per_node={self.gpus_per_node}: "
                                  f"HYBRID_SHARD shards over each node's GPUs, so the world size must be a whole "
-                                 f"number of nodes")
+                                 f"number of nodes (give --gpus-per-node with --gpus)")
         if self.dp_replicate > 1:
             if st.family != "fsdp2":
                 raise InputError(f"dp_replicate={self.dp_replicate} (HSDP) is an FSDP2 option: use it with strategy "

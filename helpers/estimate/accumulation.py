@@ -20,7 +20,7 @@ batch's figures are never larger (the same buffers, fewer of them). Sources, in 
 from __future__ import annotations
 
 from helpers.estimate.adapters import converted
-from helpers.estimate.items import BWD_DONE, BWD_POST, FWD_BWD, MOMENTS, Item
+from helpers.estimate.items import BWD_DONE, BWD_END, BWD_POST, FORWARDS, FWD_BWD, MOMENTS, START, Item
 from helpers.estimate.states import Builder, dtype_bytes, lora_adapters
 from helpers.models import ModelSpec
 
@@ -33,6 +33,8 @@ def add_accumulation(b: Builder, m: ModelSpec) -> None:
     s = b.setup
     if s.grad_accum <= 1:
         return
+    if s.strat.family in ("fsdp1", "fsdp2") and not s.sync_each_batch:
+        return _no_sync(b, m)
     for i, item in enumerate(b.items):
         if item.category == "gradients" and item.moments & BWD_DONE and not item.moments >= ACCUMULATING:
             b.items[i] = Item(item.name + f" (accumulated over {s.grad_accum} micro batches)", item.category,
@@ -51,3 +53,37 @@ def add_accumulation(b: Builder, m: ModelSpec) -> None:
                "stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu: one buffer per parameter of the partition, "
                "made at the first micro step, never freed" + ("; pinned" if s.pin_memory else ""),
                pinned=s.pin_memory, blocks=blocks)
+
+
+def _no_sync(b: Builder, m: ModelSpec) -> None:
+    """FSDP with every micro batch but the last under no_sync (the HF Trainer, accelerate's accumulate(), LitGPT's
+    Fabric): no reduce-scatter until the last micro batch, so each unit keeps its unsharded gradient on every GPU
+    from the first micro batch's backward to the last one's post-backward, and the sharded gradients are made in
+    the last micro batch only (their items keep their moments). torch 2.13: FSDP2 `_fsdp_param.py`
+    to_accumulated_grad_if_needed upcasts each unsharded gradient to the reduce dtype (fp32 under bf16-mixed) and
+    accumulate_unsharded_grad_if_needed adds the next into it; FSDP1 `_runtime_utils.py` _post_backward_hook returns
+    early without _sync_gradients, leaving the unsharded flat gradient in the compute dtype (padded)."""
+    from helpers.estimate.states import fsdp1_units
+
+    s = b.setup
+    compute, _ = dtype_bytes(s)
+    trained = lora_adapters(m, s.lora_rank, s.lora_targets, converted(m, s)) if s.lora_rank else m
+    G = s.degrees.shard
+    if s.strat.family == "fsdp2":
+        nbytes = trained.params * (2 if s.precision == "bf16" else 4)
+        how = f"in {'bf16' if s.precision == 'bf16' else 'fp32'} (the reduce dtype)"
+    else:
+        units = [t.numel for t in trained.tensors] if s.lora_rank else fsdp1_units(trained)
+        nbytes = sum(-(-n // G) * G for n in units) * compute
+        how = f"in {'bf16' if compute == 2 else 'fp32'} (the unsharded flat parameters' dtype), padded"
+    # Before the last micro batch nothing is reduce-scattered: its forward and the earlier micro batches' ends hold
+    # no sharded gradient and no reduce-scatter buffer, and the end of the first micro batch's backward (every
+    # unsharded gradient made, nothing reduced) outweighs the last one's. The start of the last backward keeps both.
+    first_only = FORWARDS | START | BWD_END | BWD_POST | BWD_DONE
+    for i, item in enumerate(b.items):
+        if item.device == "gpu" and item.category in ("gradients", "comm_buffers") and item.moments & first_only:
+            b.items[i] = Item(item.name, item.category, item.device, item.nbytes, item.moments - first_only,
+                              item.why, item.blocks)
+    b.gpu(f"unsharded gradients accumulated under no_sync, {how}", "gradients", nbytes, ACCUMULATING,
+          f"{s.grad_accum - 1} of {s.grad_accum} micro batches run under no_sync (sync_each_batch off): every unit's "
+          f"whole gradient stays on every GPU until the last micro batch reduce-scatters it")

@@ -424,6 +424,8 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
           "reduce-scattered into 1/N shards" + ("; copied to the host" if off else ""),
           pinned=off and s.pin_memory, blocks=rest_blocks)
     at_end = BWD_DONE if tp == 1 and (off or not tied) else set()
+    if s.grad_accum > 1 and s.sync_each_batch:      # the earlier micro batches' sum, alive through the later ones
+        at_end = at_end | FWD_BWD | BWD_POST | BWD_DONE
     place("sharded gradient of the embedding", "gradients", sum(first_blocks), at_end | STEP,
           "its group runs backward last" + ("; a tied one's GPU peak comes before its reduce-scatter" if tied else ""),
           pinned=off and s.pin_memory, blocks=first_blocks)
@@ -908,7 +910,7 @@ def _fsdp1(b: Builder, m: ModelSpec) -> None:
               "reduce-scattered, cast to the parameters' dtype (_cast_grad_to_param_dtype)")
         # with accumulation, every sharded gradient (the root's too) is kept between micro batches and added into
         # (_accumulate_sharded_grad), so it is alive through the later micro batches' forward and backward
-        later = FWD_BWD | BWD_DONE if s.grad_accum > 1 else frozenset()
+        later = FWD_BWD | BWD_DONE if s.grad_accum > 1 and s.sync_each_batch else frozenset()
         b.gpu("sharded gradient of the root unit", "gradients", shard(root) * storage, STEP | later,
               "its unit reduces last, after its unsharded buffers are freed")
     place("AdamW exp_avg + exp_avg_sq (sharded)", "optimizer_states", 2 * shards * storage, STATES,

@@ -192,6 +192,10 @@ class FSDP2Step(SingleStep):
         with engines.fsdp_buffers_counted(self.tracker), fakegpu.accelerator_stream():
             super().backward(loss)
 
+    def syncing(self, on: bool) -> None:
+        """accelerate's no_sync for FSDP2 around every micro batch but the last (unless sync_each_batch)."""
+        self.model.set_requires_gradient_sync(on or self.setup.sync_each_batch)
+
 
 class FSDP1Step(SingleStep):
     """FSDP1 (FullyShardedDataParallel, FULL_SHARD, one unit per decoder layer) on a fake process group, rank 0's
@@ -219,6 +223,14 @@ class FSDP1Step(SingleStep):
 
     def close(self):
         self.stack.close()
+
+    def syncing(self, on: bool) -> None:
+        """FSDP1's no_sync() around every micro batch but the last (unless sync_each_batch): it sets every FSDP
+        module's _sync_gradients (torch 2.13 fully_sharded_data_parallel.py no_sync)."""
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        for m in FSDP.fsdp_modules(self.model):
+            m._sync_gradients = on or self.setup.sync_each_batch
 
     def forward(self, ids):
         from helpers.measure import fsdp1

@@ -42,6 +42,8 @@ def run_steps(engine, tracker, ids, grad_accum: int, iterations: int, last_step:
     for i in range(iterations):
         forward, backward = phase_names(i)
         for micro in range(grad_accum):
+            if hasattr(engine, "syncing"):                  # FSDP: no_sync before the last micro batch
+                engine.syncing(micro == grad_accum - 1)
             hooks.before(forward, "forward")
             started = time.perf_counter()
             with tracker.phase(forward, activity="forward"):
