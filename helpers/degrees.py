@@ -68,7 +68,8 @@ class Degrees:
     def describe(self) -> str:
         """' (TP 2 x CP 1 x DP 4)' where tensor or context parallelism is on, ' (HSDP: 2 groups x 8 GPUs sharding)'
         (with the TP/CP degrees where they are on) under hybrid sharding, else ''."""
-        hybrid = f"{self.dp_replicate} groups x {self.shard} GPUs sharding" if self.dp_replicate > 1 else ""
+        hybrid = f"{self.dp_replicate} groups x {self.shard} GPU{'s' * (self.shard > 1)} sharding" \
+            if self.dp_replicate > 1 else ""
         if self.model_parallel > 1:
             dp = f"DP {self.dp}" + (f" = {self.dp_replicate} replicas x {self.dp // self.dp_replicate}" if hybrid else "")
             return f" (TP {self.tp} x CP {self.cp} x {dp})"

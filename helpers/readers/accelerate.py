@@ -201,10 +201,12 @@ def _parallelism(c: Record, par) -> None:
         raise ConfigError(c.path, f"parallelism_config must be a mapping, got {par!r}")
     p = "parallelism_config."
     strategy = c.fields.get("strategy", "single")
+    total = 1
     for key, value in par.items():
         short = key.removeprefix("parallelism_config_")
         if short in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
             n = c.integer(p + key, value)
+            total *= n
             field = {"tp_size": "tensor_parallel", "cp_size": "context_parallel"}.get(short)
             if n == 1 or short == "dp_shard_size":
                 c.set(p + key, n, f"{short}={n}" + (" (FSDP shards over the data-parallel GPUs)" if n > 1 else ""))
@@ -221,6 +223,11 @@ def _parallelism(c: Record, par) -> None:
                     short, f"{short} {n} with strategy {strategy} is not modelled: estimated without it"))
         else:
             c.ignore(p + key, value)
+    gpus = c.fields.get("gpus")
+    if gpus is not None and total != gpus:      # accelerate 1.15 parallelism_config.py _validate_accelerator
+        raise ConfigError(c.path, f"parallelism_config's sizes multiply to {total}, but num_processes is {gpus}: "
+                                  f"accelerate stops ('ParallelismConfig total_size ({total}) does not match "
+                                  f"num_processes ({gpus})'); make dp_replicate x dp_shard x tp x cp x sp equal it")
 
 
 # deepspeed_config keys accelerate refuses beside a deepspeed_config_file (accelerate 1.15 utils/dataclasses.py
@@ -328,12 +335,13 @@ def _fsdp(c: Record, fsdp: dict) -> None:
     if not isinstance(fsdp, dict):
         raise ConfigError(c.path, f"fsdp_config must be a mapping, got {fsdp!r}")
     version = fsdp.get("fsdp_version")
-    if version is None:
-        c.default(TOOL, p + "fsdp_version", 1, SRC + " FullyShardedDataParallelPlugin.fsdp_version", "FSDP1")
+    if version is None:                           # one row: the default that sets the strategy
+        c.default(TOOL, p + "fsdp_version", 1, SRC + " FullyShardedDataParallelPlugin.fsdp_version",
+                  "strategy=fsdp1 (FSDP1)", strategy="fsdp1")
         version = 1
     elif isinstance(version, bool) or version not in (1, 2):
         raise ConfigError(c.path, f"{p}fsdp_version must be 1 or 2, got {version!r}")
-    if version == 2:
+    elif version == 2:
         c.set(p + "fsdp_version", 2, "strategy=fsdp2", strategy="fsdp2")
     else:
         c.set(p + "fsdp_version", 1, "strategy=fsdp1", strategy="fsdp1")
@@ -342,8 +350,10 @@ def _fsdp(c: Record, fsdp: dict) -> None:
         shard = fsdp.get("fsdp_reshard_after_forward")
         if shard is not None:
             shard = _truth(c.path, shard_key, shard)
-        if "fsdp_sharding_strategy" in fsdp:
-            c.ignore(p + "fsdp_sharding_strategy", fsdp["fsdp_sharding_strategy"])   # (FSDP1's: deprecated, unread)
+        if "fsdp_sharding_strategy" in fsdp:                   # (FSDP1's: deprecated, unread under FSDP2)
+            c.set(p + "fsdp_sharding_strategy", fsdp["fsdp_sharding_strategy"],
+                  "unread under FSDP2 (FSDP1's key): FSDP2 takes fsdp_reshard_after_forward, and hybrid sharding from "
+                  "parallelism_config's dp_replicate_size")
     else:
         shard_key = p + ("fsdp_reshard_after_forward" if "fsdp_reshard_after_forward" in fsdp
                          else "fsdp_sharding_strategy")
@@ -361,7 +371,7 @@ def _fsdp(c: Record, fsdp: dict) -> None:
         elif str(shard).upper() == "HYBRID_SHARD":
             c.set(shard_key, shard, "hybrid_shard=True (sharded over each node's GPUs, replicated across nodes)",
                   hybrid_shard=True)
-        elif str(shard).upper() == "HYBRID_SHARD_ZERO2":
+        elif str(shard).upper().lstrip("_") == "HYBRID_SHARD_ZERO2":
             c.set(shard_key, shard, "hybrid_shard=True, reshard_after_forward=False (sharded over each node's GPUs, "
                                     "parameters kept gathered from forward to backward)",
                   hybrid_shard=True, reshard_after_forward=False)

@@ -243,7 +243,8 @@ class _Reader:
                 if k is not None:
                     d.setting(f, self.line(k), k, v, sets=f"data-parallel shard degree {dp_shard}")
             elif name == "data_parallel_replicate_degree":
-                d.setting(f, self.line(k), k, v, sets=f"data-parallel replicate degree {v}")
+                if v == 1 or dp_shard * cp == 1:                 # (HSDP's row is strategy()'s)
+                    d.setting(f, self.line(k), k, v, sets=f"data-parallel replicate degree {v}")
             elif name == "tensor_parallel_degree":
                 d.setting(f, self.line(k), k, v, tensor_parallel=v)
             elif name == "context_parallel_degree":
@@ -296,6 +297,10 @@ class _Reader:
             strategy = "single" if world == 1 else "ddp"
         d.setting(f, None, "parallelism (degrees)", {"dp_replicate": dp_rep, "dp_shard": dp_shard, "tp": tp, "cp": cp,
                                                      "pp": pp}, strategy=strategy, gpus=gpus, **hybrid)
+        if strategy == "fsdp2":
+            d.default(TOOL, "(training loop)", "reduce-scatter every micro batch",
+                      "github:pytorch/torchtitan torchtitan/train.py @238fa9953e4a: each micro batch's backward runs "
+                      "with gradient sync on (no no_sync), so sharded gradients accumulate", sync_each_batch=True)
         k, reshard = self.find("parallelism.fsdp_reshard_after_forward")
         if reshard not in ("default", "always", "never"):
             raise ConfigError(f, f"{k} must be default, always or never, got {reshard!r}")

@@ -326,6 +326,9 @@ class _Reader:
         d.default(TOOL, "(recipe)", f"{'lora' if self.method != 'full' else 'full'}_finetune_distributed",
                   "the file has a distributed recipe's keys or no single_device in its name: FSDP2's fully_shard "
                   "on every decoder layer and the root; the ranks are tune run --nproc_per_node's", **fields)
+        d.default(TOOL, "(training loop)", "reduce-scatter every micro batch", "recipes/full_finetune_distributed.py "
+                  "and lora_finetune_distributed.py: each micro batch's backward runs with gradient sync on (no "
+                  "no_sync), so sharded gradients accumulate", sync_each_batch=True)
         rep = dims["data_parallel_replicate_dim"]
         if rep > 1 and "gpus" in fields:      # training/_distributed.py ParallelDims: a (dp_replicate, dp_shard) mesh
             d.set("data_parallel_replicate_dim", rep, dp_replicate=rep,

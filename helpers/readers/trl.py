@@ -490,6 +490,16 @@ class _Reader(collect.TrainerYaml):
         if fsdp:
             _fsdp(c, fsdp, take("fsdp_config") or {})
         self.strategy = c.fields.get("strategy", "single")
+        acc = take("accelerator_config")            # transformers 5.23 AcceleratorConfig.gradient_accumulation_kwargs
+        kwargs = acc.get("gradient_accumulation_kwargs") if isinstance(acc, dict) else None
+        if isinstance(kwargs, dict) and "sync_each_batch" in kwargs:
+            on = boolean(path, "accelerator_config.gradient_accumulation_kwargs.sync_each_batch",
+                         kwargs["sync_each_batch"])
+            c.set("accelerator_config", acc, f"sync_each_batch={on} (FSDP: gradients reduced "
+                                             f"{'every micro batch' if on else 'at the last micro batch, no_sync before'})",
+                  sync_each_batch=on)
+        elif acc is not None:
+            c.ignore("accelerator_config", acc)
 
     def precision(self) -> None:
         """The precision, decided after the strategy: DeepSpeed keeps fp32 masters in its bf16 mode."""
