@@ -125,6 +125,10 @@ GRID = [
     ("llama-3-8b", T(strategy="fsdp2", gpus=32, dp_replicate=4, seq=1024, checkpointing="full")),
     ("llama-3.2-3b", T(strategy="fsdp2", gpus=8, dp_replicate=2, seq=512, offload_params=True, **OFF)),
     ("llama-3-8b", T(strategy="fsdp2", gpus=8, reshard_after_forward=False, seq=1024, checkpointing="full")),
+    # FSDP2 accumulating under no_sync (the HF Trainer's way: unsharded fp32 gradients kept between micro batches)
+    # and reduce-scattering every micro batch (torchtitan's, torchtune's: sharded gradients kept)
+    ("tinyllama-1.1b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, seq=512, grad_accum=2)),
+    ("tinyllama-1.1b", T(strategy="fsdp2", gpus=4, gpus_per_node=4, seq=512, grad_accum=2, sync_each_batch=True)),
     # LoRA under FSDP2 (peft before fully_shard): untied and tied embeddings, bf16 and bf16-mixed, CPU offload
     ("llama-3-8b", T(strategy="fsdp2", gpus=8, precision="bf16", adam_impl="fused", lora_rank=32, seq=2048,
                      checkpointing="full", attention="flash")),
@@ -177,6 +181,7 @@ def _label(name: str, s: T) -> str:
     opts += [{"none": "", "full": "ckpt", "selective": "sac"}[s.checkpointing]] * (s.checkpointing != "none")
     opts += [f"every{s.checkpoint_every}"] * (s.checkpoint_every > 1)
     opts += [f"accum{s.grad_accum}"] * (s.grad_accum > 1)
+    opts += ["sync-each"] * (s.sync_each_batch and s.grad_accum > 1 and s.strategy in ("fsdp1", "fsdp2"))
     opts += [("offload-opt+params" if s.offload_params and not s.strat.offload_together else "offload")] * s.offload_optimizer
     opts += [f"ratio{s.offload_ratio}"] * (s.offload_ratio is not None)
     opts += [f"lora{s.lora_rank}" + ("" if s.lora_targets == "all-linear" else f"[{s.lora_targets}]")] * bool(s.lora_rank)
