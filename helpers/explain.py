@@ -39,7 +39,8 @@ from helpers.vocab import PHASE_LABELS
 # one's (the traceback does not say which), so both are read.
 ESTIMATE_PHASES = {"load": ("setup",), "setup": ("setup",), "resume": ("resume",), "forward": ("forward", "steady"),
                    "training": ("forward", "backward", "step", "steady"),
-                   "backward": ("backward", "steady"), "step": ("step",), "save": ("step",)}
+                   "backward": ("backward", "steady"), "step": ("step",), "save": ("step",),
+                   "steady": ("steady",)}                   # (the estimate's own first phase over the capacity)
 LOAD_LABEL = {"load": "model's loading (the estimate's setup)",      # a traceback's phase inside an estimate phase
               "save": "checkpoint save (counted in the estimate's optimizer step)"}
 NOT_MODELLED_PHASES = {

@@ -147,6 +147,9 @@ def ways_out(model, setup: TrainSetup, gpu: str | None = None, skipped: list | N
         except InputError as exc:
             skipped.append((name, str(exc)))
             return None
+        if r.gpu.phases == base.gpu.phases and r.host.phases == base.host.phases:
+            skipped.append((name, "it changes no figure of this set-up"))
+            return None
         return _way(model, name, _with_restated(change, setup, new), setup, base, new, r, gpu)
 
     def add(w: WayOut | None) -> None:

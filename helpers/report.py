@@ -66,6 +66,23 @@ def loss_lines(r: Result) -> list[str]:
                 f"(helpers.measure.trl_loss)"]
 
 
+def accumulation_lines(r: Result) -> list[str]:
+    """How FSDP accumulates gradients (helpers.estimate.accumulation), where it accumulates under FSDP."""
+    s = r.setup
+    if s.get("grad_accum", 1) <= 1 or s["strategy"] not in ("fsdp1", "fsdp2"):
+        return []
+    held = [i for i in r.items if "under no_sync" in i["name"]]
+    if not held:
+        return ["", f"gradient accumulation ({s['grad_accum']} micro batches): reduce-scattered after every micro "
+                    f"batch (sync_each_batch: torchtitan's and torchtune's loops), so only the gradient shards are "
+                    f"kept between micro batches"]
+    return ["", f"gradient accumulation ({s['grad_accum']} micro batches): every micro batch but the last runs under "
+                f"no_sync, as the HF Trainer (TRL, axolotl, LLaMA-Factory) and accelerate run it, so each GPU keeps "
+                f"the whole unsharded gradient between micro batches, {fmt(held[0]['bytes'])} per GPU; "
+                f"--sync-each-batch (TRL: accelerator_config: {{gradient_accumulation_kwargs: {{sync_each_batch: "
+                f"true}}}}) reduce-scatters each micro batch instead"]
+
+
 def saving_lines(r: Result) -> list[str]:
     """What saving a checkpoint holds beside what outlives the step (helpers.estimate.saving), where it holds any."""
     items = r.meta.get("saving") or []
@@ -227,6 +244,7 @@ def table(r: Result) -> str:
     lines += loading_lines(r)
     lines += reference_lines(r)
     lines += loss_lines(r)
+    lines += accumulation_lines(r)
     lines += saving_lines(r)
     if not any(r.host.phases.values()):
         lines += ["", "host: nothing offloaded (the processes' own RAM, data loaders and the CUDA context are not counted)"]

@@ -431,6 +431,19 @@ class TrainSetup:
                                                                   tooltip="micro batches per optimizer step")))
     """Gradient accumulation: micro batches per optimizer step (the gradients of the first stay alive through the
     forward and backward of the others)."""
+    reduce_dtype: str = option("fp32", Face(
+        "--reduce-dtype", "FSDP2 under bf16-mixed: the dtype gradients are reduce-scattered in (MixedPrecisionPolicy "
+                          "reduce_dtype): fp32 (torchtitan's mixed_precision_reduce default) or bf16 (accelerate's "
+                          "policy for bf16: the HF Trainer, TRL, axolotl, LLaMA-Factory)",
+        choices=("fp32", "bf16"), control=Control("menu", "reduce dtype", options=("fp32", "bf16"),
+                                                  tooltip="FSDP2: gradients reduced in fp32 or bf16"),
+        applies=lambda v: strategies.get(v["strategy"]).family == "fsdp2" and v["precision"] == "bf16-mixed",
+        no_time="reduce-scatter bytes are not priced"))
+    """FSDP2 under bf16-mixed only (elsewhere no effect). MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=...): 'fp32' as torchtitan
+    (training.mixed_precision_reduce float32); 'bf16' as accelerate 1.15 `utils/dataclasses.py` set_mixed_precision
+    builds it (param_dtype = reduce_dtype = bf16), which torch 2.13 `_fsdp_param_group.py` then drops (a reduce dtype
+    equal to the parameter dtype is None): no upcast of accumulated gradients, reduce-scatters in bf16, the output cast
+    to the fp32 shard's dtype."""
     sync_each_batch: bool = option(False, Face(
         "--sync-each-batch", "FSDP with gradient accumulation: gradients reduce-scattered after every micro batch "
                              "(torchtitan's and torchtune's loops; accelerate's sync_each_batch); without it every "
@@ -439,7 +452,7 @@ class TrainSetup:
                              "in the reduce dtype: fp32 under bf16-mixed) until the last one reduces them",
         control=Control("check", "sync each batch", tooltip="FSDP + accumulation: reduce-scatter after every micro "
                                                             "batch (else no_sync keeps unsharded gradients)"),
-        applies=lambda v: strategies.get(v["strategy"]).family in ("fsdp1", "fsdp2") and v["grad_accum"] > 1,
+        applies=lambda v: strategies.get(v["strategy"]).family in ("fsdp1", "fsdp2"),
         remedy=("gradients reduced every micro batch (sync_each_batch)", True),
         no_time="a reduce-scatter per micro batch instead of one per step is not priced"))
     """FSDP with grad_accum > 1 only (elsewhere no effect). False: the micro batches before the last run under
@@ -725,6 +738,7 @@ class TrainSetup:
             raise InputError(f"reshard_after_forward False (SHARD_GRAD_OP) is an FSDP option: use it with strategy "
                              f"{strategies.listing(lambda x: x.family in ('fsdp1', 'fsdp2'), 'or')}, got "
                              f"{self.strategy!r}")
+        _choice("reduce_dtype", self.reduce_dtype, ("fp32", "bf16"))    # (no effect but FSDP2's under bf16-mixed)
         if self.hybrid_shard:
             if st.family != "fsdp1":
                 raise InputError(f"hybrid_shard (FSDP1's HYBRID_SHARD) is an FSDP1 option: use it with strategy "

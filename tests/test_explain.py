@@ -321,14 +321,14 @@ def test_a_4_bit_weight_dequantised_in_fp32_is_the_request(placed):
 def test_the_torch_release_of_the_message_decides_the_step(placed):
     """FastChat #1781 (torch 2.0.1, named by the log's launcher) and ms-swift #411 (a torch 1.4-2.0 message, its frame
     the very line): torch 2.0's foreach AdamW keeps a second list of what the step updates. At its rules the run held
-    what the estimate puts there; at torch 2.13's the run held 6 GiB (FastChat) and 9 GiB (swift) more than modelled,
-    and the estimate said both fit."""
+    what the estimate puts there; at torch 2.13's the run held 2.8 GiB (FastChat, with the Trainer's no_sync
+    accumulation counted) and 9 GiB (swift) more than modelled, and the estimate said both fit."""
     fc = placed["fastchat-1781-vicuna7b-fsdp-4xa100-40g"]
     assert fc.beyond is None and 0.97 < fc.at_phase["ratio"] <= 1.0
     sw = placed["swift-411-mistral7b-full-bf16-foreach-a100-80g"]
     assert sw.beyond is None and sw.phase == "step" and sw.estimate.oom["device"] == "gpu"
     assert "torch 2.0.1's rules" in sw.text()                      # taken from the format, and said
-    for rid, gap in (("fastchat-1781-vicuna7b-fsdp-4xa100-40g", 5.5), ("swift-411-mistral7b-full-bf16-foreach-a100-80g", 9)):
+    for rid, gap in (("fastchat-1781-vicuna7b-fsdp-4xa100-40g", 2.5), ("swift-411-mistral7b-full-bf16-foreach-a100-80g", 9)):
         r = REPORTS[rid]
         model, setup = setup_of(r)
         now = explain.explain(text_of(r), model, setup.replace(versions="torch=2.13.0"), fixes=False)

@@ -46,6 +46,7 @@ GIVEN = {
     "sharded_save": (["--sharded-save"], True), "use_orig_params": (["--use-orig-params"], True),
     "reshard_after_forward": (["--no-reshard-after-forward"], False), "hybrid_shard": (["--hybrid-shard"], True),
     "dp_replicate": (["--dp-replicate", "2"], 2), "sync_each_batch": (["--sync-each-batch"], True),
+    "reduce_dtype": (["--reduce-dtype", "bf16"], "bf16"),
     "checkpoint_saves": (["--no-checkpoint-saves"], False),
     "sharded_load": (["--sharded-load"], True), "load_dtype": (["--load-dtype", "fp32"], "fp32"),
     "pin_memory": (["--no-pin-memory"], False), "checkpointing": (["--grad-checkpointing"], "full"),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from helpers.estimate.adapters import converted
 from helpers.estimate.items import BWD_DONE, BWD_END, BWD_POST, FORWARDS, FWD_BWD, MOMENTS, START, Item
-from helpers.estimate.states import Builder, dtype_bytes, lora_adapters
+from helpers.estimate.states import Builder, dtype_bytes, fsdp2_reduce_bytes, lora_adapters
 from helpers.models import ModelSpec
 
 ACCUMULATING = FWD_BWD | BWD_POST | BWD_DONE          # the forward and backward moments of every iteration
@@ -70,8 +70,9 @@ def _no_sync(b: Builder, m: ModelSpec) -> None:
     trained = lora_adapters(m, s.lora_rank, s.lora_targets, converted(m, s)) if s.lora_rank else m
     G = s.degrees.shard
     if s.strat.family == "fsdp2":
-        nbytes = trained.params * (2 if s.precision == "bf16" else 4)
-        how = f"in {'bf16' if s.precision == 'bf16' else 'fp32'} (the reduce dtype)"
+        r = fsdp2_reduce_bytes(s)
+        nbytes = trained.params * r
+        how = f"in {'bf16' if r == 2 else 'fp32'} (the reduce dtype)"
     else:
         units = [t.numel for t in trained.tensors] if s.lora_rank else fsdp1_units(trained)
         nbytes = sum(-(-n // G) * G for n in units) * compute

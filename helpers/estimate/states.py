@@ -346,6 +346,12 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
     _optimizer_states(b, m, P, storage, "gpu")
 
 
+def fsdp2_reduce_bytes(s: TrainSetup) -> int:
+    """Bytes per element FSDP2 reduces gradients in: fp32 without a policy (fp32 training), bf16 in pure bf16, and
+    under bf16-mixed the policy's reduce_dtype (fp32 torchtitan's, bf16 accelerate's)."""
+    return 2 if s.precision == "bf16" or (s.precision == "bf16-mixed" and s.reduce_dtype == "bf16") else 4
+
+
 def _fsdp2(b: Builder, m: ModelSpec) -> None:
     """FSDP2 as torchtitan groups it: the embedding, each block, norm + output head (a tied head shares the
     embedding's group). Each moment below was located in dry runs."""
@@ -354,7 +360,7 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     s, G = b.setup, b.setup.degrees.shard     # (with TP, `m` is one TP rank's share)
     compute, storage = dtype_bytes(s)
     off = s.offload_params
-    r = 4 if s.precision != "bf16" else 2                    # reduce dtype: fp32 under MixedPrecisionPolicy
+    r = fsdp2_reduce_bytes(s)
     shards = [fsdp2_shard(t, G) for t in m.tensors]         # padded dim-0 chunks: an 8-expert tensor on 16 ranks
     shard = sum(shards)                                      # keeps one whole expert per rank, not half of one
     place = b.host if off else b.gpu
@@ -509,13 +515,17 @@ def _fsdp2_backward_ends(b: Builder, head: int, layers: list[int], grads: list[i
 
     head_grad = 0 if tied else ceil_div(head, G)           # a tied head's group is reduced last
     t, c = post_backward(len(layers) - 1)
+    cast = ceil_div(head, G) * 4 if r == 2 and b.setup.precision == "bf16-mixed" else 0     # bf16 reduce, fp32 shards
     if not head_moment:
         pass
-    elif (head + layers[-1]) * compute + (head + ceil_div(head, G)) * r >= held((t, c)) + head_grad * storage:
+    elif (head + layers[-1]) * compute + (head + ceil_div(head, G)) * r + cast >= held((t, c)) + head_grad * storage:
         b.gpu("unsharded gradient of the head, and the next group prefetched", "temporaries",
               (head + layers[-1]) * compute, BWD_HEAD, "the head's backward, with the last block's all-gather prefetched")
-        b.gpu("reduce-scatter of the head: input and output", "comm_buffers", head * r + ceil_div(head, G) * r,
-              BWD_HEAD, f"gradients reduced in {'fp32' if r == 4 else 'bf16'} (reduce_dtype)")
+        b.gpu("reduce-scatter of the head: input and output" + (", and the output cast to fp32" if cast else ""),
+              "comm_buffers", head * r + ceil_div(head, G) * r + cast, BWD_HEAD,
+              f"gradients reduced in {'fp32' if r == 4 else 'bf16'} (reduce_dtype)" + (
+                  "; foreach_reduce casts the output to the fp32 shard's dtype (_to_dtype_if_needed) before it "
+                  "becomes the sharded gradient" if cast else ""))
     else:
         b.gpu("the last block's post-backward: its unsharded parameters and gradients, and the block before it "
               "prefetched", "temporaries", t * compute, BWD_HEAD,
@@ -555,7 +565,7 @@ def _fsdp2_lora(b: Builder, m: ModelSpec) -> None:
     s, G, base = b.setup, b.setup.degrees.shard, b.base
     compute, storage = dtype_bytes(s)
     off = s.offload_params
-    r = 4 if s.precision != "bf16" else 2                    # reduce dtype: fp32 under MixedPrecisionPolicy
+    r = fsdp2_reduce_bytes(s)
     place = b.host if off else b.gpu
     shards = [fsdp2_shard(t, G) for t in m.tensors]
     shard = sum(shards)

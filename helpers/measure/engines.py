@@ -224,7 +224,8 @@ def shard_fsdp2(model, setup: TrainSetup, mesh, pin_memory: bool) -> None:
 
     kw = {"mesh": mesh, "reshard_after_forward": setup.reshard_after_forward}
     if setup.mixed:
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+                                               if setup.reduce_dtype == "fp32" else torch.bfloat16)
     if setup.offload_params:
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model     # under peft's PeftModel

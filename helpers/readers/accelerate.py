@@ -43,6 +43,14 @@ def _truth(path, key: str, value) -> bool:
                             f"FSDP1's")
 
 
+def reduce_in_bf16(c: Record) -> None:
+    """FSDP2 through accelerate: its MixedPrecisionPolicy reduces in the compute dtype (bf16 under bf16 mixed
+    precision), not in fp32 as torchtitan does."""
+    c.default(TOOL, "(FSDP2 mixed precision policy)", "param_dtype = reduce_dtype = bf16",
+              SRC + " FullyShardedDataParallelPlugin.set_mixed_precision: MixedPrecisionPolicy(param_dtype=dtype, "
+              "reduce_dtype=dtype)", "reduce_dtype=bf16 (under bf16 mixed precision)", reduce_dtype="bf16")
+
+
 def _sharding_strategy(path, key: str, value) -> str:
     """fsdp_sharding_strategy as accelerate reads it (utils/dataclasses.py FullyShardedDataParallelPlugin): a name of
     FSDP_SHARDING_STRATEGY in any case, or a number that is torch's ShardingStrategy value (1 FULL_SHARD,
@@ -343,6 +351,8 @@ def _fsdp(c: Record, fsdp: dict) -> None:
         raise ConfigError(c.path, f"{p}fsdp_version must be 1 or 2, got {version!r}")
     elif version == 2:
         c.set(p + "fsdp_version", 2, "strategy=fsdp2", strategy="fsdp2")
+    if version == 2:
+        reduce_in_bf16(c)
     else:
         c.set(p + "fsdp_version", 1, "strategy=fsdp1", strategy="fsdp1")
     if version == 2:                      # utils/dataclasses.py: FSDP2 reads reshard_after_forward alone, a bool

@@ -22,7 +22,7 @@ from pathlib import Path
 from helpers import strategies
 from helpers.estimate import loading
 from helpers.models import LINEAR_NAMES
-from helpers.readers import base, collect, hf_names, model_ref
+from helpers.readers import accelerate, base, collect, hf_names, model_ref
 from helpers.readers.base import (
     ConfigError,
     Imported,
@@ -294,6 +294,7 @@ class _Reader:
             raise ConfigError(f, f"fsdp_version must be 1 or 2, got {version!r}")
         if str(version) == "2":
             strategy = "fsdp2"
+            accelerate.reduce_in_bf16(d)              # axolotl hands FSDP to accelerate's plugin
             if vkey:
                 d.setting(f, self.line(vkey), vkey, version, strategy="fsdp2")
         else:

@@ -625,6 +625,8 @@ def _fsdp(c: Record, fsdp, config: dict) -> None:
                                   f"with FSDP1'); set fsdp_config version: 1 or use full_shard")
     c.set("fsdp", fsdp, f"strategy=fsdp{2 if version == 2 else 1} (fsdp_config version {version})",
           strategy="fsdp2" if version == 2 else "fsdp1")
+    if version == 2:                                 # the Trainer builds accelerate's FSDP plugin
+        accelerate.reduce_in_bf16(c)
     # training_args.py _apply_legacy_fsdp_to_config: the first sharding word sets fsdp_config reshard_after_forward
     # (setdefault: a value the file gives there wins); FSDP2 reads it as a bool, FSDP1 as a strategy name
     key, shard = "fsdp_config.reshard_after_forward", config.get("reshard_after_forward")
