@@ -71,6 +71,7 @@ class Degrees:
         hybrid = f"{self.dp_replicate} groups x {self.shard} GPU{'s' * (self.shard > 1)} sharding" \
             if self.dp_replicate > 1 else ""
         if self.model_parallel > 1:
-            dp = f"DP {self.dp}" + (f" = {self.dp_replicate} replicas x {self.dp // self.dp_replicate}" if hybrid else "")
+            split = f" = {self.dp_replicate} replicas x {self.dp // self.dp_replicate}" if hybrid else ""
+            dp = f"DP {self.dp}{split}"
             return f" (TP {self.tp} x CP {self.cp} x {dp})"
         return f" (HSDP: {hybrid})" if hybrid else ""

@@ -439,8 +439,8 @@ class TrainSetup:
                                                   tooltip="FSDP2: gradients reduced in fp32 or bf16"),
         applies=lambda v: strategies.get(v["strategy"]).family == "fsdp2" and v["precision"] == "bf16-mixed",
         no_time="reduce-scatter bytes are not priced"))
-    """FSDP2 under bf16-mixed only (elsewhere no effect). MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=...): 'fp32' as torchtitan
-    (training.mixed_precision_reduce float32); 'bf16' as accelerate 1.15 `utils/dataclasses.py` set_mixed_precision
+    """FSDP2 under bf16-mixed only (elsewhere no effect). MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=...):
+    'fp32' as torchtitan (training.mixed_precision_reduce float32); 'bf16' as accelerate 1.15 `utils/dataclasses.py` set_mixed_precision
     builds it (param_dtype = reduce_dtype = bf16), which torch 2.13 `_fsdp_param_group.py` then drops (a reduce dtype
     equal to the parameter dtype is None): no upcast of accumulated gradients, reduce-scatters in bf16, the output cast
     to the fp32 shard's dtype."""
@@ -449,7 +449,7 @@ class TrainSetup:
                              "(torchtitan's and torchtune's loops; accelerate's sync_each_batch); without it every "
                              "micro batch but the last runs under no_sync, as the HF Trainer, accelerate's "
                              "accumulate() and LitGPT's Fabric run it, and keeps its unsharded gradients (FSDP2 "
-                             "in the reduce dtype: fp32 under bf16-mixed) until the last one reduces them",
+                             "in the reduce dtype, --reduce-dtype) until the last one reduces them",
         control=Control("check", "sync each batch", tooltip="FSDP + accumulation: reduce-scatter after every micro "
                                                             "batch (else no_sync keeps unsharded gradients)"),
         applies=lambda v: strategies.get(v["strategy"]).family in ("fsdp1", "fsdp2"),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from helpers.estimate.adapters import converted
 from helpers.estimate.items import BWD_DONE, BWD_END, BWD_POST, FORWARDS, FWD_BWD, MOMENTS, START, Item
-from helpers.estimate.states import Builder, dtype_bytes, fsdp2_reduce_bytes, lora_adapters
+from helpers.estimate.states import Builder, dtype_bytes, fsdp1_units, fsdp2_reduce_bytes, lora_adapters
 from helpers.models import ModelSpec
 
 ACCUMULATING = FWD_BWD | BWD_POST | BWD_DONE          # the forward and backward moments of every iteration
@@ -60,11 +60,9 @@ def _no_sync(b: Builder, m: ModelSpec) -> None:
     Fabric): no reduce-scatter until the last micro batch, so each unit keeps its unsharded gradient on every GPU
     from the first micro batch's backward to the last one's post-backward, and the sharded gradients are made in
     the last micro batch only (their items keep their moments). torch 2.13: FSDP2 `_fsdp_param.py`
-    to_accumulated_grad_if_needed upcasts each unsharded gradient to the reduce dtype (fp32 under bf16-mixed) and
+    to_accumulated_grad_if_needed keeps each unsharded gradient in the reduce dtype (fsdp2_reduce_bytes) and
     accumulate_unsharded_grad_if_needed adds the next into it; FSDP1 `_runtime_utils.py` _post_backward_hook returns
     early without _sync_gradients, leaving the unsharded flat gradient in the compute dtype (padded)."""
-    from helpers.estimate.states import fsdp1_units
-
     s = b.setup
     compute, _ = dtype_bytes(s)
     trained = lora_adapters(m, s.lora_rank, s.lora_targets, converted(m, s)) if s.lora_rank else m

@@ -426,7 +426,8 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     elif not_yet:
         b.gpu("sharded gradients of the first blocks, made after that post-backward", "gradients", not_yet,
               GRADS - BWD_POST, "the blocks before the one whose post-backward is the end's peak")
-    place("sharded gradients" + dt + ", all but the embedding's", "gradients", sum(rest_blocks) - (0 if held else not_yet), GRADS,
+    place("sharded gradients" + dt + ", all but the embedding's", "gradients",
+          sum(rest_blocks) - (0 if held else not_yet), GRADS,
           "reduce-scattered into 1/N shards" + ("; copied to the host" if off else ""),
           pinned=off and s.pin_memory, blocks=rest_blocks)
     at_end = BWD_DONE if tp == 1 and (off or not tied) else set()
@@ -452,9 +453,8 @@ def _fsdp2_kept(b: Builder, first: int, layers: list[int], head: int, tied: bool
     if b.setup.reshard_after_forward:
         return
     how = "reshard_after_forward=False: each group's all-gathered parameters stay until its backward"
-    untied = 0 if tied else first
     b.gpu("groups kept unsharded after their forward, before the one being gathered", "temporaries",
-          (untied + sum(layers) if not tied else sum(layers[:-1])) * compute, GATHER, how)
+          (sum(layers[:-1]) if tied else first + sum(layers)) * compute, GATHER, how)
     b.gpu("every group kept unsharded after its forward", "temporaries",
           (first + sum(layers) + (0 if tied else head)) * compute, LOSS | BWD_START | (BWD_HEAD if frozen else set()),
           how)
@@ -475,7 +475,8 @@ def _hsdp_offload_held(b: Builder, rest: int, not_yet: int, embed: int) -> None:
     finalize_backward (torch 2.13 `_fsdp_param_group.py` post_backward, AllReduceState: "keeps the caching allocator
     from reusing the block across layers", PR #140044), so every group's stays on the GPU until backward ends. Bytes:
     `rest` the blocks' and head's, `not_yet` those not made at the post-backward moment, `embed` the embedding's
-    (made last; 0 for a tied one, whose group's peak comes before its reduce-scatter). Without offload the output is the sharded gradient itself and adds nothing. Seen in dry runs."""
+    (made last; 0 for a tied one, whose group's peak comes before its reduce-scatter). Without offload the output
+    is the sharded gradient itself and adds nothing. Seen in dry runs."""
     why = ("HSDP: each group's reduce-scatter output, all-reduced across replicas and copied to the host, is held on "
            "the GPU by _all_reduce_state until finalize_backward")
     if not_yet:

@@ -375,7 +375,7 @@ def _fsdp(c: Record, fsdp: dict) -> None:
             c.set(shard_key, shard, "parameters, gradients and optimizer states sharded (full shard)")
         elif str(shard).upper() == "NO_SHARD":
             c.set(shard_key, shard, "strategy=ddp (nothing sharded)", strategy="ddp")
-        elif str(shard).upper() in ("SHARD_GRAD_OP", "FALSE") or shard is False:
+        elif shard is False or str(shard).upper() == "SHARD_GRAD_OP":
             c.set(shard_key, shard, "reshard_after_forward=False (parameters kept gathered from forward to backward)",
                   reshard_after_forward=False)
         elif str(shard).upper() == "HYBRID_SHARD":

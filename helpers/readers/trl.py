@@ -495,8 +495,8 @@ class _Reader(collect.TrainerYaml):
         if isinstance(kwargs, dict) and "sync_each_batch" in kwargs:
             on = boolean(path, "accelerator_config.gradient_accumulation_kwargs.sync_each_batch",
                          kwargs["sync_each_batch"])
-            c.set("accelerator_config", acc, f"sync_each_batch={on} (FSDP: gradients reduced "
-                                             f"{'every micro batch' if on else 'at the last micro batch, no_sync before'})",
+            when = "every micro batch" if on else "at the last micro batch, no_sync before"
+            c.set("accelerator_config", acc, f"sync_each_batch={on} (FSDP: gradients reduced {when})",
                   sync_each_batch=on)
         elif acc is not None:
             c.ignore("accelerator_config", acc)
