@@ -40,14 +40,15 @@ from helpers.vocab import PHASE_LABELS
 ESTIMATE_PHASES = {"load": ("setup",), "setup": ("setup",), "resume": ("resume",), "forward": ("forward", "steady"),
                    "training": ("forward", "backward", "step", "steady"),
                    "backward": ("backward", "steady"), "step": ("step",), "save": ("step",),
-                   "steady": ("steady",)}                   # (the estimate's own first phase over the capacity)
+                   "steady": ("steady",),                   # (the estimate's own first phase over the capacity)
+                   "generation": ("generation",)}           # (a GRPO set-up's; NOT_MODELLED_PHASES otherwise)
 LOAD_LABEL = {"load": "model's loading (the estimate's setup)",      # a traceback's phase inside an estimate phase
               "save": "checkpoint save (counted in the estimate's optimizer step)"}
 NOT_MODELLED_PHASES = {
     "evaluation": "evaluation runs forward passes (and their logits, often in fp32 and gathered over the eval set by "
                   "eval_accumulation_steps=None) outside the training step this package estimates",
-    "generation": "generation (a KV cache, a vLLM engine's gpu_memory_utilization share) is not a phase of the "
-                  "estimate",
+    "generation": "generation (a KV cache, a vLLM engine's gpu_memory_utilization share) is a phase of the "
+                  "estimate for GRPO runs only (--run grpo), not of this set-up",
 }
 # The last torch release that printed each out-of-memory format (helpers.oom_messages.FORMATS): a run whose message
 # is in that format ran that release or an older one.
@@ -687,7 +688,7 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
         why = ("the traceback's frames name no phase this reads" if ex.pasted.frames else "no traceback")
         say(f"phase: {PHASE_LABELS[first]} ({why}: the estimate's first phase over the capacity"
             + ("" if r.oom["phase"] else ", with the CUDA context") + ")")
-    if ex.phase in NOT_MODELLED_PHASES:
+    if ex.phase in NOT_MODELLED_PHASES and ex.phase not in phases:
         say(f"  not placed: {NOT_MODELLED_PHASES[ex.phase]}")
     order = ("setup", "forward", "backward", "step")
     if ex.phase_from == "traceback" and first in order and ex.phase in order and first != ex.phase:

@@ -20,13 +20,13 @@ from helpers.vocab import CATEGORIES, PHASE_LABELS
 COLORS = {                     # colour-blind-safe (Okabe-Ito, then greys) and the same in every notebook
     "parameters": "#0072B2", "master_weights": "#56B4E9", "gradients": "#009E73", "optimizer_states": "#E69F00",
     "activations": "#CC79A7", "logits": "#D55E00", "temporaries": "#999999", "comm_buffers": "#F0E442",
-    "checkpoint": "#000000", "pinned_overhead": "#7F3C8D",
+    "checkpoint": "#000000", "pinned_overhead": "#7F3C8D", "generation": "#11A579",
 }
 DEVICE_TITLES = {"gpu": "GPU (each)", "host": "host RAM (per node)"}
 DOTTED = [":", "-.", (0, (5, 2, 1, 2)), (0, (1, 3))]                       # reported figures, one style each
 LINES = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#000000"]   # sweeps: no red (red means OOM)
 OOM_RED = "#D00000"
-SHORT = {"setup": "setup", "resume": "resume", "forward": "forward", "backward": "backward", "step": "step",
+SHORT = {"setup": "setup", "resume": "resume", "forward": "forward", "backward": "backward", "step": "step", "generation": "generation",
          "steady": "later iters"}
 
 

@@ -25,10 +25,13 @@ def loading_lines(r: Result) -> list[str]:
 
 
 def reference_lines(r: Result) -> list[str]:
-    """A DPO run's pairs and reference model (helpers.estimate.reference); [] for SFT."""
+    """A DPO run's pairs and reference model (helpers.estimate.reference), a GRPO run's completions, reference and
+    generation (helpers.estimate.generation); [] for SFT."""
     said = r.meta.get("reference_words")
     if not said:
         return []
+    if r.setup.get("run") == "grpo":
+        return grpo_lines(r, said)
     ref = [i for i in r.items if i["name"].startswith("reference model")]
     held = "".join(f", {fmt(i['bytes'])} {PER_DEVICE[i['device']]}" for i in ref)
     b, how = r.setup["batch"], r.setup.get("dpo_logps", "logsumexp")
@@ -44,6 +47,23 @@ def reference_lines(r: Result) -> list[str]:
     return ["", f"DPO: each forward runs {b} chosen and {b} rejected sequences ({2 * b} x seq); reference model: "
                 f"{said}{held}. Log-probabilities: {way}{beside} (measured by a dry run of the step "
                 f"re-enacted{caveat})"]
+
+
+def grpo_lines(r: Result, said: str) -> list[str]:
+    """A GRPO run: the completion's logits, the reference, the generation between steps."""
+    from helpers.training import TrainSetup
+
+    s = TrainSetup(**r.setup)
+    ref = [i for i in r.items if i["name"].startswith("reference model")]
+    held = "".join(f", {fmt(i['bytes'])} {PER_DEVICE[i['device']]}" for i in ref)
+    lines = ["", f"GRPO: sequences of {s.seq} tokens, the last {s.completion_tokens} a completion whose logits alone "
+                 f"are made (logits_to_keep) and kept in fp32 for the log-probabilities' backward (measured by a dry "
+                 f"run of TRL's step re-enacted); reference model: {said}{held}"]
+    gen = r.meta.get("generation_words")
+    if gen:
+        lines.append(f"generation between steps: {gen}" + ("" if "generation" in r.gpu.phases else
+                                                            " (not in this figure: the step alone)"))
+    return lines
 
 
 def loss_lines(r: Result) -> list[str]:

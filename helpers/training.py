@@ -21,7 +21,10 @@ OPTIMIZERS = ("adamw", "adamw-8bit")
 STRATEGIES = strategies.NAMES
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
-RUNS = ("sft", "dpo")          # what is trained: next-token SFT, or DPO (chosen + rejected, a reference model)
+RUNS = ("sft", "dpo", "grpo")  # what is trained: next-token SFT, DPO (chosen + rejected, a reference model), GRPO
+LOGPS_RUNS = ("dpo", "grpo")   # runs whose loss is taken from log-probabilities outside the model's forward (TRL's)
+GENERATIONS = ("generate", "vllm-colocate", "vllm-server")   # GRPO's generation engine (TRL use_vllm, vllm_mode)
+COMPLETION_DEFAULT = 512       # TRL 1.10 GRPOConfig.max_completion_length's default
 DPO_LOGPS = ("logsumexp", "log-softmax")       # DPO's log-probabilities: TRL's per-sequence logsumexp, LLaMA-Factory's
 REFERENCES = ("copy", "adapters-off", "none")   # DPO's reference: a frozen copy, the LoRA base, or none in the step
 TRL_LOSS_TYPES = ("unset", "nll", "chunked_nll")   # TRL SFTConfig.loss_type as given (dft is nll's memory)
@@ -39,7 +42,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "reshard_after_forward", "hybrid_shard", "sync_each_batch", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "reshard_after_forward", "hybrid_shard", "sync_each_batch", "vllm_sleep", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -107,29 +110,37 @@ class TrainSetup:
         "slider", "micro batch", lo=1, hi=64, main=True)))
     """Micro batch per GPU (sequences)."""
     run: str = option("sft", Face(
-        "--run", "what the run trains: sft (one model, next-token loss) or dpo (TRL's, LLaMA-Factory's and "
+        "--run", "what the run trains: sft (one model, next-token loss), dpo (TRL's, LLaMA-Factory's and "
                  "OpenRLHF's DPO: each example's chosen and rejected sequences in one forward, and a frozen "
-                 "reference model beside the policy)",
+                 "reference model beside the policy) or grpo (TRL's GRPOTrainer: completions generated between "
+                 "steps, --generation, and trained on their log-probabilities, --completion)",
         choices=RUNS, control=Control("menu", "run", options=RUNS, tooltip="dpo: chosen + rejected, and a "
-                                                                           "reference model"),
-        no_time="a DPO run trains a different objective; its reference forward's time is not modelled"))
+                                                                           "reference model; grpo: generated "
+                                                                           "completions"),
+        no_time="a DPO or GRPO run trains a different objective; its reference forward's and its generation's "
+                "time are not modelled"))
     """'sft': one model trained on next-token prediction. 'dpo': direct preference optimisation: the micro batch's
     chosen and rejected sequences run as one forward of 2 x batch sequences, and a frozen reference model scores them
-    (helpers.estimate.reference), as `reference` says."""
+    (helpers.estimate.reference), as `reference` says. 'grpo': TRL 1.10's GRPOTrainer: each sequence is a prompt and
+    one generated completion (seq = prompt + `completion` tokens), trained on the completion's log-probabilities;
+    completions are generated between steps (`generation`, helpers.estimate.generation)."""
     reference: str | None = option(None, Face(
-        "--reference", "with --run dpo: the reference model: copy (a frozen copy beside the policy: TRL's and "
-                       "LLaMA-Factory's full fine-tuning, OpenRLHF always), adapters-off (a LoRA policy with its "
-                       "adapters disabled: TRL's and LLaMA-Factory's LoRA) or none (precompute_ref_log_probs, or a "
-                       "reference-free loss: SimPO, ORPO); default: adapters-off with --lora-rank, else copy",
+        "--reference", "with --run dpo or grpo: the reference model: copy (a frozen copy beside the policy: TRL's "
+                       "and LLaMA-Factory's full fine-tuning, OpenRLHF always; GRPO with beta > 0), adapters-off (a "
+                       "LoRA policy with its adapters disabled: TRL's and LLaMA-Factory's LoRA) or none "
+                       "(precompute_ref_log_probs, or a reference-free loss: SimPO, ORPO; GRPO's beta 0.0); default: "
+                       "dpo: adapters-off with --lora-rank, else copy; grpo: none (TRL's beta 0.0)",
         choices=REFERENCES, control=Control("menu", "reference", options=("default",) + REFERENCES, none="default",
                                             tooltip="dpo: where the reference log-probabilities come from"),
-        applies=lambda v: v["run"] == "dpo",
+        applies=lambda v: v["run"] in LOGPS_RUNS,
         remedy=("reference log-probs precomputed (precompute_ref_log_probs)", "none"),
         no_time="precomputing the reference's log-probs moves its forward before training"))
     """With run 'dpo', where the reference log-probabilities come from (helpers.estimate.reference): 'copy', a
     frozen copy of the model beside the policy; 'adapters-off', the LoRA policy's own base with its adapters disabled
     (no weights added; needs lora_rank); 'none', no reference forward in the step (log-probs precomputed, or a
-    reference-free loss). None: 'adapters-off' with LoRA, else 'copy' (TRL's and LLaMA-Factory's rule)."""
+    reference-free loss). None: 'adapters-off' with LoRA, else 'copy' (TRL's and LLaMA-Factory's rule); with run
+    'grpo', None is 'none' (GRPOConfig.beta 0.0: no reference loaded), and the reference scores completions before
+    the step (`_generate_and_score_completions`), not in it."""
     dpo_logps: str = option("logsumexp", Face(
         "--dpo-logps", "with --run dpo: how the log-probabilities are taken from the fp32 logits: logsumexp (TRL's "
                        "selective_log_softmax: a logsumexp per sequence, the logits kept for backward) or "
@@ -141,6 +152,40 @@ class TrainSetup:
     """With run 'dpo': 'logsumexp', TRL 1.10's `selective_log_softmax` on fp32 logits (the labels' logits gathered,
     less a logsumexp per sequence; the logits kept for backward); 'log-softmax', LLaMA-Factory's `get_batch_logps`
     (`logits.log_softmax(-1)` gathered; its output kept for backward, the logits until the loss returns)."""
+    completion: int | None = option(None, Face(
+        "--completion", f"with --run grpo: tokens per generated completion (TRL's max_completion_length; default "
+                        f"{COMPLETION_DEFAULT}, or seq - 1 when seq is shorter); --seq is prompt + completion",
+        metavar="N", applies=lambda v: v["run"] == "grpo"))
+    """With run 'grpo': the completion's tokens, the last `completion` of each sequence of `seq`. GRPOTrainer asks the
+    model for the logits of these alone (`logits_to_keep` = completion + 1, transformers' head applied to that slice of
+    the hidden states). None: TRL's default, 512, or seq - 1 when seq is shorter."""
+    generation: str = option("generate", Face(
+        "--generation", "with --run grpo: what generates the completions between steps: generate (transformers' "
+                        "model.generate in each training process, TRL's default use_vllm false), vllm-colocate (a "
+                        "vLLM engine in each training process holding --vllm-share of its GPU: vllm_mode colocate) "
+                        "or vllm-server (vLLM on GPUs of its own: vllm_mode server)",
+        choices=GENERATIONS, control=Control("menu", "generation", options=GENERATIONS,
+                                             tooltip="grpo: model.generate, vLLM beside training, or a vLLM server"),
+        applies=lambda v: v["run"] == "grpo",
+        no_time="generation's time is not modelled"))
+    """With run 'grpo': 'generate', the policy's own `generate` (its KV cache, and under ZeRO-3 the whole model
+    gathered: ds3_gather_for_generation); 'vllm-colocate', a vLLM engine in the training process
+    (`vllm_gpu_memory_utilization` of the GPU, `vllm_share`); 'vllm-server', a vLLM server on other GPUs (nothing on
+    the training GPUs but the weights' broadcast). helpers.estimate.generation."""
+    vllm_share: float = option(0.3, Face(
+        "--vllm-share", "with --generation vllm-colocate: the fraction of each GPU's total memory vLLM takes for its "
+                        "weights, KV cache and CUDA graphs (vllm_gpu_memory_utilization; TRL's default 0.3)",
+        metavar="F", applies=lambda v: v["run"] == "grpo" and v["generation"] == "vllm-colocate",
+        no_time="a smaller KV cache generates with fewer sequences at once: its time is not modelled"))
+    """vLLM's `gpu_memory_utilization`: the engine's budget is this fraction of the GPU's total memory (vLLM
+    `gpu_worker.py` requested_memory); needs gpu_gib to become bytes."""
+    vllm_sleep: bool = option(False, Face(
+        "--vllm-sleep", "with --generation vllm-colocate: vLLM sleeps (level 2) outside generation, releasing its "
+                        "weights and KV cache during the training step (vllm_enable_sleep_mode)",
+        applies=lambda v: v["run"] == "grpo" and v["generation"] == "vllm-colocate",
+        remedy=("vLLM asleep during the step (vllm_enable_sleep_mode)", True),
+        no_time="waking vLLM reloads its weights each generation: its time is not modelled"))
+    """TRL's `vllm_enable_sleep_mode`: `llm.sleep(level=2)` after each generation, `wake_up` before the next."""
     seq: int = option(2048, Face("--seq", "sequence length in tokens", control=Control(
         "steps", "seq", options=(128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768), main=True)))
     """Sequence length (tokens)."""
@@ -550,10 +595,45 @@ class TrainSetup:
 
     @property
     def ref(self) -> str | None:
-        """DPO's reference as the run has it ('copy', 'adapters-off', 'none'); None for SFT."""
-        if self.run != "dpo":
+        """DPO's or GRPO's reference as the run has it ('copy', 'adapters-off', 'none'); None for SFT."""
+        if self.run not in LOGPS_RUNS:
             return None
+        if self.run == "grpo":
+            return self.reference or "none"
         return self.reference or ("adapters-off" if self.lora_rank is not None else "copy")
+
+    def _check_grpo(self) -> None:
+        """GRPO's own fields: each with run 'grpo' only, a completion shorter than the sequence, a fraction."""
+        _choice("generation", self.generation, GENERATIONS)
+        if self.completion is not None:
+            _integer("completion", self.completion, MAX_TOKENS)
+        if not isinstance(self.vllm_share, (int, float)) or isinstance(self.vllm_share, bool) \
+                or not math.isfinite(self.vllm_share) or not 0 < self.vllm_share <= 1:
+            raise InputError(f"vllm_share must be a fraction of the GPU's memory in (0, 1] (vLLM's "
+                             f"gpu_memory_utilization), got {self.vllm_share!r}")
+        if not isinstance(self.vllm_sleep, bool):
+            raise InputError(f"vllm_sleep must be True or False, got {self.vllm_sleep!r}")
+        given = [f for f, default in (("completion", None), ("generation", "generate"), ("vllm_share", 0.3),
+                                      ("vllm_sleep", False)) if getattr(self, f) != default]
+        if self.run != "grpo" and given:
+            raise InputError(f"{given[0]} is a GRPO option: use it with run 'grpo', got run {self.run!r}")
+        if self.generation != "vllm-colocate":
+            for f, default in (("vllm_share", 0.3), ("vllm_sleep", False)):
+                if getattr(self, f) != default:
+                    raise InputError(f"{f} is vLLM's colocated engine's option: use it with generation "
+                                     f"'vllm-colocate', got generation {self.generation!r}")
+        if self.run == "grpo" and self.completion is not None and self.completion >= self.seq:
+            raise InputError(f"completion ({self.completion} tokens) must be shorter than seq ({self.seq}: prompt + "
+                             f"completion)")
+        if self.run == "grpo" and self.seq < 2:
+            raise InputError(f"run 'grpo' needs seq of at least 2 tokens (a prompt and a completion), got {self.seq}")
+
+    @property
+    def completion_tokens(self) -> int:
+        """GRPO's completion length in tokens (`completion`, or its default within seq); seq for other runs."""
+        if self.run != "grpo":
+            return self.seq
+        return self.completion or min(COMPLETION_DEFAULT, self.seq - 1)
 
     @property
     def half(self) -> str:
@@ -763,18 +843,20 @@ class TrainSetup:
                              f"original parameters): use it with strategy "
                              f"{strategies.listing(lambda x: x.family == 'fsdp1', 'or')}, got {self.strategy!r}")
         _choice("run", self.run, RUNS)
-        if self.run == "dpo" and (self.tensor_parallel > 1 or self.context_parallel > 1):
-            raise InputError("run 'dpo' with tensor_parallel or context_parallel is not modelled (the reference model's "
-                             "placement under a DTensor plan is not read): use tensor_parallel=1 and context_parallel=1")
+        if self.run in LOGPS_RUNS and (self.tensor_parallel > 1 or self.context_parallel > 1):
+            raise InputError(f"run {self.run!r} with tensor_parallel or context_parallel is not modelled (the "
+                             f"reference model's placement under a DTensor plan is not read): use tensor_parallel=1 "
+                             f"and context_parallel=1")
         if self.reference is not None:
             _choice("reference", self.reference, REFERENCES)
-            if self.run != "dpo":
-                raise InputError(f"reference {self.reference!r} is a DPO option: use it with run 'dpo', got run "
-                                 f"{self.run!r}")
+            if self.run not in LOGPS_RUNS:
+                raise InputError(f"reference {self.reference!r} is a DPO and GRPO option: use it with run 'dpo' or "
+                                 f"'grpo', got run {self.run!r}")
             if self.reference == "adapters-off" and self.lora_rank is None:
                 raise InputError("reference 'adapters-off' (the policy's base with its LoRA adapters disabled) needs "
                                  "lora_rank; a full fine-tune's reference is a copy ('copy') or none ('none')")
         _choice("dpo_logps", self.dpo_logps, DPO_LOGPS)
+        self._check_grpo()
         if self.trl_loss_type is not None:
             _choice("trl_loss_type", self.trl_loss_type, TRL_LOSS_TYPES)
             if self.fused_ce:

@@ -16,6 +16,7 @@ class Category(StrEnum):
     comm_buffers = "comm_buffers"          # gradient buckets of DDP and DeepSpeed, reduce-scatter buffers
     checkpoint = "checkpoint"              # optimizer and master states loaded from disk while resuming
     pinned_overhead = "pinned_overhead"    # bytes the pinned host caching allocator adds by rounding each block up
+    generation = "generation"              # a generation engine's share between steps: vLLM's budget, a KV cache
 
 
 class Phase(StrEnum):
@@ -26,6 +27,7 @@ class Phase(StrEnum):
     forward = "forward"    # end of the first forward pass (loss computed)
     backward = "backward"  # the first backward pass, at its highest point
     step = "step"          # the first optimizer step: where AdamW's states are created
+    generation = "generation"  # between two steps: completions generated (GRPO), beside what outlives a step
     steady = "steady"      # forward + backward of every later iteration, with optimizer states alive
 
 
@@ -45,6 +47,7 @@ CATEGORY_MEANING = {
     "comm_buffers": "buckets that gradients pass through on their way to other GPUs",
     "checkpoint": "optimizer states loaded from disk while resuming",
     "pinned_overhead": "what page-locked host memory costs beyond its bytes (blocks rounded up)",
+    "generation": "what generates completions between steps (GRPO): vLLM's share of the GPU, or generate's KV cache",
 }
 
 PHASE_LABELS = {
@@ -53,6 +56,7 @@ PHASE_LABELS = {
     "forward": "forward",
     "backward": "backward",
     "step": "optimizer step",
+    "generation": "generation (between steps)",
     "steady": "later iterations (fwd+bwd)",
 }
 

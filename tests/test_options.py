@@ -33,6 +33,8 @@ def test_every_field_has_a_face_and_a_flag_or_says_why_not():
 GIVEN = {
     "batch": (["--batch", "3"], 3), "run": (["--run", "dpo"], "dpo"), "reference": (["--reference", "none"], "none"),
     "dpo_logps": (["--dpo-logps", "log-softmax"], "log-softmax"),
+    "completion": (["--completion", "256"], 256), "generation": (["--generation", "vllm-colocate"], "vllm-colocate"),
+    "vllm_share": (["--vllm-share", "0.5"], 0.5), "vllm_sleep": (["--vllm-sleep"], True),
     "seq": (["--seq", "512"], 512), "precision": (["--precision", "bf16"], "bf16"),
     "adam_impl": (["--adam-impl", "fused"], "fused"), "optimizer": (["--optimizer", "adamw-8bit"], "adamw-8bit"),
     "lora_rank": (["--lora-rank", "8"], 8), "lora_targets": (["--lora-targets", "q,v"], "q,v"),

@@ -115,7 +115,7 @@ def test_deepspeeds_real_engine_keeps_the_reference_as_the_estimate_places_it(op
 
 
 @pytest.mark.parametrize("changes, words", [
-    ({"reference": "none"}, "reference 'none' is a DPO option"),
+    ({"reference": "none"}, "reference 'none' is a DPO and GRPO option"),
     ({"run": "dpo", "reference": "adapters-off"}, "needs lora_rank"),
     ({"run": "dpo", "reference": "ref"}, "unknown reference 'ref': allowed are copy, adapters-off, none"),
     ({"run": "kto"}, "unknown run 'kto': allowed are sft, dpo"),

@@ -13,10 +13,21 @@ import datetime
 
 from helpers import models, versions
 from helpers.errors import InputError
-from helpers.estimate import accumulation, activations, adapters, host, loading, parallel, reference, saving, states
+from helpers.estimate import (
+    accumulation,
+    activations,
+    adapters,
+    generation,
+    host,
+    loading,
+    parallel,
+    reference,
+    saving,
+    states,
+)
 from helpers.estimate.items import PHASE_MOMENTS, Item
 from helpers.results import DeviceMemory, Result, empty_breakdown
-from helpers.training import TrainSetup, checked
+from helpers.training import LOGPS_RUNS, TrainSetup, checked
 from helpers.units import from_gib
 from helpers.vocab import PHASES
 
@@ -38,7 +49,7 @@ def items(model, setup: TrainSetup, lifecycle: bool = True) -> list[Item]:
     b = states.Builder(reference.pairs(setup))       # DPO: chosen and rejected sequences in one forward
     states.add_model_states(b, m)
     activations.add_activations(b, m)
-    if setup.run == "dpo":
+    if setup.run in LOGPS_RUNS:                       # DPO's, GRPO's log-probabilities
         reference.add_logits(b, m)
     else:
         activations.add_logits(b, m)
@@ -48,14 +59,18 @@ def items(model, setup: TrainSetup, lifecycle: bool = True) -> list[Item]:
         if setup.checkpoint_saves:
             saving.add_save(b, m, whole)
     reference.add_reference(b, m, lifecycle)         # (after the save: a checkpoint holds the policy alone)
+    if lifecycle and setup.run == "grpo":
+        generation.add_generation(b, m)              # (after the reference: it is alive while generating)
     if setup.resume:
         host.add_resume(b, m)
     host.add_pinned_overhead(b)
     return b.items
 
 
-def phases_of(setup: TrainSetup) -> tuple[str, ...]:
-    return tuple(p for p in PHASES if p != "resume" or setup.resume)
+def phases_of(setup: TrainSetup, lifecycle: bool = True) -> tuple[str, ...]:
+    """The phases a set-up has: resume only when resuming, generation only for a GRPO run's whole life."""
+    return tuple(p for p in PHASES if (p != "resume" or setup.resume)
+                 and (p != "generation" or (lifecycle and setup.run == "grpo")))
 
 
 def _device_memory(its: list[Item], device: str, phases, capacity_gib, moments: dict | None = None) -> DeviceMemory:
@@ -85,7 +100,7 @@ def run(model, setup: TrainSetup | None = None, lifecycle: bool = True, **option
         setup = setup.replace(**options)
     m = models.spec(model)
     its = items(m, setup, lifecycle)
-    phases = phases_of(setup)
+    phases = phases_of(setup, lifecycle)
     peaks: dict[str, dict] = {}
     return Result(
         model=m.name, params=m.params, mode="estimate", setup=dataclasses.asdict(setup),
@@ -98,6 +113,7 @@ def run(model, setup: TrainSetup | None = None, lifecycle: bool = True, **option
               "loading": [{"name": i.name, "device": i.device, "bytes": i.nbytes} for i in its if "load" in i.moments],
               "loading_words": loading.words(setup, m) if lifecycle else None,
               "reference_words": reference.words(setup),
+              "generation_words": generation.words(setup),
               "saving": [{"name": i.name, "device": i.device, "bytes": i.nbytes, "moment": sorted(i.moments & saving.SAVE)}
                          for i in its if i.moments & saving.SAVE and not saving.PERSISTENT <= i.moments
                          and i.category != "pinned_overhead"],

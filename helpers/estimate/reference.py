@@ -36,6 +36,14 @@ runs: the policy's base with the adapters disabled, `use_adapter` / `disable_ada
   fp32 logits-sized buffers at once beside the kept logits: the gather's dense gradient, every sequence's logsumexp
   gradient until they are stacked, and the stacked gradient. Measured by a dry run of the step re-enacted
   (`helpers.measure.dryrun.DPOStep`), to the MiB.
+GRPO (`run` 'grpo', TRL 1.10 grpo_trainer.py): the reference is loaded and placed as DPO's (GRPOTrainer.__init__
+calls the same prepare_deepspeed / prepare_fsdp) when beta > 0 on a full fine-tune; with LoRA the base with the
+adapters disabled; with beta 0.0 (the default) none. It scores the completions in `_generate_and_score_completions`
+under no_grad before the step, one micro batch at a time, with no saved activations: that forward holds less than
+the step's and is not a moment of its own. In the step, `_get_per_token_logps_and_entropies` asks the model for the
+completion's logits alone (`logits_to_keep` = completion + 1), divides them by the temperature in place, takes
+`selective_log_softmax` as DPO does, and the entropy under no_grad, 128 rows at a time.
+
 Left out: DeepSpeed gives the logits in the compute dtype (accelerate wraps no native-amp forward there), and TRL's
 `selective_log_softmax` then takes bf16 logits row by row: counted as above, an upper bound by our reading; the
 reference forward's own layer intermediates (freed layer by layer, under no_grad) are below the policy's saved
@@ -50,14 +58,19 @@ from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
 from helpers.units import fmt
 
-SOURCE = "TRL 1.10 dpo_trainer.py DPOTrainer.__init__ and models/utils.py prepare_deepspeed, prepare_fsdp"
+SOURCE = ("TRL 1.10 dpo_trainer.py DPOTrainer.__init__ (grpo_trainer.py GRPOTrainer.__init__ alike) and "
+          "models/utils.py prepare_deepspeed, prepare_fsdp")
+ENTROPY_CHUNK = 128      # TRL 1.10 utils.py entropy_from_logits(chunk_size=128): rows per chunk
 
 
 def pairs(setup):
     """The set-up as the step sees it: DPO's micro batch is `batch` chosen and `batch` rejected sequences in one
-    forward (2 x batch), and a fused cross-entropy (fused_ce: Liger's, CCE) does not reach its log-probabilities,
-    which take the full logits (counted in full: Liger's own fused DPO loss would hold less); SFT's unchanged."""
-    return setup.replace(batch=2 * setup.batch, fused_ce=False) if setup.run == "dpo" else setup
+    forward (2 x batch), and a fused cross-entropy (fused_ce: Liger's, CCE) does not reach DPO's or GRPO's
+    log-probabilities, which take the full logits (counted in full: Liger's own fused DPO and GRPO losses would hold
+    less); SFT's unchanged."""
+    if setup.run == "dpo":
+        return setup.replace(batch=2 * setup.batch, fused_ce=False)
+    return setup.replace(fused_ce=False) if setup.run == "grpo" and setup.fused_ce else setup
 
 
 def holds_copy(setup) -> bool:
@@ -72,7 +85,8 @@ def words(setup) -> str | None:
     if setup.ref == "adapters-off":
         return "the policy's base with the LoRA adapters disabled (peft), no copy"
     if setup.ref == "none":
-        return "none in the step (precomputed log-probs or a reference-free loss)"
+        return ("none (beta 0.0: no KL term, no reference loaded)" if setup.run == "grpo"
+                else "none in the step (precomputed log-probs or a reference-free loss)")
     fam = setup.strat.family
     if fam == "zero12":
         return "a frozen copy in DeepSpeed's stage 0, whole on every GPU in the compute dtype"
@@ -99,7 +113,7 @@ def add_reference(b: Builder, m: ModelSpec, lifecycle: bool = True) -> None:
     compute = loading.compute_dtype(s)
     loaded = loading.loaded_dtype(s, m) or compute
     n = s.degrees.shard
-    name = "reference model (frozen, DPO)"
+    name = f"reference model (frozen, {s.run.upper()})"
     if fam == "zero12":
         nbytes = m.params * loading.BYTES[compute]
         b.gpu(name, "parameters", nbytes, ALWAYS,
@@ -129,7 +143,7 @@ def add_reference(b: Builder, m: ModelSpec, lifecycle: bool = True) -> None:
     if lifecycle and (s.strat.deepspeed or fam in ("fsdp1", "fsdp2")):
         copy = loading.host_copy(s, m)
         b.host("the reference model converted as it loads, beside the policy's", "parameters", copy, LOAD,
-               f"DPOTrainer.__init__ loads the reference while the policy is still on the host (the engine takes it "
+               f"{s.run.upper()}Trainer.__init__ loads the reference while the policy is still on the host (the engine takes it "
                f"in train()): a second conversion of {fmt(copy)} per rank ({SOURCE}; the conversion rule of "
                f"helpers.estimate.loading)")
 
@@ -155,25 +169,57 @@ def _log_softmax_logits(b: Builder, m: ModelSpec, E: int) -> None:
     activations.add_softcap(b, m, (4 if s.precision == "fp32" else 2) * E)
 
 
-def add_logits(b: Builder, m: ModelSpec) -> None:
-    """DPO's logits and log-probabilities over the 2 x batch sequences (`b.setup` is `pairs` of the set-up): the
-    policy's fp32 logits kept for backward, the reference's scored beside them (or the policy's 16-bit output
-    before its fp32 copy, when no reference runs in the step), and the log-probabilities' backward."""
+def _grpo_loss_transient(b: Builder, m: ModelSpec, E: int, c: int, src: str) -> None:
+    """GRPO's largest transient at its loss, beside the kept fp32 logits: the larger of two that never coexist, the
+    16-bit output until accelerate's fp32 copy of it is made, and later the entropy's working set: with more than
+    one sequence the sliced logits (`[:, :-1][:, -completion:]`, not contiguous) are copied whole by
+    `reshape(-1, vocab)`, then 128 rows at a time hold their log_softmax, its exp and their product."""
     s = b.setup
-    E = s.batch * s.seq * m.vocab
+    C, V = s.completion_tokens, m.vocab
+    chunk = ENTROPY_CHUNK * V * 4
+    copy = 4 * s.batch * C * V if s.batch > 1 else 0
+    entropy = copy + 3 * chunk
+    returned = c * E if c == 2 else 0
+    what = ("the entropy's working set (utils.py entropy_from_logits under no_grad, entropy_coef 0.0: "
+            + (f"the {s.batch} sequences' sliced logits copied contiguous by reshape, {fmt(copy)}, then " if copy
+               else "") + f"{ENTROPY_CHUNK} rows x vocab in fp32 as log_softmax, its exp and their product, "
+            f"{fmt(chunk)} each)")
+    if entropy >= returned:
+        b.gpu("entropy of the completion's logits (no_grad working set)", "logits", entropy, LOSS,
+              what + (f"; the 16-bit output ({fmt(returned)}) is gone by then" if returned else "") + f" ({src})")
+    else:
+        b.gpu("policy logits as returned, until their fp32 copy is made", "logits", returned, LOSS,
+              f"the 16-bit output and its fp32 copy at once, {fmt(returned)}: larger than {what}, which comes after "
+              f"it ({src})")
+
+
+def add_logits(b: Builder, m: ModelSpec) -> None:
+    """DPO's logits and log-probabilities over the 2 x batch sequences (`b.setup` is `pairs` of the set-up), or
+    GRPO's over each sequence's completion: the policy's fp32 logits kept for backward, the reference's scored beside
+    them (DPO; GRPO's reference scores before the step), or the policy's 16-bit output before its fp32 copy when no
+    reference runs in the step, and the log-probabilities' backward."""
+    s = b.setup
+    grpo = s.run == "grpo"
+    E = s.batch * (s.completion_tokens + 1 if grpo else s.seq) * m.vocab
     c = 4 if s.precision == "fp32" else 2
     if s.dpo_logps == "log-softmax":
         _log_softmax_logits(b, m, E)
         return
-    src = "TRL 1.10 dpo_trainer.py _compute_loss, utils.py selective_log_softmax; accelerate 1.15 convert_outputs_to_fp32"
+    if grpo:
+        src = ("TRL 1.10 grpo_trainer.py _compute_loss, _get_per_token_logps_and_entropies (logits_to_keep = "
+               "completion + 1), utils.py selective_log_softmax; accelerate 1.15 convert_outputs_to_fp32")
+        _grpo_loss_transient(b, m, E, c, src)
+    else:
+        src = ("TRL 1.10 dpo_trainer.py _compute_loss, utils.py selective_log_softmax; accelerate 1.15 "
+               "convert_outputs_to_fp32")
     b.gpu("policy logits in fp32 (kept for the log-probabilities' backward)", "logits", 4 * E, LOSS | BWD_START,
-          f"{s.batch} sequences x seq x vocab = {E:,} elements x 4 B: the forward's output "
-          f"{'converted to fp32 by accelerate' if c == 2 else 'in fp32'}, kept by the per-sequence logsumexp ({src})")
-    if s.ref != "none":
+          f"{s.batch} sequences x {'(completion + 1)' if grpo else 'seq'} x vocab = {E:,} elements x 4 B: the "
+          f"forward's output {'converted to fp32 by accelerate' if c == 2 else 'in fp32'}, kept by the per-sequence logsumexp ({src})")
+    if s.ref != "none" and not grpo:
         b.gpu("reference logits, as returned and in fp32 (scored, then dropped)", "logits", c * E + (4 * E if c == 2 else 0),
               LOSS, f"the reference forward (no_grad) after the policy's: its logits {f'({c} B) and their fp32 copy ' if c == 2 else ''}"
                     f"alive together while the policy's are kept ({src})")
-    elif c == 2:
+    elif c == 2 and not grpo:
         b.gpu("policy logits as returned, until their fp32 copy is made", "logits", c * E, LOSS,
               f"the 16-bit output and its fp32 copy at once (no reference forward in the step: {src})")
     b.gpu("the log-probabilities' gradients (gather's, each sequence's logsumexp's, stacked)", "logits", 12 * E,

@@ -43,7 +43,7 @@ from helpers.estimate.items import (
     Item,
 )
 from helpers.models import ModelSpec, Tensor, lora_shape
-from helpers.training import TrainSetup
+from helpers.training import LOGPS_RUNS, TrainSetup
 
 FROM_FORWARD_INIT = frozenset(MOMENTS[MOMENTS.index("forward_init"):])   # an engine's lazy buffers, kept from then on
 
@@ -309,10 +309,10 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
                    if g.startswith("layer.")}
         layer, every = max(weights.values()), s.checkpoint_every
         b.gpu(f"{s.half} weight copies of the layers (autocast cache)", "temporaries", (m.matmul_params - head) * 2,
-              FORWARDS - LOSS if s.run == "dpo" else FORWARDS,
+              FORWARDS - LOSS if s.run in LOGPS_RUNS else FORWARDS,
               "cached while autocast is on; checkpointed layers save none for backward, so they go when forward ends"
-              + (" (DPO scores its logits after the forward, with the cache gone: accelerate's autocast wraps each "
-                 "forward, and its exit clears the cache)" if s.run == "dpo" else ""))
+              + (f" ({s.run.upper()} scores its logits after the forward, with the cache gone: accelerate's "
+                 f"autocast wraps each forward, and its exit clears the cache)" if s.run in LOGPS_RUNS else ""))
         if every > 1:
             kept = sum(n for g, n in weights.items() if (int(g.split(".")[1]) + 1) % every)
             b.gpu(f"{s.half} weight copies of the layers not checkpointed, saved for backward", "temporaries", kept * 2,

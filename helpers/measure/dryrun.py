@@ -24,7 +24,7 @@ from helpers.measure import allocator, engines, fakegpu, nf4, reserved, tensor_p
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
-from helpers.training import TrainSetup, checked
+from helpers.training import LOGPS_RUNS, TrainSetup, checked
 from helpers.units import from_gib
 
 NO_CP_DRY_RUN = ("context_parallel has no dry run here: torch 2.13's context_parallel() patches "
@@ -107,9 +107,15 @@ def sequence_logps(logits, labels, how: str = "logsumexp"):
     imported: neither is a dependency."""
     if how == "log-softmax":
         return torch.gather(logits.log_softmax(-1), 2, labels.unsqueeze(2)).squeeze(2).sum(-1)
+    return sequence_token_logps(logits, labels).sum(-1)
+
+
+def sequence_token_logps(logits, labels):
+    """Per-token log-probabilities of `labels` as TRL 1.10's `selective_log_softmax` takes them from fp32 logits:
+    the labels' logits gathered, less a logsumexp taken one sequence at a time (trl/trainer/utils.py)."""
     picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
     norm = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
-    return (picked - norm).sum(-1)
+    return picked - norm
 
 
 class DPOStep(SingleStep):
@@ -167,6 +173,58 @@ class DPOStep(SingleStep):
         self.tracker.set_context("logits")
         chosen, rejected = (logps - ref).chunk(2)
         loss = -torch.nn.functional.logsigmoid(self.BETA * (chosen - rejected)).mean()
+        self.tracker.set_context(None)
+        return loss
+
+
+class GRPOStep(SingleStep):
+    """GRPO as TRL 1.10's GRPOTrainer trains on one GPU or under DDP (`_compute_loss` and
+    `_get_per_token_logps_and_entropies`, re-enacted): each sequence is a prompt and its completion, the last
+    `completion` tokens; the policy's forward under autocast asks for the completion's logits alone (transformers'
+    `logits_to_keep` = completion + 1), which accelerate's native-amp wrapper returns as fp32; the last position is
+    dropped, the rest divided by the temperature in place; `selective_log_softmax` as DPO's; the entropy under
+    no_grad, 128 rows at a time (`entropy_from_logits`); the clipped policy loss with old log-probs equal to the new
+    ones detached (num_iterations 1, TRL's default) and, with a reference, the KL term on log-probs scored before the
+    step (zeros here: they come in with the batch). Generation and scoring happen between steps, outside this."""
+
+    TEMPERATURE, EPSILON, BETA, CHUNK = 1.0, 0.2, 0.04, 128
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
+        super().__init__(model, setup, tracker, mesh)
+        self.reference = reference                      # alive through the step, used between steps
+        if reference is not None:
+            reference.requires_grad_(False)
+            tracker.label(list(reference.parameters()) + list(reference.buffers()), "parameters")
+
+    def forward(self, ids):
+        c = self.setup.completion_tokens
+        with self._autocast():
+            out = self.model(input_ids=ids, logits_to_keep=c + 1)
+            self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
+        self.tracker.set_context("logits")
+        logits = out.logits.float()                    # accelerate: the outputs of an autocast forward as fp32
+        del out
+        logits = logits[:, :-1, :][:, -c:, :]
+        logits.div_(self.TEMPERATURE)
+        logps = sequence_token_logps(logits, ids[:, -c:])
+        with torch.no_grad():                           # entropy_from_logits, for the metrics (entropy_coef 0.0)
+            flat = logits.reshape(-1, logits.shape[-1])
+            entropies = []
+            for chunk in flat.split(self.CHUNK, dim=0):
+                lp = torch.nn.functional.log_softmax(chunk, dim=-1)
+                entropies.append(-(torch.exp(lp) * lp).sum(-1))
+            del flat, lp, chunk
+            torch.cat(entropies, dim=0)
+            del entropies
+        del logits
+        advantages = torch.ones(ids.shape[0], 1, device=ids.device)
+        coef_1 = torch.exp(logps - logps.detach())
+        coef_2 = torch.clamp(coef_1, 1 - self.EPSILON, 1 + self.EPSILON)
+        per_token = -torch.min(coef_1 * advantages, coef_2 * advantages)
+        if self.setup.ref != "none":
+            ref = torch.zeros_like(logps)
+            per_token = per_token + self.BETA * (torch.exp(ref - logps) - (ref - logps) - 1)
+        loss = per_token.mean(-1).mean()
         self.tracker.set_context(None)
         return loss
 
@@ -482,10 +540,11 @@ def refusal(setup: TrainSetup) -> str | None:
                 "run (`measure --mode scaled`) runs FSDP1's CPUOffload for real")
     if setup.context_parallel > 1:
         return NO_CP_DRY_RUN
-    if setup.run == "dpo" and st.family != "replicated":
-        return (f"a DPO dry run exists for {strategies.listing(lambda x: x.family == 'replicated', 'and')} (TRL's step "
-                f"re-enacted, reference model included), not for {setup.strategy!r}; `estimate` places the reference "
-                f"model under every engine (helpers.estimate.reference)")
+    if setup.run in LOGPS_RUNS and st.family != "replicated":
+        return (f"a {setup.run.upper()} dry run exists for "
+                f"{strategies.listing(lambda x: x.family == 'replicated', 'and')} (TRL's step re-enacted, reference "
+                f"model included), not for {setup.strategy!r}; `estimate` places the reference model under every "
+                f"engine (helpers.estimate.reference)")
     return None
 
 
@@ -523,13 +582,15 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
             (nf4.dequantized_matmuls() if setup.quantized else contextlib.nullcontext()), nf4.matmul_as(setup), \
             engines.kv_expanded(setup):
         net = build_model(m, setup, dev)                     # built before tracking: setup is the engine's state
-        ref = build_model(m, setup, dev) if reference.holds_copy(setup) else None    # DPO's frozen copy
+        ref = build_model(m, setup, dev) if reference.holds_copy(setup) else None    # DPO's, GRPO's frozen copy
         bar.update()
         tracker = Tracker() if track else NullTracker()
         stepped = time.perf_counter()
         with tracker, engines.untracked_sharding_propagation(tracker):
             if setup.run == "dpo":
                 engine = DPOStep(net, setup, tracker, mesh, reference=ref)
+            elif setup.run == "grpo":
+                engine = GRPOStep(net, setup, tracker, mesh, reference=ref)   # (its reference scores between steps)
             else:
                 engine = (TP_STEPS if tp > 1 else STEPS)[st.family](net, setup, tracker, mesh)
             try:

@@ -27,10 +27,10 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
         raise InputError(f"trl_loss_type {setup.trl_loss_type!r} at this TRL release ({sft_loss.mechanism(setup)} "
                          f"loss) has no {mode} run here (the training loop computes the model's own loss): a dry run "
                          f"re-enacts TRL's loss, or measure with trl_loss_type unset")
-    if setup.run == "dpo" and mode != "dry":
-        raise InputError(f"run 'dpo' has no {mode} run here (the training loop trains SFT): a dry run re-enacts TRL's "
-                         f"and LLaMA-Factory's DPO step with its reference model (single, ddp), and `estimate` "
-                         f"places the reference under every engine")
+    if setup.run != "sft" and mode != "dry":
+        raise InputError(f"run {setup.run!r} has no {mode} run here (the training loop trains SFT): a dry run "
+                         f"re-enacts TRL's (and LLaMA-Factory's) {setup.run.upper()} step with its reference model "
+                         f"(single, ddp), and `estimate` places the reference under every engine")
     if setup.resume:
         raise InputError(f"resume is modelled by the estimate (the loaded checkpoint beside the live buffers) but a "
                          f"{mode} run does not load a checkpoint; measure without --resume: the resume transient is "

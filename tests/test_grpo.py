@@ -1,0 +1,135 @@
+"""GRPO runs (`run` 'grpo', TRL 1.10's GRPOTrainer): the step against a dry run of TRL's step re-enacted on the real
+transformers model (fake tensors), the KV cache of generate against transformers' own cache, the generation between
+steps (vLLM's share, ZeRO-3's gathers) as placed by rule, and the one-line refusals."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from helpers import estimate, models
+from helpers.errors import InputError
+from helpers.estimate import generation
+from helpers.measure import dryrun
+from helpers.training import TrainSetup
+from helpers.units import GiB, MiB
+
+M = "qwen2.5-0.5b"
+
+
+def _generation_items(r):
+    return {i["name"]: i for i in r.items if i["category"] == "generation"}
+
+
+@pytest.mark.parametrize("options", [
+    dict(),                                                      # batch 4: the entropy's contiguous copy
+    dict(batch=1),                                               # one sequence: the 16-bit output is the larger
+    dict(checkpointing="full", reference="copy"),                # the frozen copy beside the policy
+    dict(lora_rank=16, reference="adapters-off"),
+    dict(precision="bf16", batch=2, completion=100),
+    dict(strategy="ddp", gpus=2, checkpointing="full", grad_accum=2),
+], ids=["plain", "one-sequence", "reference-copy", "lora", "bf16", "ddp-accum"])
+def test_grpo_step_agrees_with_its_dry_run(options):
+    """Consistency with TRL's step re-enacted (helpers.measure.dryrun.GRPOStep): every phase within 0.5%, none
+    under by more than 1 MiB. Before the completion's logits, the entropy's copy and the 16-bit output were modelled
+    (the step estimated as SFT's full logits), the forward was off by gigabytes."""
+    s = TrainSetup(run="grpo", seq=512, **{"batch": 4, "completion": 256, **options})
+    e, d = estimate.run(M, s, lifecycle=False), dryrun.run(M, s, progress=False)
+    assert set(e.gpu.phases) == set(d.gpu.phases)
+    for phase, measured in d.gpu.phases.items():
+        got = e.gpu.phases[phase]
+        assert got >= measured - MiB, (phase, got, measured)
+        assert abs(got - measured) <= 0.005 * measured, (phase, got, measured)
+
+
+def test_grpo_logits_are_the_completions_alone():
+    """logits_to_keep: the head's output covers completion + 1 positions, not the sequence: a longer prompt at the
+    same completion adds activations only."""
+    short = estimate.run(M, TrainSetup(run="grpo", seq=512, completion=256, batch=4), lifecycle=False)
+    long_ = estimate.run(M, TrainSetup(run="grpo", seq=2048, completion=256, batch=4), lifecycle=False)
+    assert short.gpu.breakdown["forward"]["logits"] == long_.gpu.breakdown["forward"]["logits"]
+    sft = estimate.run(M, TrainSetup(seq=2048, batch=4), lifecycle=False)
+    assert long_.gpu.breakdown["forward"]["logits"] < sft.gpu.breakdown["forward"]["logits"]
+
+
+def test_kv_cache_of_generate_is_transformers_own():
+    """The rule's KV cache against transformers 5.23's DynamicCache filled over the whole sequence (fake tensors, a
+    bf16 model): keys and values of every layer, to the byte."""
+    m = models.spec(M)
+    s = TrainSetup(run="grpo", seq=384, completion=128, batch=2, grad_accum=3, precision="bf16")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(m.path)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        net = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+        ids = torch.randint(0, m.vocab, (generation.sequences(s), s.seq))
+        with torch.no_grad():
+            cache = net(input_ids=ids, use_cache=True).past_key_values
+        held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    item = _generation_items(estimate.run(M, s))[f"KV cache of generate (6 sequences x {s.seq} tokens)"]
+    assert item["bytes"] == held + held // m.layers          # and one layer's being extended by torch.cat
+
+
+def test_vllm_share_is_held_through_the_step_unless_asleep():
+    """vLLM's budget is gpu_memory_utilization x the GPU's total memory (vLLM's requested_memory), held at every
+    phase from set-up on, or only while generating with sleep mode."""
+    base = dict(run="grpo", seq=1024, batch=4, checkpointing="full", gpu_gib=80.0, generation="vllm-colocate",
+                vllm_share=0.4)
+    awake = estimate.run(M, TrainSetup(**base))
+    (engine,) = _generation_items(awake).values()
+    assert engine["bytes"] == int(0.4 * 80 * GiB)
+    assert engine["phases"] == ["setup", "forward", "backward", "step", "generation", "steady"]
+    asleep = estimate.run(M, TrainSetup(**base, vllm_sleep=True))
+    assert [i["phases"] for i in _generation_items(asleep).values()] == [["generation"]]
+    for phase in ("forward", "backward", "steady"):
+        assert awake.gpu.phases[phase] - asleep.gpu.phases[phase] == engine["bytes"]
+    none = estimate.run(M, TrainSetup(**{**base, "gpu_gib": None}))
+    assert not _generation_items(none) and "not counted: no GPU capacity" in none.meta["generation_words"]
+
+
+def test_generation_holds_what_outlives_a_step_and_no_gradients():
+    """Between steps: parameters and optimizer states, no activations, no gradients (zero_grad after the step, even
+    accumulated ones)."""
+    r = estimate.run(M, TrainSetup(run="grpo", seq=1024, batch=4, grad_accum=4, gpu_gib=80.0))
+    at = r.gpu.breakdown["generation"]
+    assert at["gradients"] == at["activations"] == at["logits"] == 0
+    assert at["parameters"] == r.gpu.breakdown["step"]["parameters"]
+    assert at["optimizer_states"] == r.gpu.breakdown["step"]["optimizer_states"]
+    assert "generation" not in estimate.run(M, TrainSetup(run="grpo", seq=1024), lifecycle=False).gpu.phases
+    assert "generation" not in estimate.run(M, TrainSetup(seq=1024)).gpu.phases
+
+
+def test_zero3_gathers_the_whole_model_to_generate_and_to_merge_adapters():
+    """TRL's ds3_gather_for_generation (default True) gathers every parameter for generate; with PEFT under ZeRO-3
+    sync_weights gathers them all to merge the adapters for vLLM: 2 bytes a parameter either way."""
+    m = models.spec(M)
+    gen = _generation_items(estimate.run(M, TrainSetup(run="grpo", seq=1024, strategy="zero3", gpus=8)))
+    assert gen["the whole model gathered for generation (ds3_gather_for_generation)"]["bytes"] == 2 * m.params
+    lora = _generation_items(estimate.run(M, TrainSetup(run="grpo", seq=1024, strategy="zero3", gpus=8, lora_rank=16,
+                                                        generation="vllm-colocate", gpu_gib=80.0)))
+    assert lora["the whole model gathered to merge the adapters for vLLM"]["bytes"] == 2 * m.params
+    full = _generation_items(estimate.run(M, TrainSetup(run="grpo", seq=1024, strategy="zero3", gpus=8,
+                                                        generation="vllm-server")))
+    assert not full                                           # one parameter at a time: not counted
+
+
+@pytest.mark.parametrize("options, says", [
+    (dict(run="grpo", vllm_share=1.5, generation="vllm-colocate"), "vllm_share must be a fraction"),
+    (dict(run="grpo", seq=512, completion=512), "completion (512 tokens) must be shorter than seq (512"),
+    (dict(generation="vllm-colocate"), "generation is a GRPO option"),
+    (dict(run="grpo", vllm_sleep=True), "vllm_sleep is vLLM's colocated engine's option"),
+    (dict(run="grpo", generation="vllm"), "unknown generation 'vllm'"),
+    (dict(run="grpo", tensor_parallel=2, gpus=2, strategy="fsdp2"), "run 'grpo' with tensor_parallel"),
+])
+def test_grpo_options_refused_in_one_line(options, says):
+    with pytest.raises(InputError) as e:
+        estimate.run(M, TrainSetup(**options))
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_prints_the_generation_phase(capsys):
+    from helpers.__main__ import main
+
+    assert main(["estimate", "--model", M, "--run", "grpo", "--seq", "1024", "--gpu", "h100-80gb",
+                 "--generation", "vllm-colocate", "--vllm-share", "0.5"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "generation (between steps)" in out and "vLLM colocated" in out and "GRPO: sequences of 1024 tokens" in out
