@@ -343,22 +343,35 @@ beta: 0.04
 """
 
 
-def test_trl_grpo_sequence_is_prompt_plus_completion_and_its_extras_listed(tmp_path):
+def test_trl_grpo_sequence_is_prompt_plus_completion_and_its_reference_and_vllm_read(tmp_path):
     """GRPOConfig (trl @f2cd577): a sequence is a prompt and a completion (max_completion_length, 512 by default);
     TRL 1.x no longer truncates prompts, so 512 prompt tokens are assumed and said; beta > 0 loads a reference
-    model and colocated vLLM keeps its share: both listed as raising the figure (once: SFT's 1024 tokens, the GRPO
-    keys 'ignored', beta read as a DPO key)."""
+    model (a copy for a full fine-tune, the base with adapters off under use_peft) and colocated vLLM keeps its share
+    (0.3 by default): both set, not listed (once: SFT's 1024 tokens, the GRPO keys 'ignored', beta read as a DPO
+    key; then both listed as not modelled)."""
     (tmp_path / "grpo.yaml").write_text(GRPO)
     imp = read(tmp_path / "grpo.yaml")
-    assert (imp.model, imp.setup.batch, imp.setup.seq, imp.setup.checkpointing) == ("qwen2.5-1.5b", 4, 1536, "full")
+    s = imp.setup
+    assert (imp.model, s.batch, s.seq, s.checkpointing, s.run) == ("qwen2.5-1.5b", 4, 1536, "full", "grpo")
+    assert (s.completion, s.ref, s.generation, s.vllm_share, s.vllm_sleep) == (1024, "copy", "vllm-colocate", 0.3,
+                                                                               False)
     listed = {n.key: n.why for n in imp.not_modelled}
-    assert {"beta", "use_vllm", "max_prompt_length"} <= set(listed)
-    assert "DPO" not in listed["beta"] and "0.3 of each GPU's memory" in listed["use_vllm"]
-    assert not {i.key for i in imp.ignored} & {"num_generations", "max_completion_length", "use_vllm"}
+    assert "max_prompt_length" in listed and not {"beta", "use_vllm"} & set(listed)
+    assert not {i.key for i in imp.ignored} & {"num_generations", "max_completion_length", "use_vllm", "beta"}
+    (tmp_path / "peft.yaml").write_text(GRPO + "use_peft: true\nvllm_enable_sleep_mode: true\n"
+                                               "vllm_gpu_memory_utilization: 0.5\n")
+    s = read(tmp_path / "peft.yaml").setup
+    assert (s.ref, s.lora_rank, s.vllm_sleep, s.vllm_share) == ("adapters-off", 16, True, 0.5)
     (tmp_path / "old.yaml").write_text(GRPO.replace("beta: 0.04", "max_prompt_length: 256").replace(
         "vllm_mode: colocate", "vllm_mode: server"))
     imp = read(tmp_path / "old.yaml")
-    assert imp.setup.seq == 256 + 1024 and not {n.key for n in imp.not_modelled} & {"beta", "use_vllm"}
+    s = imp.setup
+    assert (s.seq, s.ref, s.generation) == (256 + 1024, "none", "vllm-server")
+    assert not {n.key for n in imp.not_modelled} & {"beta", "use_vllm"}
+    (tmp_path / "plain.yaml").write_text("model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct\nnum_generations: 4\n"
+                                         "per_device_train_batch_size: 4\ngradient_accumulation_steps: 2\n")
+    s = read(tmp_path / "plain.yaml").setup
+    assert (s.generation, s.ref, s.completion, s.grad_accum) == ("generate", "none", 512, 2)     # TRL's defaults
 
 
 def test_an_accelerate_deepspeed_config_under_a_yaml_with_its_own_deepspeed_file(tmp_path):

@@ -48,7 +48,8 @@ DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_
 # GRPOConfig's own keys (trl/trainer/grpo_config.py @f2cd577): any of them makes the file a GRPO run
 GRPO_KEYS = {"num_generations", "max_completion_length", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
              "num_iterations", "epsilon", "reward_funcs", "scale_rewards", "mask_truncated_completions",
-             "importance_sampling_level", "generation_batch_size", "steps_per_generation"}
+             "importance_sampling_level", "generation_batch_size", "steps_per_generation", "vllm_enable_sleep_mode",
+             "ds3_gather_for_generation"}
 GRPO_SRC = "grpo_config.py GRPOConfig"
 NOT_MODELLED = {
     "use_dora": "DoRA adds a magnitude vector and a weight-norm per adapted layer: the real figure is higher",
@@ -234,12 +235,13 @@ class _Reader(collect.TrainerYaml):
         """A GRPO run (GRPOConfig @f2cd577): each training sequence is a prompt and one of its num_generations
         completions, so the sequence is the prompt's length plus max_completion_length (512 by default); the micro
         batch counts completions. TRL 1.x no longer truncates prompts (max_prompt_length was removed in #4847), so
-        the prompt's length is the data's: 512 is assumed (the removed option's default) and said. What else GRPO
-        holds (a reference model when beta > 0, vLLM's share when colocated) is listed."""
+        the prompt's length is the data's: 512 is assumed (the removed option's default) and said. The reference
+        (beta) and the generation (use_vllm and its options) are read with it."""
         c, take, done = self.c, self.take, self.done
         comp = take("max_completion_length")
         if comp is None:
-            self.default("max_completion_length", 512, "completions of up to 512 tokens", GRPO_SRC)
+            self.default("max_completion_length", 512, "completions of up to 512 tokens (completion=512)", GRPO_SRC,
+                         completion=512)
             comp = 512
         else:
             comp = c.integer("max_completion_length", comp)
@@ -254,47 +256,112 @@ class _Reader(collect.TrainerYaml):
             prompt = c.integer("max_prompt_length", prompt)
             c.set("max_prompt_length", prompt, "prompts truncated to it (TRL before 1.0)")
         c.set("max_completion_length", comp, f"seq={prompt + comp} (a prompt of {prompt} + a completion of {comp} "
-                                             f"tokens per sequence)", seq=prompt + comp)
+                                             f"tokens per sequence), completion={comp}", seq=prompt + comp,
+              completion=comp)
         for key in ("max_length", "max_seq_length"):
             if key in self.data:
                 c.ignore(key, take(key))
         n = take("num_generations")
-        c.set("num_generations", 8 if n is None else n, "completions per prompt: the micro batch counts completions "
-                                                         "(per_device_train_batch_size), as modelled")
+        c.set("num_generations", 8 if n is None else n, "run=grpo: completions per prompt, the micro batch counting "
+                                                         "completions (per_device_train_batch_size)", run="grpo")
+        self.grpo_reference()
+        self.grpo_generation()
+        said = {x.key for x in c.settings + c.not_modelled}
+        for key in sorted(GRPO_KEYS | {"loss_type"}):
+            if key in self.data and key not in said:
+                done.add(key)
+                c.ignore(key, self.data[key])              # sampling and loss options: no effect on the step's bytes
+
+    def grpo_reference(self) -> None:
+        """GRPOConfig.beta: a KL term against a reference model when above 0.0 (GRPOTrainer.__init__: a frozen copy
+        for a full fine-tune, the base with the adapters disabled for a PEFT model), none at 0.0 (the default)."""
+        c, take = self.c, self.take
         beta = take("beta")
         if beta is not None and (isinstance(beta, bool) or not isinstance(beta, (int, float))):
             raise ConfigError(self.path, f"beta must be a number (TRL's GRPOConfig.beta: float), got {beta!r}")
         if beta is None:
             self.default("beta", 0.0, "no reference model (beta 0.0)", GRPO_SRC)
         elif float(beta) > 0:
-            c.unmodelled("beta", beta, "a KL term against a reference model: with a full fine-tune TRL loads a "
-                                       "second, frozen copy of the model (with PEFT, the base without the adapters): "
-                                       "not modelled, so the real figure is higher")
+            peft = bool(self.data.get("use_peft"))
+            c.set("beta", beta, "a KL term against a reference model: " + (
+                "reference=adapters-off (use_peft: the base with the adapters disabled)" if peft else
+                "reference=copy (a second, frozen copy of the model, placed as the policy's engine places it)"),
+                  reference="adapters-off" if peft else "copy")
         else:
             c.set("beta", beta, "no reference model")
+
+    def grpo_generation(self) -> None:
+        """use_vllm / vllm_mode / vllm_gpu_memory_utilization / vllm_enable_sleep_mode: what generates the
+        completions between steps (GRPOConfig @f2cd577 defaults: False, colocate, 0.3, False)."""
+        c, take, path = self.c, self.take, self.path
         vllm, mode = take("use_vllm"), take("vllm_mode")
-        vllm = None if vllm is None else boolean(self.path, "use_vllm", vllm)
-        util = take("vllm_gpu_memory_utilization")
+        vllm = None if vllm is None else boolean(path, "use_vllm", vllm)
+        util, sleep = take("vllm_gpu_memory_utilization"), take("vllm_enable_sleep_mode")
         if util is not None and (isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1):
-            raise ConfigError(self.path, f"vllm_gpu_memory_utilization must be a fraction in (0, 1], got {util!r}")
-        if vllm:
-            mode = mode or "colocate"
-            if mode == "colocate":
-                share = 0.3 if util is None else float(util)
-                c.unmodelled("use_vllm", True, f"vLLM colocated with training (vllm_mode colocate) keeps its "
-                                               f"vllm_gpu_memory_utilization share ({share:g} of each GPU's memory) "
-                                               f"while the model trains: not modelled, so the real figure is higher "
-                                               f"by that share")
+            raise ConfigError(path, f"vllm_gpu_memory_utilization must be a fraction in (0, 1], got {util!r}")
+        if mode is not None and mode not in ("colocate", "server"):
+            raise ConfigError(path, f"vllm_mode must be 'colocate' or 'server' (GRPOConfig), got {mode!r}")
+        sleep = None if sleep is None else boolean(path, "vllm_enable_sleep_mode", sleep)
+        if not vllm:
+            sets = ("generation=generate (transformers' generate in each process: a KV cache for "
+                    "per_device_train_batch_size x steps_per_generation sequences)")
+            if vllm is None:
+                self.default("use_vllm", False, sets, GRPO_SRC)
             else:
-                c.set("use_vllm", True, f"vLLM in {mode} mode on its own GPUs: not the training GPUs'")
-        for key in ("vllm_mode", "vllm_gpu_memory_utilization"):
-            if key in self.data:
-                c.set(key, self.data[key], "read with use_vllm above")
-        said = {x.key for x in c.settings + c.not_modelled}
-        for key in sorted(GRPO_KEYS | {"loss_type"}):
-            if key in self.data and key not in said:
-                done.add(key)
-                c.ignore(key, self.data[key])              # sampling and loss options: no effect on the step's bytes
+                c.set("use_vllm", vllm, sets)
+            for key, value in (("vllm_mode", mode), ("vllm_gpu_memory_utilization", util),
+                               ("vllm_enable_sleep_mode", sleep)):
+                if value is not None:
+                    c.ignore(key, value)
+        elif (mode or "colocate") == "server":
+            c.set("use_vllm", True, "generation=vllm-server (vLLM on GPUs of its own)", generation="vllm-server")
+            c.set("vllm_mode", mode, "read with use_vllm above")
+            for key, value in (("vllm_gpu_memory_utilization", util), ("vllm_enable_sleep_mode", sleep)):
+                if value is not None:
+                    c.ignore(key, value)              # (the server's own flags size it, on its own GPUs)
+        else:
+            c.set("use_vllm", True, "generation=vllm-colocate (a vLLM engine in each training process)",
+                  generation="vllm-colocate")
+            if mode is None:
+                self.default("vllm_mode", "colocate", "read with use_vllm above", GRPO_SRC)
+            else:
+                c.set("vllm_mode", mode, "read with use_vllm above")
+            if util is None:
+                self.default("vllm_gpu_memory_utilization", 0.3, "vllm_share=0.3 of each GPU's memory", GRPO_SRC,
+                             vllm_share=0.3)
+            else:
+                c.set("vllm_gpu_memory_utilization", util, f"vllm_share={util:g} of each GPU's memory",
+                      vllm_share=float(util))
+            if sleep is None:
+                self.default("vllm_enable_sleep_mode", False, "vLLM keeps its share through the training step",
+                             GRPO_SRC)
+            elif sleep:
+                c.set("vllm_enable_sleep_mode", True, "vllm_sleep: vLLM's share released during the step",
+                      vllm_sleep=True)
+            else:
+                c.set("vllm_enable_sleep_mode", False, "vLLM keeps its share through the training step")
+        steps = take("steps_per_generation")
+        if steps is not None and steps != self.data.get("gradient_accumulation_steps", 1):
+            c.unmodelled("steps_per_generation", steps, "generate's batch is estimated with "
+                                                       "gradient_accumulation_steps micro batches (TRL's default): "
+                                                       "more steps per generation make its KV cache larger")
+        elif steps is not None:
+            c.set("steps_per_generation", steps, "as gradient_accumulation_steps (the estimate's generate batch)")
+        for key, why in (("ds3_gather_for_generation", "False generates from ZeRO-3's partitions without gathering "
+                                                       "the whole model: estimated gathered, the real figure lower"),
+                         ("entropy_coef", "an entropy bonus keeps each chunk's softmax for backward: the real figure "
+                                          "higher"),
+                         ("cast_lm_head_to_fp32", "the output head in fp32: the real figure higher"),
+                         ("generation_batch_size", "generate's batch is estimated from per_device_train_batch_size x "
+                                                   "gradient_accumulation_steps")):
+            value = take(key)
+            if value is None:
+                continue
+            default = {"ds3_gather_for_generation": True, "entropy_coef": 0.0, "cast_lm_head_to_fp32": False}
+            if key in default and value == default[key]:
+                c.set(key, value, "as estimated")
+            else:
+                c.unmodelled(key, value, why)
 
     def precision_keys(self) -> None:
         """bf16 / fp16 / dtype as the config says them (the precision is decided with the strategy)."""
