@@ -159,6 +159,10 @@ GRID = [
                        base_weights="nf4", versions="bitsandbytes=0.42.0", batch=2, seq=512, grad_accum=4,
                        attention="flash", kv_expanded=True, outputs_held=True)),
     ("qwen2.5-0.5b", T(precision="bf16", batch=2, seq=512, attention="flash", outputs_held=True)),
+    # GRPO as TRL trains it: the completion's logits alone (logits_to_keep), the entropy's copy; a reference copy
+    ("qwen2.5-1.5b", T(run="grpo", batch=8, seq=1024, completion=768, checkpointing="full", attention="flash")),
+    ("llama-3.2-1b", T(run="grpo", strategy="ddp", gpus=4, reference="copy", batch=4, seq=1024, grad_accum=2,
+                       checkpointing="full")),
 ]
 
 
@@ -190,6 +194,8 @@ def _label(name: str, s: T) -> str:
     opts += ["orig-params"] * s.use_orig_params
     opts += [("shard-grad-op" if s.strategy == "fsdp1" else "no-reshard")] * (not s.reshard_after_forward)
     opts += ["hybrid-shard"] * s.hybrid_shard + [f"hsdp{s.dp_replicate}"] * (s.dp_replicate > 1)
+    opts += [s.run] * (s.run != "sft") + [f"completion{s.completion_tokens}"] * (s.run == "grpo")
+    opts += [f"ref-{s.ref}"] * (s.ref not in (None, "none"))
     return f"{name} " + " ".join(opts)
 
 
