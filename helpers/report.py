@@ -56,9 +56,16 @@ def grpo_lines(r: Result, said: str) -> list[str]:
     s = TrainSetup(**r.setup)
     ref = [i for i in r.items if i["name"].startswith("reference model")]
     held = "".join(f", {fmt(i['bytes'])} {PER_DEVICE[i['device']]}" for i in ref)
+    caveat = ""
+    if s.strat.deepspeed:
+        caveat += ("; under DeepSpeed accelerate wraps no fp32 output, so TRL's logits stay bf16 and are taken row by "
+                   "row: counted in fp32 all the same, an upper bound by our reading")
+    if s.fused_ce:
+        caveat += ("; fused_ce (use_liger_kernel) does not reach GRPO's log-probabilities here: the completion's "
+                   "logits are counted in full (Liger's fused GRPO loss would hold less)")
     lines = ["", f"GRPO: sequences of {s.seq} tokens, the last {s.completion_tokens} a completion whose logits alone "
-                 f"are made (logits_to_keep) and kept in fp32 for the log-probabilities' backward (measured by a dry "
-                 f"run of TRL's step re-enacted); reference model: {said}{held}"]
+                 f"are made (logits_to_keep) and kept in fp32 for the log-probabilities' backward (a dry run of TRL's "
+                 f"step re-enacted agrees{caveat}); reference model: {said}{held}"]
     gen = r.meta.get("generation_words")
     if gen:
         lines.append(f"generation between steps: {gen}" + ("" if "generation" in r.gpu.phases else
@@ -152,6 +159,19 @@ def verdict(r: Result) -> str:
     total = device_total_oom(r)
     if total:
         return total
+    short = r.meta.get("vllm_short")
+    if short:
+        return (f"vLLM will not start: its share, {fmt(short['share'])} (vllm_gpu_memory_utilization "
+                f"{r.setup['vllm_share']:g}), does not hold its own 16-bit weights, {fmt(short['weights'])}, and leaves "
+                f"no KV cache (vLLM gpu_worker.py: the KV cache is what the share leaves): raise "
+                f"vllm_gpu_memory_utilization above {short['weights'] / (r.gpu.capacity_bytes or 1):.2f}, or split "
+                f"vLLM's weights with vllm_tensor_parallel_size (the training itself: "
+                + _fits_words(r)[len("fits: "):] + ")")
+    return _fits_words(r)
+
+
+def _fits_words(r: Result) -> str:
+    """'fits: ...' with each device's peak and capacity, or 'needs: ...' where no capacity is given."""
     parts = []
     for name, label in (("gpu", "per GPU"), ("host", "host per node")):
         d = r.device(name)

@@ -42,7 +42,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "reshard_after_forward", "hybrid_shard", "sync_each_batch", "vllm_sleep", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "reshard_after_forward", "hybrid_shard", "sync_each_batch", "vllm_sleep", "sync_ref", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,20 @@ class TrainSetup:
     gathered: ds3_gather_for_generation); 'vllm-colocate', a vLLM engine in the training process
     (`vllm_gpu_memory_utilization` of the GPU, `vllm_share`); 'vllm-server', a vLLM server on other GPUs (nothing on
     the training GPUs but the weights' broadcast). helpers.estimate.generation."""
+    sync_ref: bool = option(False, Face(
+        "--sync-ref", "with --run grpo and a reference copy: TRL's sync_ref_model, the reference mixed with the "
+                      "policy every ref_model_sync_steps (under ZeRO-3 both gathered whole to do it)",
+        applies=lambda v: v["run"] == "grpo" and v["reference"] == "copy",
+        no_time="the reference's synchronisation is not timed"))
+    """TRL's `sync_ref_model` (trainer/callbacks.py SyncRefModelCallback, on_step_end): in place, except under ZeRO-3,
+    where `GatheredParameters(policy + reference)` gathers both models whole on every GPU."""
+    steps_per_generation: int | None = option(None, Face(
+        "--steps-per-generation", "with --run grpo: micro batches whose completions one generation makes at once "
+                                  "(TRL's steps_per_generation; default: --grad-accum, TRL's default)",
+        metavar="N", applies=lambda v: v["run"] == "grpo",
+        no_time="a larger generation batch changes generation's time, which is not modelled"))
+    """With run 'grpo': each process generates batch x steps_per_generation completions at once (GRPOConfig: the
+    generation batch is per_device_train_batch_size x processes x steps_per_generation); None: grad_accum."""
     vllm_share: float = option(0.3, Face(
         "--vllm-share", "with --generation vllm-colocate: the fraction of each GPU's total memory vLLM takes for its "
                         "weights, KV cache and CUDA graphs (vllm_gpu_memory_utilization; TRL's default 0.3)",
@@ -613,8 +627,16 @@ class TrainSetup:
                              f"gpu_memory_utilization), got {self.vllm_share!r}")
         if not isinstance(self.vllm_sleep, bool):
             raise InputError(f"vllm_sleep must be True or False, got {self.vllm_sleep!r}")
+        if self.steps_per_generation is not None:
+            _integer("steps_per_generation", self.steps_per_generation, MAX_GRAD_ACCUM)
+        if not isinstance(self.sync_ref, bool):
+            raise InputError(f"sync_ref must be True or False, got {self.sync_ref!r}")
+        if self.sync_ref and self.run == "grpo" and self.ref != "copy":
+            raise InputError(f"sync_ref (TRL's sync_ref_model) needs a reference copy (reference 'copy'), got "
+                             f"reference {self.ref!r}: TRL refuses it with beta 0.0 and with PEFT")
         given = [f for f, default in (("completion", None), ("generation", "generate"), ("vllm_share", 0.3),
-                                      ("vllm_sleep", False)) if getattr(self, f) != default]
+                                      ("vllm_sleep", False), ("steps_per_generation", None), ("sync_ref", False))
+                 if getattr(self, f) != default]
         if self.run != "grpo" and given:
             raise InputError(f"{given[0]} is a GRPO option: use it with run 'grpo', got run {self.run!r}")
         if self.generation != "vllm-colocate":

@@ -114,6 +114,7 @@ def run(model, setup: TrainSetup | None = None, lifecycle: bool = True, **option
               "loading_words": loading.words(setup, m) if lifecycle else None,
               "reference_words": reference.words(setup),
               "generation_words": generation.words(setup),
+              "vllm_short": generation.vllm_short(setup, m),
               "saving": [{"name": i.name, "device": i.device, "bytes": i.nbytes, "moment": sorted(i.moments & saving.SAVE)}
                          for i in its if i.moments & saving.SAVE and not saving.PERSISTENT <= i.moments
                          and i.category != "pinned_overhead"],

@@ -20,6 +20,9 @@ trl/generation/vllm_generation.py, trl/models/utils.py `unwrap_model_for_generat
 - **Weights to vLLM** (`sync_weights`, both vLLM modes): with a PEFT model under ZeRO-3, `gather_params(list(
   model.parameters()))` gathers the whole model at once to merge the adapters (16-bit, on every GPU); otherwise one
   parameter (or FSDP1 module) at a time.
+- **The reference's sync** (`sync_ref`, TRL's `sync_ref_model`; callbacks.py SyncRefModelCallback, after a step):
+  in place, except under ZeRO-3, where the policy and the reference are gathered whole together; its own moment
+  in the generation phase, before the generation's buffers exist.
 - **transformers' generate** (`generation` 'generate', TRL's default `use_vllm=False`): each process generates its
   share of the generation batch at once, `per_device_train_batch_size x steps_per_generation` sequences
   (`steps_per_generation` defaults to `gradient_accumulation_steps`: grad_accum here). Its KV cache reaches the
@@ -35,7 +38,7 @@ MLA's compressed one are counted at full width (an upper bound); vLLM's own host
 
 from __future__ import annotations
 
-from helpers.estimate.items import ALWAYS, GENERATE, Item
+from helpers.estimate.items import ALWAYS, BETWEEN_STEPS, GENERATE, SYNC_REFERENCE, Item
 from helpers.estimate.saving import PERSISTENT
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
@@ -48,7 +51,17 @@ VLLM = "vLLM v1 gpu_worker.py init_device (requested_memory), determine_availabl
 def sequences(setup) -> int:
     """Sequences one process generates at once with transformers' generate: per_device_train_batch_size x
     steps_per_generation (TRL's default: gradient_accumulation_steps)."""
-    return setup.batch * setup.grad_accum
+    return setup.batch * (setup.steps_per_generation or setup.grad_accum)
+
+
+def vllm_short(setup, m: ModelSpec) -> dict | None:
+    """Where a colocated vLLM's share cannot hold its own 16-bit weights (vLLM loads the whole model in each engine
+    at vllm_tensor_parallel_size 1, TRL's default): {'share', 'weights'} in bytes; vLLM then has no memory left for
+    its KV cache and refuses to start (gpu_worker.py: available KV cache memory = requested_memory -
+    non_kv_cache_memory). None where it can, or where no capacity is given."""
+    share = share_bytes(setup) if setup.run == "grpo" and setup.generation == "vllm-colocate" else None
+    weights = m.params * 2
+    return {"share": share, "weights": weights} if share is not None and share <= weights else None
 
 
 def share_bytes(setup) -> int | None:
@@ -61,13 +74,19 @@ def add_generation(b: Builder, m: ModelSpec) -> None:
     s = b.setup
     for n, i in enumerate(b.items):     # alive between two steps (gradients: zero_grad after the step frees them)
         if PERSISTENT <= i.moments and i.category != "gradients":
-            b.items[n] = Item(i.name, i.category, i.device, i.nbytes, i.moments | GENERATE, i.why, i.blocks)
+            b.items[n] = Item(i.name, i.category, i.device, i.nbytes, i.moments | BETWEEN_STEPS, i.why, i.blocks)
     compute = 4 if s.precision == "fp32" else 2
     zero3 = s.strat.family == "zero3"
     if s.generation == "generate":
         _generate(b, m, compute, zero3)
     else:
         _vllm(b, m, zero3)
+    if s.sync_ref and zero3:
+        both = 2 * m.params * 2
+        b.gpu("the policy and the reference gathered whole to mix them (sync_ref_model)", "generation", both,
+              SYNC_REFERENCE, f"TRL 1.10 callbacks.py SyncRefModelCallback.sync_target_model under ZeRO-3: "
+                              f"GatheredParameters(policy + reference), 2 x {m.params:,} x 2 B = {fmt(both)} on every "
+                              f"GPU after the step (every ref_model_sync_steps)")
 
 
 def _vllm(b: Builder, m: ModelSpec, zero3: bool) -> None:

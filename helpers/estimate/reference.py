@@ -53,7 +53,7 @@ activations and not counted on top.
 from __future__ import annotations
 
 from helpers.estimate import activations, loading
-from helpers.estimate.items import ALWAYS, BWD_START, LOAD, LOSS
+from helpers.estimate.items import ALWAYS, BWD_START, GATHER, LOAD, LOSS
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
 from helpers.units import fmt
@@ -169,6 +169,39 @@ def _log_softmax_logits(b: Builder, m: ModelSpec, E: int) -> None:
     activations.add_softcap(b, m, (4 if s.precision == "fp32" else 2) * E)
 
 
+def _grpo_bf16_logits(b: Builder, m: ModelSpec, E: int) -> None:
+    """GRPO under DeepSpeed: accelerate wraps no native-amp forward there, so the completion's logits stay in the
+    module's 16-bit dtype and TRL's `selective_log_softmax` takes its 16-bit way, a log_softmax per sequence, each
+    output kept for its backward. At the entropy (no_grad, after the log-probabilities) the logits, the kept outputs,
+    the sliced logits' contiguous copy (more than one sequence) and 128 rows' log_softmax, exp and product are alive
+    at once. In backward the largest moment is TRL's in-place temperature division (`logits.div_` on a view of the
+    logits): autograd's CopySlices clones the whole logits' gradient and the slice's, so the incoming gradient, its
+    clone (both the size of the logits), the slice's clone and the division's output (both the size of the
+    completion's) are alive at once; measured by the dry run."""
+    s = b.setup
+    C, V = s.completion_tokens, m.vocab
+    rows = 2 * s.batch * C * V
+    src = ("TRL 1.10 grpo_trainer.py _get_per_token_logps_and_entropies, utils.py selective_log_softmax (16-bit "
+           "branch), entropy_from_logits; accelerate 1.15 prepare_model (no native amp under DeepSpeed); measured by "
+           "a dry run of the step re-enacted")
+    b.gpu("policy logits in bf16 (until the log-probabilities are taken)", "logits", 2 * E, LOSS,
+          f"{s.batch} sequences x (completion + 1) x vocab = {E:,} elements x 2 B, left in the module's dtype "
+          f"({src})")
+    b.gpu("each sequence's log_softmax in bf16 (kept for backward)", "logits", rows, LOSS,
+          f"{s.batch} x {C} x {V:,} x 2 B = {fmt(rows)} ({src})")
+    chunk = ENTROPY_CHUNK * V * 2
+    copy = rows if s.batch > 1 else 0
+    b.gpu("entropy of the completion's logits (no_grad working set)", "logits", copy + 3 * chunk, LOSS,
+          (f"the sliced logits copied contiguous by reshape, {fmt(copy)}, then " if copy else "")
+          + f"{ENTROPY_CHUNK} rows x vocab in bf16 as log_softmax, its exp and their product, {fmt(chunk)} each "
+            f"({src})")
+    grads = 2 * 2 * E + 2 * rows
+    b.gpu("the logits' gradients through the in-place temperature division (CopySlices)", "logits", grads, BWD_START,
+          f"logits.div_(temperature) on a view: CopySlices' backward holds the logits' gradient and its clone (2 x "
+          f"{fmt(2 * E)}), the slice's clone and the division's output (2 x {fmt(rows)}) at once ({src})")
+    activations.add_softcap(b, m, 2 * E)
+
+
 def _grpo_loss_transient(b: Builder, m: ModelSpec, E: int, c: int, src: str) -> None:
     """GRPO's largest transient at its loss, beside the kept fp32 logits: the larger of two that never coexist, the
     16-bit output until accelerate's fp32 copy of it is made, and later the entropy's working set: with more than
@@ -205,6 +238,16 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
     if s.dpo_logps == "log-softmax":
         _log_softmax_logits(b, m, E)
         return
+    if grpo and s.strat.deepspeed:
+        _grpo_bf16_logits(b, m, E)
+        return
+    if s.mixed:
+        b.gpu("policy logits as the forward returns them (16-bit, autocast's weight cache still alive)", "logits",
+              c * E, GATHER, f"the head's {s.half} output, {fmt(c * E)}, made inside accelerate's autocast, which "
+                             f"clears its cache only on exit, before the fp32 copy (accelerate 1.15 prepare_model: "
+                             f"convert_outputs_to_fp32 around the autocast forward; measured by a dry run). Counted at "
+                             f"the moment that also holds the last layer's working set, freed before the head runs: "
+                             f"over by that much where it is the forward's peak")
     if grpo:
         src = ("TRL 1.10 grpo_trainer.py _compute_loss, _get_per_token_logps_and_entropies (logits_to_keep = "
                "completion + 1), utils.py selective_log_softmax; accelerate 1.15 convert_outputs_to_fp32")
@@ -212,9 +255,11 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
     else:
         src = ("TRL 1.10 dpo_trainer.py _compute_loss, utils.py selective_log_softmax; accelerate 1.15 "
                "convert_outputs_to_fp32")
+    how = ("in fp32" if c == 4 else "converted to fp32 by accelerate" if not s.strat.deepspeed else
+           "counted in fp32 (under DeepSpeed accelerate leaves it bf16, taken row by row: an upper bound)")
     b.gpu("policy logits in fp32 (kept for the log-probabilities' backward)", "logits", 4 * E, LOSS | BWD_START,
           f"{s.batch} sequences x {'(completion + 1)' if grpo else 'seq'} x vocab = {E:,} elements x 4 B: the "
-          f"forward's output {'converted to fp32 by accelerate' if c == 2 else 'in fp32'}, kept by the per-sequence logsumexp ({src})")
+          f"forward's output {how}, kept by the per-sequence logsumexp ({src})")
     if s.ref != "none" and not grpo:
         b.gpu("reference logits, as returned and in fp32 (scored, then dropped)", "logits", c * E + (4 * E if c == 2 else 0),
               LOSS, f"the reference forward (no_grad) after the policy's: its logits {f'({c} B) and their fp32 copy ' if c == 2 else ''}"

@@ -111,8 +111,12 @@ def sequence_logps(logits, labels, how: str = "logsumexp"):
 
 
 def sequence_token_logps(logits, labels):
-    """Per-token log-probabilities of `labels` as TRL 1.10's `selective_log_softmax` takes them from fp32 logits:
-    the labels' logits gathered, less a logsumexp taken one sequence at a time (trl/trainer/utils.py)."""
+    """Per-token log-probabilities of `labels` as TRL 1.10's `selective_log_softmax` takes them (trl/trainer/utils.py):
+    from fp32 logits the labels' logits gathered, less a logsumexp taken one sequence at a time; from 16-bit ones a
+    log_softmax per sequence, gathered."""
+    if logits.dtype not in (torch.float32, torch.float64):
+        return torch.stack([torch.nn.functional.log_softmax(row, dim=-1).gather(-1, lab.unsqueeze(-1)).squeeze(-1)
+                            for row, lab in zip(logits, labels)])
     picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
     norm = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
     return picked - norm
@@ -177,32 +181,32 @@ class DPOStep(SingleStep):
         return loss
 
 
-class GRPOStep(SingleStep):
-    """GRPO as TRL 1.10's GRPOTrainer trains on one GPU or under DDP (`_compute_loss` and
-    `_get_per_token_logps_and_entropies`, re-enacted): each sequence is a prompt and its completion, the last
-    `completion` tokens; the policy's forward under autocast asks for the completion's logits alone (transformers'
-    `logits_to_keep` = completion + 1), which accelerate's native-amp wrapper returns as fp32; the last position is
-    dropped, the rest divided by the temperature in place; `selective_log_softmax` as DPO's; the entropy under
-    no_grad, 128 rows at a time (`entropy_from_logits`); the clipped policy loss with old log-probs equal to the new
-    ones detached (num_iterations 1, TRL's default) and, with a reference, the KL term on log-probs scored before the
-    step (zeros here: they come in with the batch). Generation and scoring happen between steps, outside this."""
+class GRPOLoss:
+    """GRPO as TRL 1.10's GRPOTrainer trains (`_compute_loss` and `_get_per_token_logps_and_entropies`, re-enacted),
+    the loss of a step class: each sequence is a prompt and its completion, the last `completion` tokens; the policy's
+    forward asks for the completion's logits alone (transformers' `logits_to_keep` = completion + 1). Without
+    DeepSpeed the forward runs under autocast and accelerate's native-amp wrapper returns its logits as fp32; under
+    DeepSpeed (a bf16 module, no native amp) they stay bf16, and `selective_log_softmax` takes its bf16 way, a
+    log_softmax per sequence. The last position is dropped, the rest divided by the temperature in place; the entropy
+    under no_grad, 128 rows at a time (`entropy_from_logits`); the clipped policy loss with old log-probs equal to the
+    new ones detached (num_iterations 1, TRL's default) and, with a reference, the KL term on log-probs scored before
+    the step (zeros here: they come in with the batch). Generation and scoring happen between steps, outside this."""
 
     TEMPERATURE, EPSILON, BETA, CHUNK = 1.0, 0.2, 0.04, 128
 
-    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
-        super().__init__(model, setup, tracker, mesh)
+    def _hold_reference(self, reference, tracker: Tracker) -> None:
         self.reference = reference                      # alive through the step, used between steps
         if reference is not None:
             reference.requires_grad_(False)
             tracker.label(list(reference.parameters()) + list(reference.buffers()), "parameters")
 
     def forward(self, ids):
-        c = self.setup.completion_tokens
-        with self._autocast():
+        c, deepspeed = self.setup.completion_tokens, self.setup.strat.deepspeed
+        with contextlib.nullcontext() if deepspeed else self._autocast():
             out = self.model(input_ids=ids, logits_to_keep=c + 1)
             self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
         self.tracker.set_context("logits")
-        logits = out.logits.float()                    # accelerate: the outputs of an autocast forward as fp32
+        logits = out.logits if deepspeed else out.logits.float()    # accelerate: an autocast forward's outputs as fp32
         del out
         logits = logits[:, :-1, :][:, -c:, :]
         logits.div_(self.TEMPERATURE)
@@ -227,6 +231,14 @@ class GRPOStep(SingleStep):
         loss = per_token.mean(-1).mean()
         self.tracker.set_context(None)
         return loss
+
+
+class GRPOStep(GRPOLoss, SingleStep):
+    """GRPO on one GPU or under DDP (GRPOLoss), with the reference copy held."""
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
+        SingleStep.__init__(self, model, setup, tracker, mesh)
+        self._hold_reference(reference, tracker)
 
 
 class FSDP2Step(SingleStep):
@@ -540,9 +552,10 @@ def refusal(setup: TrainSetup) -> str | None:
                 "run (`measure --mode scaled`) runs FSDP1's CPUOffload for real")
     if setup.context_parallel > 1:
         return NO_CP_DRY_RUN
-    if setup.run in LOGPS_RUNS and st.family != "replicated":
+    families = ("replicated", "zero12") if setup.run == "grpo" else ("replicated",)
+    if setup.run in LOGPS_RUNS and st.family not in families:
         return (f"a {setup.run.upper()} dry run exists for "
-                f"{strategies.listing(lambda x: x.family == 'replicated', 'and')} (TRL's step re-enacted, reference "
+                f"{strategies.listing(lambda x: x.family in families, 'and')} (TRL's step re-enacted, reference "
                 f"model included), not for {setup.strategy!r}; `estimate` places the reference model under every "
                 f"engine (helpers.estimate.reference)")
     return None
@@ -589,8 +602,8 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         with tracker, engines.untracked_sharding_propagation(tracker):
             if setup.run == "dpo":
                 engine = DPOStep(net, setup, tracker, mesh, reference=ref)
-            elif setup.run == "grpo":
-                engine = GRPOStep(net, setup, tracker, mesh, reference=ref)   # (its reference scores between steps)
+            elif setup.run == "grpo":                   # (its reference scores between steps)
+                engine = (GRPOZeroStep if st.family == "zero12" else GRPOStep)(net, setup, tracker, mesh, reference=ref)
             else:
                 engine = (TP_STEPS if tp > 1 else STEPS)[st.family](net, setup, tracker, mesh)
             try:
@@ -634,6 +647,15 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         result.meta["snapshot"] = snapshot_writer.write(snapshot, events, snapshot_writer.labels_of(tracker),
                                                         allocator.Config.parse(alloc_conf), limit)
     return result
+
+
+class GRPOZeroStep(GRPOLoss, ZeroEquivalentStep):
+    """GRPO under DeepSpeed ZeRO-1/2 re-enacted (GRPOLoss on ZeroEquivalentStep): bf16 logits, the reference copy
+    whole in bf16 as TRL's prepare_deepspeed places it (stage 0)."""
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
+        ZeroEquivalentStep.__init__(self, model, setup, tracker, mesh)
+        self._hold_reference(reference, tracker)
 
 
 STEPS = {"replicated": SingleStep, "zero12": ZeroEquivalentStep, "fsdp2": FSDP2Step, "fsdp1": FSDP1Step}
