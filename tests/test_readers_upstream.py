@@ -374,6 +374,57 @@ def test_trl_grpo_sequence_is_prompt_plus_completion_and_its_reference_and_vllm_
     assert (s.generation, s.ref, s.completion, s.grad_accum) == ("generate", "none", 512, 2)     # TRL's defaults
 
 
+OPEN_R1 = UP / "open-r1" / "recipes"
+
+
+@pytest.mark.parametrize("name, model, seq, completion, batch, accum, share, ref", [
+    ("Qwen2.5-1.5B-Instruct/grpo/config_demo.yaml", "qwen2.5-1.5b", 512 + 1024, 1024, 16, 4, 0.3, "none"),
+    ("DeepSeek-R1-Distill-Qwen-1.5B/grpo/config_demo.yaml", None, 512 + 2048, 2048, 16, 4, 0.3, "none"),
+    ("Qwen2.5-1.5B-Instruct/grpo/config_demo_code.yaml", "qwen2.5-1.5b", 1024 + 2048, 2048, 16, 4, 0.3, "copy"),
+    ("Qwen2.5-Coder-7B-Instruct/grpo/config_codeforces.yaml", None, 2000 + 8192, 8192, 4, 32, 0.7, "none"),
+])
+def test_open_r1_grpo_recipes_read_as_trl_1_10_runs_them(name, model, seq, completion, batch, accum, share, ref):
+    """open-r1's GRPO recipes (unchanged copies) with its ZeRO-3 accelerate config: run grpo, prompt + completion,
+    vLLM colocated (TRL 1.0 made colocate the default; the recipes were written for a separate trl vllm-serve, and
+    the default row says so), the removed max_prompt_length listed with its direction, a reference copy at beta
+    0.01 (a full fine-tune), none at 0.0."""
+    imp = read([OPEN_R1 / name, OPEN_R1 / "accelerate_configs" / "zero3.yaml"])
+    s = imp.setup
+    assert (s.run, s.strategy, s.gpus, s.generation, s.vllm_share, s.ref) == ("grpo", "zero3", 8, "vllm-colocate",
+                                                                              share, ref)
+    assert (s.seq, s.completion, s.batch, s.grad_accum) == (seq, completion, batch, accum)
+    if model:
+        assert imp.model == model
+    assert "max_prompt_length" in {n.key for n in imp.not_modelled}
+    mode = next(d for d in imp.defaults if d.key == "vllm_mode")
+    assert "before, server" in mode.sets
+    assert not {i.key for i in imp.ignored} & {"use_vllm", "num_generations", "max_completion_length", "beta",
+                                               "vllm_gpu_memory_utilization"}
+
+
+def test_trl_grpo_refusals_and_generation_batch(tmp_path):
+    """As GRPOConfig and GRPOTrainer refuse them: generation_batch_size beside steps_per_generation, one that the
+    global batch does not divide, sync_ref_model at beta 0; generation_batch_size read once the world size is
+    known; a TRL file with use_vllm but no GRPO key stays SFT, its use_vllm listed."""
+    base = "model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct\nper_device_train_batch_size: 4\nnum_generations: 4\n"
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("distributed_type: MULTI_GPU\nnum_processes: 4\nnum_machines: 1\nmixed_precision: bf16\n")
+    for extra, says in (("steps_per_generation: 2\ngeneration_batch_size: 32\n", "both given"),
+                        ("generation_batch_size: 24\n", "must be divisible by the global batch size"),
+                        ("sync_ref_model: true\n", "with beta 0.0: GRPOTrainer refuses it")):
+        (tmp_path / "g.yaml").write_text(base + extra)
+        with pytest.raises(ConfigError, match=says):
+            read([tmp_path / "g.yaml", acc])
+    (tmp_path / "g.yaml").write_text(base + "generation_batch_size: 32\nbeta: 0.1\nsync_ref_model: true\n")
+    s = read([tmp_path / "g.yaml", acc]).setup
+    assert (s.steps_per_generation, s.gpus, s.ref, s.sync_ref) == (2, 4, "copy", True)       # 32 / (4 x 4)
+    (tmp_path / "sft.yaml").write_text("model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct\nmax_length: 2048\n"
+                                       "use_vllm: true\n")
+    imp = read(tmp_path / "sft.yaml")
+    assert (imp.setup.run, imp.setup.seq) == ("sft", 2048)
+    assert "not SFTConfig's" in {n.key: n.why for n in imp.not_modelled}["use_vllm"]
+
+
 def test_an_accelerate_deepspeed_config_under_a_yaml_with_its_own_deepspeed_file(tmp_path):
     """TrainingArguments builds the DeepSpeedPlugin from the YAML's `deepspeed:` file and the Trainer hands it to the
     Accelerator: the accelerate config's own ZeRO stage and offload are superseded (once merged into the JSON's),

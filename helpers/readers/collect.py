@@ -225,7 +225,7 @@ def saves(c, key: str, value, line: int | None = None) -> bool:
     if text == "no":
         c.setting(c.path, at, key, value, "checkpoint_saves=False", checkpoint_saves=False)
     else:
-        c.setting(c.path, at, key, value, "a save counted after a step", checkpoint_saves=True)
+        c.setting(c.path, at, key, value, "checkpoint_saves: a save counted after a step", checkpoint_saves=True)
     return True
 
 

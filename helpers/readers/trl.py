@@ -51,6 +51,8 @@ GRPO_KEYS = {"num_generations", "max_completion_length", "use_vllm", "vllm_mode"
              "importance_sampling_level", "generation_batch_size", "steps_per_generation", "vllm_enable_sleep_mode",
              "ds3_gather_for_generation"}
 GRPO_SRC = "grpo_config.py GRPOConfig"
+VLLM_KEYS = {"use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode"}
+REF_SYNC_KEYS = ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha")     # GRPOConfig's (and DPO's)
 NOT_MODELLED = {
     "use_dora": "DoRA adds a magnitude vector and a weight-norm per adapted layer: the real figure is higher",
     "lora_modules_to_save": "modules trained in full beside LoRA (a trainable copy of each, with its gradient and "
@@ -130,7 +132,8 @@ class _Reader(collect.TrainerYaml):
     the run is launched with and the DeepSpeed file it names."""
 
     NAME, TOOL, SRC = NAME, TOOL, SRC
-    TOPICS = ("model_named", "sizes", "precision_keys", "checkpointing", "lora", "quantisation", "engine", "precision",
+    TOPICS = ("model_named", "sizes", "precision_keys", "checkpointing", "lora", "quantisation", "engine",
+              "grpo_generation_batch", "precision",
               "fsdp_checkpointing", "optimizer", "rest")
 
     def __init__(self, path, data, lines: dict[str, int], given: list[Path]):
@@ -162,7 +165,13 @@ class _Reader(collect.TrainerYaml):
         else:
             c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
 
-        self.grpo = bool(GRPO_KEYS & set(data))
+        self.grpo = bool((GRPO_KEYS - VLLM_KEYS) & set(data))     # (use_vllm alone: RLOO, online DPO have it too)
+        if not self.grpo and VLLM_KEYS & set(data):
+            for key in sorted(VLLM_KEYS & set(data)):
+                self.done.add(key)
+                c.unmodelled(key, data[key], "a generation option (GRPOConfig, RLOOConfig), not SFTConfig's: read as "
+                                             "SFT, as no GRPO key (num_generations, max_completion_length, ...) says "
+                                             "the file is GRPO's; add one, or pass --run grpo")
         loss_type = data.get("loss_type")
         named = [loss_type] if isinstance(loss_type, str) else loss_type if isinstance(loss_type, list) else []
         unknown = [x for x in named if not isinstance(x, str) or x not in SFT_LOSSES + DPO_LOSSES]
@@ -254,7 +263,10 @@ class _Reader(collect.TrainerYaml):
                                                     "longer prompts, as the real figure is higher with them")
         else:
             prompt = c.integer("max_prompt_length", prompt)
-            c.set("max_prompt_length", prompt, "prompts truncated to it (TRL before 1.0)")
+            c.unmodelled("max_prompt_length", prompt, "removed from GRPOConfig in TRL 1.x (#4847; before, prompts were "
+                                                      "truncated to it): TRL 1.10 drops it and keeps prompts whole, "
+                                                      "so longer prompts make the real figure higher; estimated with "
+                                                      "prompts of this length")
         c.set("max_completion_length", comp, f"seq={prompt + comp} (a prompt of {prompt} + a completion of {comp} "
                                              f"tokens per sequence), completion={comp}", seq=prompt + comp,
               completion=comp)
@@ -262,11 +274,14 @@ class _Reader(collect.TrainerYaml):
             if key in self.data:
                 c.ignore(key, take(key))
         n = take("num_generations")
-        c.set("num_generations", 8 if n is None else n, "run=grpo: completions per prompt, the micro batch counting "
-                                                         "completions (per_device_train_batch_size)", run="grpo")
+        sets = "run=grpo: completions per prompt, the micro batch counting completions (per_device_train_batch_size)"
+        if n is None:
+            self.default("num_generations", 8, sets, GRPO_SRC, run="grpo")
+        else:
+            c.set("num_generations", n, sets, run="grpo")
         self.grpo_reference()
         self.grpo_generation()
-        said = {x.key for x in c.settings + c.not_modelled}
+        said = {x.key for x in c.settings + c.not_modelled + c.ignored} | {"generation_batch_size"}
         for key in sorted(GRPO_KEYS | {"loss_type"}):
             if key in self.data and key not in said:
                 done.add(key)
@@ -289,6 +304,23 @@ class _Reader(collect.TrainerYaml):
                   reference="adapters-off" if peft else "copy")
         else:
             c.set("beta", beta, "no reference model")
+        sync = take("sync_ref_model")
+        if sync is not None and boolean(self.path, "sync_ref_model", sync):
+            if not beta:
+                raise ConfigError(self.path, "sync_ref_model: true with beta 0.0: GRPOTrainer refuses it (no reference "
+                                             "model is loaded to synchronize); set beta above 0 or sync_ref_model false")
+            if self.data.get("use_peft"):
+                raise ConfigError(self.path, "sync_ref_model: true with use_peft: GRPOTrainer refuses it (the PEFT "
+                                             "reference is the base with the adapters disabled, nothing to "
+                                             "synchronize)")
+            c.set("sync_ref_model", sync, "sync_ref: the reference mixed with the policy after a step "
+                                          "(SyncRefModelCallback: in place; under ZeRO-3 both gathered whole)",
+                  sync_ref=True)
+        elif sync is not None:
+            c.ignore("sync_ref_model", sync)
+        for key in REF_SYNC_KEYS[1:]:
+            if key in self.data:
+                c.ignore(key, take(key))
 
     def grpo_generation(self) -> None:
         """use_vllm / vllm_mode / vllm_gpu_memory_utilization / vllm_enable_sleep_mode: what generates the
@@ -323,7 +355,9 @@ class _Reader(collect.TrainerYaml):
             c.set("use_vllm", True, "generation=vllm-colocate (a vLLM engine in each training process)",
                   generation="vllm-colocate")
             if mode is None:
-                self.default("vllm_mode", "colocate", "read with use_vllm above", GRPO_SRC)
+                self.default("vllm_mode", "colocate", "read with use_vllm above (TRL 1.0's default; before, server: "
+                                                      "a separate trl vllm-serve, as open-r1's recipes ran it)",
+                             GRPO_SRC)
             else:
                 c.set("vllm_mode", mode, "read with use_vllm above")
             if util is None:
@@ -340,20 +374,26 @@ class _Reader(collect.TrainerYaml):
                       vllm_sleep=True)
             else:
                 c.set("vllm_enable_sleep_mode", False, "vLLM keeps its share through the training step")
-        steps = take("steps_per_generation")
-        if steps is not None and steps != self.data.get("gradient_accumulation_steps", 1):
-            c.unmodelled("steps_per_generation", steps, "generate's batch is estimated with "
-                                                       "gradient_accumulation_steps micro batches (TRL's default): "
-                                                       "more steps per generation make its KV cache larger")
-        elif steps is not None:
-            c.set("steps_per_generation", steps, "as gradient_accumulation_steps (the estimate's generate batch)")
+        tp = take("vllm_tensor_parallel_size")
+        if tp is not None and tp != 1 and vllm and (mode or "colocate") == "colocate":
+            c.unmodelled("vllm_tensor_parallel_size", tp, "vLLM's weights split over this many GPUs inside the same "
+                                                          "share: the share's size is as estimated; only the check "
+                                                          "that the share holds vLLM's weights assumes 1")
+        elif tp is not None:
+            c.ignore("vllm_tensor_parallel_size", tp)
+        steps, gbs = take("steps_per_generation"), take("generation_batch_size")
+        if steps is not None and gbs is not None:
+            raise ConfigError(path, "generation_batch_size and steps_per_generation are both given: GRPOConfig refuses "
+                                    "the pair ('can not be both configured at the same time'); keep one")
+        if steps is not None:
+            c.set("steps_per_generation", steps, f"steps_per_generation={c.integer('steps_per_generation', steps)} "
+                                                 f"(micro batches generated at once)", steps_per_generation=steps)
+        self.generation_batch = gbs
         for key, why in (("ds3_gather_for_generation", "False generates from ZeRO-3's partitions without gathering "
                                                        "the whole model: estimated gathered, the real figure lower"),
                          ("entropy_coef", "an entropy bonus keeps each chunk's softmax for backward: the real figure "
                                           "higher"),
-                         ("cast_lm_head_to_fp32", "the output head in fp32: the real figure higher"),
-                         ("generation_batch_size", "generate's batch is estimated from per_device_train_batch_size x "
-                                                   "gradient_accumulation_steps")):
+                         ("cast_lm_head_to_fp32", "the output head in fp32: the real figure higher")):
             value = take(key)
             if value is None:
                 continue
@@ -362,6 +402,22 @@ class _Reader(collect.TrainerYaml):
                 c.set(key, value, "as estimated")
             else:
                 c.unmodelled(key, value, why)
+
+    def grpo_generation_batch(self) -> None:
+        """GRPOConfig.generation_batch_size over all processes: steps_per_generation = it / (per-device batch x
+        processes), which must divide it (grpo_config.py __post_init__); read once the world size is known."""
+        gbs = getattr(self, "generation_batch", None)
+        if gbs is None:
+            return
+        c = self.c
+        gbs = c.integer("generation_batch_size", gbs)
+        batch, world = c.fields.get("batch", 8), c.fields.get("gpus", 1)
+        if gbs % (batch * world):
+            raise ConfigError(self.path, f"generation_batch_size ({gbs}) must be divisible by the global batch size "
+                                         f"({batch} x {world} processes = {batch * world}), as GRPOConfig requires")
+        steps = gbs // (batch * world)
+        c.set("generation_batch_size", gbs, f"steps_per_generation={steps} ({gbs} / ({batch} x {world} processes))",
+              steps_per_generation=steps)
 
     def precision_keys(self) -> None:
         """bf16 / fp16 / dtype as the config says them (the precision is decided with the strategy)."""
@@ -417,8 +473,17 @@ class _Reader(collect.TrainerYaml):
             c.set("gradient_checkpointing", gc, f"checkpointing={'full' if on else 'none'}",
                   checkpointing="full" if on else "none")
         liger = take("use_liger_kernel")
-        if liger is not None:
+        if liger is not None and self.grpo and c.flag("use_liger_kernel", liger):
+            c.unmodelled("use_liger_kernel", liger, "Liger's fused GRPO loss (LigerFusedLinearGRPOLoss) never makes "
+                                                    "the completion's logits: not modelled, they are counted in "
+                                                    "full, so the real figure is lower")
+        elif liger is not None:
             c.set("use_liger_kernel", liger, f"fused_ce={c.flag('use_liger_kernel', liger)}", fused_ce=liger)
+        if self.grpo and "use_liger_loss" in self.data:
+            c.unmodelled("use_liger_loss", take("use_liger_loss"),
+                         "GRPOConfig's switch before TRL 1.x (now use_liger_kernel): TRL 1.10 drops it, so the "
+                         "completion's logits are made in full, as estimated; under the older TRL that read it, "
+                         "Liger's fused GRPO loss holds less")
         attn = take("attn_implementation")
         if attn is None:
             trl_default("attn_implementation", None, "attention=sdpa (transformers' default)", "model_config.py")
@@ -657,7 +722,7 @@ class _Reader(collect.TrainerYaml):
             raise ConfigError(self.path, f"env must be a mapping of environment variables (TRL's parser stops: "
                                          f"'`env` field should be a dict'), got {data['env']!r}")
         for key, value in data.items():
-            if key in done or key in DPO_KEYS or collect.evaluation(c, key, value) or collect.saves(c, key, value):
+            if key in done or (key in DPO_KEYS and not self.grpo) or collect.evaluation(c, key, value) or collect.saves(c, key, value):
                 continue
             if key in NOT_MODELLED:
                 c.unmodelled(key, value, NOT_MODELLED[key])
