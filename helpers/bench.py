@@ -159,9 +159,12 @@ GRID = [
                        base_weights="nf4", versions="bitsandbytes=0.42.0", batch=2, seq=512, grad_accum=4,
                        attention="flash", kv_expanded=True, outputs_held=True)),
     ("qwen2.5-0.5b", T(precision="bf16", batch=2, seq=512, attention="flash", outputs_held=True)),
-    # GRPO as TRL trains it: the completion's logits alone (logits_to_keep), the entropy's copy; a reference copy
+    # GRPO as TRL trains it (TRL 1.10 GRPOTrainer): the completion's logits alone (logits_to_keep), the entropy's copy; a reference copy
     ("qwen2.5-1.5b", T(run="grpo", batch=8, seq=1024, completion=768, checkpointing="full", attention="flash")),
     ("llama-3.2-1b", T(run="grpo", strategy="ddp", gpus=4, reference="copy", batch=4, seq=1024, grad_accum=2,
+                       checkpointing="full")),
+    # GRPO under DeepSpeed ZeRO-2: bf16 logits, TRL's 16-bit log_softmax per sequence, CopySlices' backward
+    ("qwen2.5-1.5b", T(run="grpo", strategy="zero2", gpus=8, batch=8, seq=1536, completion=1024,
                        checkpointing="full")),
 ]
 
