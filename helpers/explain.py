@@ -66,6 +66,17 @@ LEFT_OUT = (
 )
 
 
+def left_out(setup: TrainSetup) -> list[str]:
+    """LEFT_OUT as it reads for `setup`: a DPO or GRPO set-up counts its reference, a GRPO one its generation and
+    a colocated vLLM, so those are not said to be left out."""
+    if setup.run == "sft":
+        return list(LEFT_OUT)
+    second = "a second model on the same GPU (a reward or teacher model" + (
+        ")" if setup.run == "grpo" and setup.generation == "vllm-colocate" else ", a vLLM engine)")
+    between = "evaluation between steps" if setup.run == "grpo" else LEFT_OUT[2]
+    return [LEFT_OUT[0], second, between] + list(LEFT_OUT[3:])
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A buffer the request could be: its name, its bytes, the estimate's phases it lives in, and why."""
@@ -621,6 +632,10 @@ def _others(ex: Explanation, o: CudaOOM) -> None:
         return
     if mine is None and reserved is None:
         return
+    if mine is not None and reserved is not None and mine - reserved > 64 * MiB:
+        ex.lines.append(f"this process: {fmt(mine, 2)} in use, {fmt(reserved, 2)} of it reserved by PyTorch: "
+                        f"{fmt(mine - reserved, 2)} outside PyTorch's allocator (the CUDA context, NCCL and cuBLAS "
+                        f"buffers; a colocated vLLM's pools with its sleep mode, which allocates outside it)")
     used_by_us = mine if mine is not None else reserved
     rest = o.capacity.bytes - o.free.bytes - used_by_us
     what = ("outside this process" if mine is not None else
@@ -743,11 +758,11 @@ def _place(ex: Explanation, model, setup: TrainSetup, r: Result, o: CudaOOM | No
         f"puts {fmt(est, 2)} of tensors there" + (f" ({used / est:.0%} of it)" if est else ""))
     if est and used > est * (1 + band["under"]):
         gap = used - est
-        ex.beyond = {"bytes": gap, "left_out": list(LEFT_OUT)}
-        say(f"  the run held {fmt(gap, 2)} more than the estimate, beyond its error band (estimates came within "
+        ex.beyond = {"bytes": gap, "left_out": left_out(setup)}
+        say(f"  the run held and asked for {fmt(gap, 2)} more than the estimate, beyond its error band (estimates came within "
             f"{band['under']:.0%} below published peaks on {band['runs']} runs, {band['source']}): the run used more "
             f"than is modelled. The estimate leaves out:")
-        for x in LEFT_OUT:
+        for x in ex.beyond["left_out"]:
             say(f"    - {x}")
         if ok:
             say("  so its 'fits' was wrong for this run: check the set-up given matches the run (sequence length, "

@@ -57,15 +57,15 @@ def grpo_lines(r: Result, said: str) -> list[str]:
     ref = [i for i in r.items if i["name"].startswith("reference model")]
     held = "".join(f", {fmt(i['bytes'])} {PER_DEVICE[i['device']]}" for i in ref)
     caveat = ""
-    if s.strat.deepspeed:
-        caveat += ("; under DeepSpeed accelerate wraps no fp32 output, so TRL's logits stay bf16 and are taken row by "
-                   "row: counted in fp32 all the same, an upper bound by our reading")
+    kept = ("in bf16, with each sequence's log_softmax kept for backward (DeepSpeed: accelerate wraps no fp32 "
+            "output)" if s.strat.deepspeed else "in fp32 (accelerate's copy), kept for the log-probabilities' "
+                                                 "backward")
     if s.fused_ce:
         caveat += ("; fused_ce (use_liger_kernel) does not reach GRPO's log-probabilities here: the completion's "
                    "logits are counted in full (Liger's fused GRPO loss would hold less)")
     lines = ["", f"GRPO: sequences of {s.seq} tokens, the last {s.completion_tokens} a completion whose logits alone "
-                 f"are made (logits_to_keep) and kept in fp32 for the log-probabilities' backward (a dry run of TRL's "
-                 f"step re-enacted agrees{caveat}); reference model: {said}{held}"]
+                 f"are made (logits_to_keep), {kept} (a dry run of TRL's step re-enacted agrees{caveat}); reference "
+                 f"model: {said}{held}"]
     gen = r.meta.get("generation_words")
     if gen:
         lines.append(f"generation between steps: {gen}" + ("" if "generation" in r.gpu.phases else

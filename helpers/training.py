@@ -167,6 +167,7 @@ class TrainSetup:
         choices=GENERATIONS, control=Control("menu", "generation", options=GENERATIONS,
                                              tooltip="grpo: model.generate, vLLM beside training, or a vLLM server"),
         applies=lambda v: v["run"] == "grpo",
+        remedy=("generation on vLLM's own GPUs (vllm_mode server)", "vllm-server"),
         no_time="generation's time is not modelled"))
     """With run 'grpo': 'generate', the policy's own `generate` (its KV cache, and under ZeRO-3 the whole model
     gathered: ds3_gather_for_generation); 'vllm-colocate', a vLLM engine in the training process

@@ -179,3 +179,28 @@ def test_steps_per_generation_sizes_generates_batch():
     assert "KV cache of generate (8 sequences x 1024 tokens)" in one
     assert four["KV cache of generate (32 sequences x 1024 tokens)"]["bytes"] == \
         4 * one["KV cache of generate (8 sequences x 1024 tokens)"]["bytes"]
+
+
+def test_explain_does_not_list_as_left_out_what_a_grpo_estimate_counts():
+    """A GRPO set-up's estimate counts its reference, its generation and a colocated vLLM: `explain` does not name
+    them among what the estimate leaves out (a new user's report: it did)."""
+    from helpers import explain
+
+    colocated = explain.left_out(TrainSetup(run="grpo", generation="vllm-colocate"))
+    assert not any("vLLM" in x or "generation" in x for x in colocated)
+    assert "evaluation between steps" in colocated
+    assert any("vLLM" in x for x in explain.left_out(TrainSetup(run="grpo")))
+    assert explain.left_out(TrainSetup()) == list(explain.LEFT_OUT)
+
+
+def test_explain_says_what_this_process_holds_outside_pytorch():
+    """torch's message gives this process's memory and what PyTorch reserved of it: the rest is outside PyTorch's
+    allocator (the CUDA context, NCCL; a sleeping-mode vLLM's pools), said in GiB."""
+    from helpers import explain
+
+    msg = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.64 GiB. GPU 0 has a total capacity of "
+           "79.11 GiB of which 3.12 GiB is free. Including non-PyTorch memory, this process has 75.98 GiB memory in "
+           "use. Of the allocated memory 45.10 GiB is allocated by PyTorch, and 3.62 GiB is reserved by PyTorch but "
+           "unallocated.")
+    text = explain.explain(msg).text()
+    assert "27.26 GiB outside PyTorch's allocator" in text

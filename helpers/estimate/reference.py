@@ -195,10 +195,12 @@ def _grpo_bf16_logits(b: Builder, m: ModelSpec, E: int) -> None:
           (f"the sliced logits copied contiguous by reshape, {fmt(copy)}, then " if copy else "")
           + f"{ENTROPY_CHUNK} rows x vocab in bf16 as log_softmax, its exp and their product, {fmt(chunk)} each "
             f"({src})")
-    grads = 2 * 2 * E + 2 * rows
-    b.gpu("the logits' gradients through the in-place temperature division (CopySlices)", "logits", grads, BWD_START,
-          f"logits.div_(temperature) on a view: CopySlices' backward holds the logits' gradient and its clone (2 x "
-          f"{fmt(2 * E)}), the slice's clone and the division's output (2 x {fmt(rows)}) at once ({src})")
+    for name, nbytes in (("the logits' gradient, into CopySlices", 2 * E), ("its clone (CopySlices)", 2 * E),
+                         ("the completion slice's gradient, cloned (CopySlices)", rows),
+                         ("the temperature division's gradient output", rows)):
+        b.gpu(name, "logits", nbytes, BWD_START,
+              f"logits.div_(temperature) on a view: CopySlices' backward holds the logits' gradient and its clone "
+              f"({fmt(2 * E)} each), the slice's clone and the division's output ({fmt(rows)} each) at once ({src})")
     activations.add_softcap(b, m, 2 * E)
 
 
