@@ -179,11 +179,14 @@ def largest(model, setup: TrainSetup, vary: str = "batch", gpu: str | None = Non
             cache[k] = (r, *fits(r, gpu))
         return cache[k]
 
-    first = at(1)
+    low = 1                                            # GRPO: a sequence longer than its completion, the least
+    if vary == "seq" and setup.run == "grpo" and setup.completion is not None:
+        low = setup.completion // step + 1
+    first = at(low)
     if not first[1]:
-        return Fit(vary, 0, None, step, first[0], step, len(cache), time.perf_counter() - started,
-                   f"at {vary} {step}: {too_big(first[0])}", None, limits)
-    lo, hi = boundary(lambda k: at(k)[1], 1, most)     # lo fits; hi (when known) does not
+        return Fit(vary, 0, None, low * step, first[0], step, len(cache), time.perf_counter() - started,
+                   f"at {vary} {low * step}: {too_big(first[0])}", None, limits)
+    lo, hi = boundary(lambda k: at(k)[1], low, most)   # lo fits; hi (when known) does not
     if hi is None:                                     # everything up to the token limit fits
         value_r = at(lo)[0]
         return Fit(vary, lo * step, value_r, None, None, step, len(cache), time.perf_counter() - started,

@@ -204,3 +204,12 @@ def test_explain_says_what_this_process_holds_outside_pytorch():
            "unallocated.")
     text = explain.explain(msg).text()
     assert "27.26 GiB outside PyTorch's allocator" in text
+
+
+def test_fit_searches_sequences_longer_than_the_completion():
+    """`fit` over the sequence starts above a GRPO run's completion (prompt + completion): before, its first try,
+    64 tokens, was refused as shorter than the completion."""
+    from helpers import fit
+
+    found = fit.largest(M, TrainSetup(run="grpo", seq=512, completion=256, lora_rank=16, gpu_gib=24.0), vary="seq")
+    assert found.value > 256 and found.value % 64 == 0
