@@ -213,3 +213,39 @@ def test_fit_searches_sequences_longer_than_the_completion():
 
     found = fit.largest(M, TrainSetup(run="grpo", seq=512, completion=256, lora_rank=16, gpu_gib=24.0), vary="seq")
     assert found.value > 256 and found.value % 64 == 0
+
+
+AXOLOTL_GRPO = """base_model: Qwen/Qwen2.5-1.5B-Instruct
+rl: grpo
+trl:
+  beta: 0.001
+  max_completion_length: 1024
+  use_vllm: true
+  vllm_mode: colocate
+  vllm_enable_sleep_mode: true
+vllm:
+  gpu_memory_utilization: 0.4
+micro_batch_size: 4
+sequence_len: 2048
+adapter: lora
+lora_r: 16
+lora_target_linear: true
+"""
+
+
+def test_axolotl_grpo_reads_its_trl_and_vllm_blocks(tmp_path):
+    """axolotl's GRPO (set_training_args_kwargs @067b021c): trl.max_completion_length, beta (the LoRA base as the
+    reference), vLLM colocated with the vllm block's share and sleep mode (passed with vllm_mode colocate given, TRL's
+    0.3 otherwise); sequence_len bounds nothing (max_length blocked) and is listed."""
+    from helpers.readers import read
+
+    (tmp_path / "a.yaml").write_text(AXOLOTL_GRPO)
+    imp = read(tmp_path / "a.yaml")
+    s = imp.setup
+    assert (s.run, s.completion, s.seq, s.ref, s.generation, s.vllm_share, s.vllm_sleep) == (
+        "grpo", 1024, 1536, "adapters-off", "vllm-colocate", 0.4, True)
+    assert {"sequence_len", "(prompt length)"} <= {n.key for n in imp.not_modelled}
+    (tmp_path / "b.yaml").write_text(AXOLOTL_GRPO.replace("  vllm_mode: colocate\n", "").replace(
+        "adapter: lora\nlora_r: 16\nlora_target_linear: true\n", ""))
+    s = read(tmp_path / "b.yaml").setup
+    assert (s.ref, s.vllm_share, s.vllm_sleep) == ("copy", 0.3, False)      # TRL's own default share, no sleep

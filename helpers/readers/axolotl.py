@@ -637,9 +637,81 @@ class _Reader:
             d.setting(f, self.line("rl"), "rl", rl, run="dpo",
                       sets="run=dpo (TRL's DPOTrainer: chosen and rejected of each pair in one forward, a frozen "
                            "reference model unless LoRA's base with the adapters disabled serves; TRL's log-probs)")
+        elif rl == "grpo":
+            self.grpo()
         else:
             d.unmodelled_at(f, self.line("rl"), "rl", rl, f"rl {rl!r} (its extra models and sequences) is not "
                                                         f"modelled: estimated as supervised fine-tuning")
+
+    def grpo(self):
+        """axolotl's GRPO (core/trainers/grpo/__init__.py set_training_args_kwargs @067b021c, over TRL 1.8's
+        GRPOTrainer): the `trl:` block's max_completion_length (passed even when unset: None, no cap), beta (or
+        rl_beta), use_vllm and vllm_mode (TRL 1.x's default colocate when unset); vLLM's share and sleep mode are
+        passed only with vllm_mode colocate given, from the `vllm:` block's gpu_memory_utilization (0.9 by default,
+        schemas/vllm.py) and trl.vllm_enable_sleep_mode; otherwise TRL's 0.3. max_prompt_length and max_length are
+        blocked (get_blocklist_args_kwargs): prompts stay whole, sequence_len does not bound the sequence."""
+        d, f = self.d, self.path
+        trl, vllm = self.take("trl") or {}, self.take("vllm") or {}
+        for name, block in (("trl", trl), ("vllm", vllm)):
+            if not isinstance(block, dict):
+                raise ConfigError(f, f"{name} must be a mapping of {name} options, got {block!r}")
+        at = self.line("trl") or self.line("rl")
+        d.setting(f, self.line("rl"), "rl", "grpo", run="grpo",
+                  sets="run=grpo (axolotl's GRPO trainer over TRL's GRPOTrainer: completions generated between steps, "
+                       "trained on their log-probabilities)")
+        comp = trl.get("max_completion_length")
+        if comp is None:
+            comp = 512
+            d.unmodelled_at(f, at, "trl.max_completion_length", None,
+                            "unset: axolotl passes None to GRPOConfig, so completions run to the model's context "
+                            "length; estimated at 512 tokens (TRL's default), the real figure higher with longer ones")
+        else:
+            comp = positive_int(f, "trl.max_completion_length", comp)
+        d.unmodelled_at(f, at, "(prompt length)", 512,
+                        "axolotl blocks max_prompt_length for GRPO (prompts kept whole): estimated with 512 prompt "
+                        "tokens, longer prompts make the real figure higher")
+        d.setting(f, at, "trl.max_completion_length", comp, completion=comp, seq=512 + comp,
+                  sets=f"completion={comp}, seq={512 + comp} (512 prompt tokens + the completion)")
+        if self.has("sequence_len"):
+            d.unmodelled_at(f, self.line("sequence_len"), "sequence_len", self.data["sequence_len"],
+                            "not a GRPO sequence's bound (axolotl blocks max_length for GRPO): the sequence is "
+                            "prompt + completion, as above")
+        beta = trl.get("beta", self.data.get("rl_beta"))
+        if beta is not None and (isinstance(beta, bool) or not isinstance(beta, (int, float))):
+            raise ConfigError(f, f"trl.beta must be a number, got {beta!r}")
+        lora = self.data.get("adapter") in ("lora", "qlora")
+        if beta:
+            ref = "adapters-off" if lora else "copy"
+            d.setting(f, at, "trl.beta", beta, reference=ref,
+                      sets=f"reference={ref} (a KL term against the reference: "
+                           + ("the base with the adapters disabled)" if lora else "a frozen copy of the model)"))
+        else:
+            d.default(TOOL, "trl.beta", 0.0, "TRL grpo_config.py GRPOConfig", "no reference model (beta 0.0)")
+        use = trl.get("use_vllm")
+        mode = trl.get("vllm_mode")
+        if use and (mode or "colocate") == "server":
+            d.setting(f, at, "trl.use_vllm", True, generation="vllm-server", sets="generation=vllm-server")
+        elif use:
+            share = vllm.get("gpu_memory_utilization", 0.9) if mode == "colocate" else 0.3
+            sleep = bool(trl.get("vllm_enable_sleep_mode")) if mode == "colocate" else False
+            if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
+                raise ConfigError(f, f"vllm.gpu_memory_utilization must be a fraction in (0, 1], got {share!r}")
+            why = ("vllm.gpu_memory_utilization (axolotl passes it with vllm_mode colocate; 0.9 by default)"
+                   if mode == "colocate" else "TRL's default 0.3 (axolotl passes the vllm block's share only when "
+                                              "vllm_mode colocate is given; TRL 1.x colocates by default)")
+            d.setting(f, at, "trl.use_vllm", True, generation="vllm-colocate", vllm_share=float(share),
+                      vllm_sleep=sleep, sets=f"generation=vllm-colocate, vllm_share={share:g} from {why}, "
+                                             f"vllm_sleep={sleep}")
+        else:
+            d.default(TOOL, "trl.use_vllm", False, SRC.format(file="trl.py"),
+                      "generation=generate (transformers' generate in each process)")
+        if trl.get("sync_ref_model") and beta and not lora:
+            d.setting(f, at, "trl.sync_ref_model", True, sync_ref=True,
+                      sets="sync_ref: the reference mixed with the policy after a step")
+        for key in ("generation_batch_size", "use_liger_loss", "vllm_lora_sync", "async_prefetch"):
+            if trl.get(key):
+                d.unmodelled_at(f, at, f"trl.{key}", trl[key], "not modelled: generation's batch and engine are "
+                                                               "estimated as TRL's defaults")
 
     def extras(self):
         """Keys of axolotl's schema (schemas/config.py and peft.py @067b021c) that change memory and are not modelled:
