@@ -56,13 +56,11 @@ def grpo_lines(r: Result, said: str) -> list[str]:
     s = TrainSetup(**r.setup)
     ref = [i for i in r.items if i["name"].startswith("reference model")]
     held = "".join(f", {fmt(i['bytes'])} {PER_DEVICE[i['device']]}" for i in ref)
-    caveat = ""
     kept = ("in bf16, with each sequence's log_softmax kept for backward (DeepSpeed: accelerate wraps no fp32 "
             "output)" if s.strat.deepspeed else "in fp32 (accelerate's copy), kept for the log-probabilities' "
                                                  "backward")
-    if s.fused_ce:
-        caveat += ("; fused_ce (use_liger_kernel) does not reach GRPO's log-probabilities here: the completion's "
-                   "logits are counted in full (Liger's fused GRPO loss would hold less)")
+    caveat = ("; fused_ce (use_liger_kernel) does not reach GRPO's log-probabilities here: the completion's logits are "
+              "counted in full (Liger's fused GRPO loss would hold less)" if s.fused_ce else "")
     lines = ["", f"GRPO: sequences of {s.seq} tokens, the last {s.completion_tokens} a completion whose logits alone "
                  f"are made (logits_to_keep), {kept} (a dry run of TRL's step re-enacted agrees{caveat}); reference "
                  f"model: {said}{held}"]

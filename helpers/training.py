@@ -25,6 +25,9 @@ RUNS = ("sft", "dpo", "grpo")  # what is trained: next-token SFT, DPO (chosen + 
 LOGPS_RUNS = ("dpo", "grpo")   # runs whose loss is taken from log-probabilities outside the model's forward (TRL's)
 GENERATIONS = ("generate", "vllm-colocate", "vllm-server")   # GRPO's generation engine (TRL use_vllm, vllm_mode)
 COMPLETION_DEFAULT = 512       # TRL 1.10 GRPOConfig.max_completion_length's default
+PROMPT_ASSUMED = 512           # a GRPO prompt's tokens where nothing truncates it (TRL 1.x, axolotl): the default of
+#                                the max_prompt_length TRL removed (#4847), said as assumed wherever it is used
+GRPO_FIELDS = ("completion", "generation", "vllm_share", "vllm_sleep", "steps_per_generation", "sync_ref")
 DPO_LOGPS = ("logsumexp", "log-softmax")       # DPO's log-probabilities: TRL's per-sequence logsumexp, LLaMA-Factory's
 REFERENCES = ("copy", "adapters-off", "none")   # DPO's reference: a frozen copy, the LoRA base, or none in the step
 TRL_LOSS_TYPES = ("unset", "nll", "chunked_nll")   # TRL SFTConfig.loss_type as given (dft is nll's memory)
@@ -626,23 +629,18 @@ class TrainSetup:
                 or not math.isfinite(self.vllm_share) or not 0 < self.vllm_share <= 1:
             raise InputError(f"vllm_share must be a fraction of the GPU's memory in (0, 1] (vLLM's "
                              f"gpu_memory_utilization), got {self.vllm_share!r}")
-        if not isinstance(self.vllm_sleep, bool):
-            raise InputError(f"vllm_sleep must be True or False, got {self.vllm_sleep!r}")
         if self.steps_per_generation is not None:
             _integer("steps_per_generation", self.steps_per_generation, MAX_GRAD_ACCUM)
-        if not isinstance(self.sync_ref, bool):
-            raise InputError(f"sync_ref must be True or False, got {self.sync_ref!r}")
-        if self.sync_ref and self.run == "grpo" and self.ref != "copy":
+        if self.sync_ref and self.run == "grpo" and self.ref != "copy":        # (bools checked with FLAGS)
             raise InputError(f"sync_ref (TRL's sync_ref_model) needs a reference copy (reference 'copy'), got "
                              f"reference {self.ref!r}: TRL refuses it with beta 0.0 and with PEFT")
-        given = [f for f, default in (("completion", None), ("generation", "generate"), ("vllm_share", 0.3),
-                                      ("vllm_sleep", False), ("steps_per_generation", None), ("sync_ref", False))
-                 if getattr(self, f) != default]
+        default = {f.name: f.default for f in dataclasses.fields(self)}
+        given = [f for f in GRPO_FIELDS if getattr(self, f) != default[f]]
         if self.run != "grpo" and given:
             raise InputError(f"{given[0]} is a GRPO option: use it with run 'grpo', got run {self.run!r}")
         if self.generation != "vllm-colocate":
-            for f, default in (("vllm_share", 0.3), ("vllm_sleep", False)):
-                if getattr(self, f) != default:
+            for f in ("vllm_share", "vllm_sleep"):
+                if getattr(self, f) != default[f]:
                     raise InputError(f"{f} is vLLM's colocated engine's option: use it with generation "
                                      f"'vllm-colocate', got generation {self.generation!r}")
         if self.run == "grpo" and self.completion is not None and self.completion >= self.seq:

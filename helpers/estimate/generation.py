@@ -116,7 +116,7 @@ def _generate(b: Builder, m: ModelSpec, compute: int, zero3: bool) -> None:
     cache = n * s.seq * per_token
     layer = cache // m.layers
     b.gpu(f"KV cache of generate ({n} sequences x {s.seq} tokens)", "generation", cache + layer, GENERATE,
-          f"transformers' generate over {s.batch} x {s.grad_accum} sequences (per_device_train_batch_size x "
+          f"transformers' generate over {s.batch} x {n // s.batch} sequences (per_device_train_batch_size x "
           f"steps_per_generation), keys and values of {m.layers} layers x ({m.k_width} + {m.v_width}) features x "
           f"{compute} B per token up to the whole sequence: {fmt(cache)}, and one layer's cache being extended by "
           f"torch.cat, {fmt(layer)} (transformers 5.23 cache_utils.py DynamicLayer.update; {TRL})")

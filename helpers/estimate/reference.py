@@ -44,8 +44,9 @@ the step's and is not a moment of its own. In the step, `_get_per_token_logps_an
 completion's logits alone (`logits_to_keep` = completion + 1), divides them by the temperature in place, takes
 `selective_log_softmax` as DPO does, and the entropy under no_grad, 128 rows at a time.
 
-Left out: DeepSpeed gives the logits in the compute dtype (accelerate wraps no native-amp forward there), and TRL's
-`selective_log_softmax` then takes bf16 logits row by row: counted as above, an upper bound by our reading; the
+Left out: under DeepSpeed DPO's logits come in the compute dtype (accelerate wraps no native-amp forward there), and
+TRL's `selective_log_softmax` then takes bf16 logits row by row: counted as above, an upper bound by our reading
+(GRPO's 16-bit way is counted, `_grpo_bf16_logits`); the
 reference forward's own layer intermediates (freed layer by layer, under no_grad) are below the policy's saved
 activations and not counted on top.
 """
@@ -143,8 +144,8 @@ def add_reference(b: Builder, m: ModelSpec, lifecycle: bool = True) -> None:
     if lifecycle and (s.strat.deepspeed or fam in ("fsdp1", "fsdp2")):
         copy = loading.host_copy(s, m)
         b.host("the reference model converted as it loads, beside the policy's", "parameters", copy, LOAD,
-               f"{s.run.upper()}Trainer.__init__ loads the reference while the policy is still on the host (the engine takes it "
-               f"in train()): a second conversion of {fmt(copy)} per rank ({SOURCE}; the conversion rule of "
+               f"{s.run.upper()}Trainer.__init__ loads the reference while the policy is still on the host (the "
+               f"engine takes it in train()): a second conversion of {fmt(copy)} per rank ({SOURCE}; the conversion rule of "
                f"helpers.estimate.loading)")
 
 

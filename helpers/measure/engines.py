@@ -30,7 +30,8 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
     if setup.run != "sft" and mode != "dry":
         raise InputError(f"run {setup.run!r} has no {mode} run here (the training loop trains SFT): a dry run "
                          f"re-enacts TRL's (and LLaMA-Factory's) {setup.run.upper()} step with its reference model "
-                         f"(single, ddp), and `estimate` places the reference under every engine")
+                         f"(single, ddp; GRPO also zero1, zero2), and `estimate` places the reference under every "
+                         f"engine")
     if setup.resume:
         raise InputError(f"resume is modelled by the estimate (the loaded checkpoint beside the live buffers) but a "
                          f"{mode} run does not load a checkpoint; measure without --resume: the resume transient is "

@@ -34,6 +34,7 @@ from helpers.readers.base import (
     probability,
 )
 from helpers.readers.provenance import Record, boolean, model_from, positive_int
+from helpers.training import COMPLETION_DEFAULT, PROMPT_ASSUMED
 
 NAME = "axolotl"
 TOOL = "axolotl 0.18.0 (067b021c)"
@@ -661,22 +662,24 @@ class _Reader:
                        "trained on their log-probabilities)")
         comp = trl.get("max_completion_length")
         if comp is None:
-            comp = 512
+            comp = COMPLETION_DEFAULT
             d.unmodelled_at(f, at, "trl.max_completion_length", None,
-                            "unset: axolotl passes None to GRPOConfig, so completions run to the model's context "
-                            "length; estimated at 512 tokens (TRL's default), the real figure higher with longer ones")
+                            f"unset: axolotl passes None to GRPOConfig, so completions run to the model's context "
+                            f"length; estimated at {comp} tokens (TRL's default), the real figure higher with longer "
+                            f"ones")
         else:
             comp = positive_int(f, "trl.max_completion_length", comp)
-        d.unmodelled_at(f, at, "(prompt length)", 512,
-                        "axolotl blocks max_prompt_length for GRPO (prompts kept whole): estimated with 512 prompt "
-                        "tokens, longer prompts make the real figure higher")
-        d.setting(f, at, "trl.max_completion_length", comp, completion=comp, seq=512 + comp,
-                  sets=f"completion={comp}, seq={512 + comp} (512 prompt tokens + the completion)")
+        prompt = PROMPT_ASSUMED
+        d.unmodelled_at(f, at, "(prompt length)", prompt,
+                        f"axolotl blocks max_prompt_length for GRPO (prompts kept whole): estimated with {prompt} "
+                        f"prompt tokens, longer prompts make the real figure higher")
+        d.setting(f, at, "trl.max_completion_length", comp, completion=comp, seq=prompt + comp,
+                  sets=f"completion={comp}, seq={prompt + comp} ({prompt} prompt tokens + the completion)")
         if self.has("sequence_len"):
             d.unmodelled_at(f, self.line("sequence_len"), "sequence_len", self.data["sequence_len"],
                             "not a GRPO sequence's bound (axolotl blocks max_length for GRPO): the sequence is "
                             "prompt + completion, as above")
-        beta = trl.get("beta", self.data.get("rl_beta"))
+        beta = trl.get("beta") if trl.get("beta") is not None else self.take("rl_beta")   # (builders/rl.py's order)
         if beta is not None and (isinstance(beta, bool) or not isinstance(beta, (int, float))):
             raise ConfigError(f, f"trl.beta must be a number, got {beta!r}")
         lora = self.data.get("adapter") in ("lora", "qlora")

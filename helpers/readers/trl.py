@@ -27,6 +27,7 @@ from helpers.estimate import loading
 from helpers.readers import accelerate, base, collect, hf_names, model_ref
 from helpers.readers.base import ConfigError, Imported
 from helpers.readers.provenance import Record, boolean
+from helpers.training import COMPLETION_DEFAULT, PROMPT_ASSUMED
 
 NAME = "trl"
 TOOL = "TRL 1.10.0.dev0 (commit f2cd577)"
@@ -249,16 +250,16 @@ class _Reader(collect.TrainerYaml):
         c, take, done = self.c, self.take, self.done
         comp = take("max_completion_length")
         if comp is None:
-            self.default("max_completion_length", 512, "completions of up to 512 tokens (completion=512)", GRPO_SRC,
-                         completion=512)
-            comp = 512
+            comp = COMPLETION_DEFAULT
+            self.default("max_completion_length", comp, f"completions of up to {comp} tokens (completion={comp})",
+                         GRPO_SRC, completion=comp)
         else:
             comp = c.integer("max_completion_length", comp)
         prompt = take("max_prompt_length")
         if prompt is None:
-            prompt = 512
+            prompt = PROMPT_ASSUMED
             c.unmodelled("max_prompt_length", None, "TRL 1.x does not truncate GRPO's prompts (max_prompt_length "
-                                                    "was removed, #4847): estimated with 512 prompt tokens, the "
+                                                    f"was removed, #4847): estimated with {prompt} prompt tokens, the "
                                                     "removed option's default; pass --seq (prompt + completion) for "
                                                     "longer prompts, as the real figure is higher with them")
         else:
