@@ -235,8 +235,9 @@ lora_target_linear: true
 
 def test_axolotl_grpo_reads_its_trl_and_vllm_blocks(tmp_path):
     """axolotl's GRPO (set_training_args_kwargs @067b021c): trl.max_completion_length, beta (the LoRA base as the
-    reference), vLLM colocated with the vllm block's share and sleep mode (passed with vllm_mode colocate given, TRL's
-    0.3 otherwise); sequence_len bounds nothing (max_length blocked) and is listed."""
+    reference), vLLM colocated with the vllm block's share and sleep mode; vllm_mode unset is server, as axolotl's
+    validation sets it (first read as TRL's colocate default, found on axolotl's own docs/grpo.qmd config);
+    sequence_len bounds nothing (max_length blocked) and is listed."""
     from helpers.readers import read
 
     (tmp_path / "a.yaml").write_text(AXOLOTL_GRPO)
@@ -247,5 +248,7 @@ def test_axolotl_grpo_reads_its_trl_and_vllm_blocks(tmp_path):
     assert {"sequence_len", "(prompt length)"} <= {n.key for n in imp.not_modelled}
     (tmp_path / "b.yaml").write_text(AXOLOTL_GRPO.replace("  vllm_mode: colocate\n", "").replace(
         "adapter: lora\nlora_r: 16\nlora_target_linear: true\n", ""))
-    s = read(tmp_path / "b.yaml").setup
-    assert (s.ref, s.vllm_share, s.vllm_sleep) == ("copy", 0.3, False)      # TRL's own default share, no sleep
+    imp = read(tmp_path / "b.yaml")
+    s = imp.setup
+    assert (s.ref, s.generation) == ("copy", "vllm-server")
+    assert next(x for x in imp.defaults if x.key == "trl.vllm_mode").value == "server"

@@ -647,9 +647,9 @@ class _Reader:
     def grpo(self):
         """axolotl's GRPO (core/trainers/grpo/__init__.py set_training_args_kwargs @067b021c, over TRL 1.8's
         GRPOTrainer): the `trl:` block's max_completion_length (passed even when unset: None, no cap), beta (or
-        rl_beta), use_vllm and vllm_mode (TRL 1.x's default colocate when unset); vLLM's share and sleep mode are
-        passed only with vllm_mode colocate given, from the `vllm:` block's gpu_memory_utilization (0.9 by default,
-        schemas/vllm.py) and trl.vllm_enable_sleep_mode; otherwise TRL's 0.3. max_prompt_length and max_length are
+        rl_beta), use_vllm and vllm_mode (server when unset: schemas/validation.py check_vllm_mode_set); with
+        colocate, vLLM's share and sleep mode from the `vllm:` block's gpu_memory_utilization (0.9 by default,
+        schemas/vllm.py) and trl.vllm_enable_sleep_mode. max_prompt_length and max_length are
         blocked (get_blocklist_args_kwargs): prompts stay whole, sequence_len does not bound the sequence."""
         d, f = self.d, self.path
         trl, vllm = self.take("trl") or {}, self.take("vllm") or {}
@@ -692,16 +692,18 @@ class _Reader:
             d.default(TOOL, "trl.beta", 0.0, "TRL grpo_config.py GRPOConfig", "no reference model (beta 0.0)")
         use = trl.get("use_vllm")
         mode = trl.get("vllm_mode")
-        if use and (mode or "colocate") == "server":
+        if use and mode is None:          # schemas/validation.py check_vllm_mode_set: unset means server
+            d.default(TOOL, "trl.vllm_mode", "server", SRC.format(file="validation.py check_vllm_mode_set"),
+                      "generation=vllm-server (axolotl sets vllm_mode server when use_vllm leaves it unset: "
+                      "`axolotl vllm-serve` on GPUs of its own)", generation="vllm-server")
+        elif use and mode == "server":
             d.setting(f, at, "trl.use_vllm", True, generation="vllm-server", sets="generation=vllm-server")
         elif use:
-            share = vllm.get("gpu_memory_utilization", 0.9) if mode == "colocate" else 0.3
-            sleep = bool(trl.get("vllm_enable_sleep_mode")) if mode == "colocate" else False
+            share = vllm.get("gpu_memory_utilization", 0.9)
+            sleep = bool(trl.get("vllm_enable_sleep_mode"))
             if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
                 raise ConfigError(f, f"vllm.gpu_memory_utilization must be a fraction in (0, 1], got {share!r}")
-            why = ("vllm.gpu_memory_utilization (axolotl passes it with vllm_mode colocate; 0.9 by default)"
-                   if mode == "colocate" else "TRL's default 0.3 (axolotl passes the vllm block's share only when "
-                                              "vllm_mode colocate is given; TRL 1.x colocates by default)")
+            why = "vllm.gpu_memory_utilization (axolotl passes it with vllm_mode colocate; 0.9 by default)"
             d.setting(f, at, "trl.use_vllm", True, generation="vllm-colocate", vllm_share=float(share),
                       vllm_sleep=sleep, sets=f"generation=vllm-colocate, vllm_share={share:g} from {why}, "
                                              f"vllm_sleep={sleep}")
@@ -711,7 +713,7 @@ class _Reader:
         if trl.get("sync_ref_model") and beta and not lora:
             d.setting(f, at, "trl.sync_ref_model", True, sync_ref=True,
                       sets="sync_ref: the reference mixed with the policy after a step")
-        for key in ("generation_batch_size", "use_liger_loss", "vllm_lora_sync", "async_prefetch"):
+        for key in ("generation_batch_size", "use_liger_loss", "vllm_lora_sync", "async_prefetch", "use_data_producer"):
             if trl.get(key):
                 d.unmodelled_at(f, at, f"trl.{key}", trl[key], "not modelled: generation's batch and engine are "
                                                                "estimated as TRL's defaults")
