@@ -166,6 +166,10 @@ GRID = [
     # GRPO under DeepSpeed ZeRO-2: bf16 logits, TRL's 16-bit log_softmax per sequence, CopySlices' backward
     ("qwen2.5-1.5b", T(run="grpo", strategy="zero2", gpus=8, batch=8, seq=1536, completion=1024,
                        checkpointing="full")),
+    # reward models as TRL's RewardTrainer trains them: a score head of one output, chosen and rejected in one forward
+    ("qwen2.5-7b", T(run="rm", lora_rank=16, batch=2, seq=2048, checkpointing="full", attention="flash")),
+    ("llama-3.2-1b", T(run="rm", strategy="ddp", gpus=4, batch=4, seq=1024, attention="flash")),
+    ("qwen2.5-1.5b", T(run="rm", strategy="zero2", gpus=8, batch=4, seq=2048, attention="flash")),
 ]
 
 

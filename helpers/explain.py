@@ -254,7 +254,8 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
         ("eager attention's scores of one layer in fp32", setup.batch * m.heads * seq * seq * 4,
          "softmax upcast in fp32"),
     ]
-    out += [Candidate(n, b, ("forward", "backward", "steady"), w) for n, b, w in acts if b > 0]
+    out += [Candidate(n, b, ("forward", "backward", "steady"), w) for n, b, w in acts
+            if b > 0 and not (setup.run == "rm" and "logits" in n)]     # (a reward model has no vocabulary logits)
     return out
 
 

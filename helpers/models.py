@@ -472,8 +472,9 @@ class ModelSpec:
 
     @property
     def lm_head_params(self) -> int:
-        """Parameters of the output projection (0 when tied to the embedding)."""
-        return sum(t.numel for t in self.tensors if t.name.startswith("lm_head"))
+        """Parameters of the output projection: the LM head, or a reward model's score head (helpers.estimate.reward);
+        0 when tied to the embedding."""
+        return sum(t.numel for t in self.tensors if t.name.startswith(("lm_head", "score.")))
 
 
 def lora_shape(t: Tensor, rank: int) -> tuple[int, int, int]:

@@ -21,7 +21,9 @@ OPTIMIZERS = ("adamw", "adamw-8bit")
 STRATEGIES = strategies.NAMES
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
-RUNS = ("sft", "dpo", "grpo")  # what is trained: next-token SFT, DPO (chosen + rejected, a reference model), GRPO
+RUNS = ("sft", "dpo", "rm", "grpo")  # what is trained: next-token SFT, DPO (chosen + rejected, a reference model), a
+#                                      reward model (chosen + rejected, a score head instead of the LM head), GRPO
+PAIRED_RUNS = ("dpo", "rm")    # runs whose micro batch counts pairs: each example's chosen and rejected in one forward
 LOGPS_RUNS = ("dpo", "grpo")   # runs whose loss is taken from log-probabilities outside the model's forward (TRL's)
 GENERATIONS = ("generate", "vllm-colocate", "vllm-server")   # GRPO's generation engine (TRL use_vllm, vllm_mode)
 COMPLETION_DEFAULT = 512       # TRL 1.10 GRPOConfig.max_completion_length's default
@@ -115,16 +117,21 @@ class TrainSetup:
     run: str = option("sft", Face(
         "--run", "what the run trains: sft (one model, next-token loss), dpo (TRL's, LLaMA-Factory's and "
                  "OpenRLHF's DPO: each example's chosen and rejected sequences in one forward, and a frozen "
-                 "reference model beside the policy) or grpo (TRL's GRPOTrainer: completions generated between "
-                 "steps, --generation, and trained on their log-probabilities, --completion)",
+                 "reference model beside the policy), rm (a reward model: TRL's RewardTrainer, LLaMA-Factory's "
+                 "stage rm, OpenRLHF's train_rm: chosen and rejected in one forward, a score head of one output "
+                 "instead of the LM head) or grpo (TRL's GRPOTrainer: completions generated between steps, "
+                 "--generation, and trained on their log-probabilities, --completion)",
         choices=RUNS, control=Control("menu", "run", options=RUNS, tooltip="dpo: chosen + rejected, and a "
-                                                                           "reference model; grpo: generated "
+                                                                           "reference model; rm: chosen + rejected, "
+                                                                           "a score head; grpo: generated "
                                                                            "completions"),
-        no_time="a DPO or GRPO run trains a different objective; its reference forward's and its generation's "
-                "time are not modelled"))
+        no_time="a DPO, reward-model or GRPO run trains a different objective; its reference forward's and its "
+                "generation's time are not modelled"))
     """'sft': one model trained on next-token prediction. 'dpo': direct preference optimisation: the micro batch's
     chosen and rejected sequences run as one forward of 2 x batch sequences, and a frozen reference model scores them
-    (helpers.estimate.reference), as `reference` says. 'grpo': TRL 1.10's GRPOTrainer: each sequence is a prompt and
+    (helpers.estimate.reference), as `reference` says. 'rm': a reward model (AutoModelForSequenceClassification with
+    one label): pairs as DPO's, the decoder's last hidden states through a score head of one output, no vocabulary
+    logits (helpers.estimate.reward). 'grpo': TRL 1.10's GRPOTrainer: each sequence is a prompt and
     one generated completion (seq = prompt + `completion` tokens), trained on the completion's log-probabilities;
     completions are generated between steps (`generation`, helpers.estimate.generation)."""
     reference: str | None = option(None, Face(
@@ -777,8 +784,8 @@ class TrainSetup:
                            ("context_parallel", MAX_GPUS), ("checkpoint_every", MAX_LAYERS),
                            ("dp_replicate", MAX_GPUS)):
             _integer(name, getattr(self, name), most)
-        if self.run == "dpo" and 2 * self.batch * self.seq > MAX_TOKENS:
-            raise InputError(f"with run 'dpo', 2 x batch x seq (chosen and rejected) must be at most {MAX_TOKENS:,} "
+        if self.run in PAIRED_RUNS and 2 * self.batch * self.seq > MAX_TOKENS:
+            raise InputError(f"with run {self.run!r}, 2 x batch x seq (chosen and rejected) must be at most {MAX_TOKENS:,} "
                              f"tokens per micro batch, got 2 x {self.batch} x {self.seq}")
         if self.batch * self.seq > MAX_TOKENS:
             raise InputError(f"batch x seq must be at most {MAX_TOKENS:,} tokens per micro batch (2^24; no real run "
@@ -864,10 +871,16 @@ class TrainSetup:
                              f"original parameters): use it with strategy "
                              f"{strategies.listing(lambda x: x.family == 'fsdp1', 'or')}, got {self.strategy!r}")
         _choice("run", self.run, RUNS)
-        if self.run in LOGPS_RUNS and (self.tensor_parallel > 1 or self.context_parallel > 1):
-            raise InputError(f"run {self.run!r} with tensor_parallel or context_parallel is not modelled (the "
-                             f"reference model's placement under a DTensor plan is not read): use tensor_parallel=1 "
-                             f"and context_parallel=1")
+        if self.run in LOGPS_RUNS + ("rm",) and (self.tensor_parallel > 1 or self.context_parallel > 1):
+            raise InputError(f"run {self.run!r} with tensor_parallel or context_parallel is not modelled ("
+                             + ("the score head's plan" if self.run == "rm" else "the reference model's placement")
+                             + " under a DTensor plan is not read): use tensor_parallel=1 and context_parallel=1")
+        if self.run == "rm":
+            for name, why in (("fused_ce", "a fused linear cross-entropy"), ("trl_loss_type", "TRL's SFT loss"),
+                              ("outputs_held", "LitGPT's loop holding the logits")):
+                if getattr(self, name):
+                    raise InputError(f"{name} with run 'rm': a reward model has no vocabulary logits, so {why} "
+                                     f"does not apply; leave {name} unset")
         if self.reference is not None:
             _choice("reference", self.reference, REFERENCES)
             if self.run not in LOGPS_RUNS:

@@ -50,7 +50,7 @@ RULES = (
          "the loss shifts the labels instead (padded by one): no copy of the logits",
          "transformers 4.48.0 loss/loss_utils.py ForCausalLMLoss (and before 4.46 LlamaForCausalLM.forward itself); "
          "4.49.0 pads and shifts the labels (PR #35646, 'remove unnecessary contiguous() call')",
-         lambda s: not s.fused_ce),
+         lambda s: not s.fused_ce and s.run != "rm"),
     Rule("checkpointing_reentrant", "transformers", "5.0.0",
          "gradient checkpointing defaults to use_reentrant=True: a checkpointed layer's forward runs without autograd "
          "and its recomputation in backward with it",
@@ -84,7 +84,7 @@ RULES = (
          "the model returns its logits in the compute dtype and the loss upcasts a copy",
          "transformers 4.45.0 models/llama/modeling_llama.py LlamaForCausalLM.forward; 4.46.0 moves the upcast into "
          "loss/loss_utils.py ForCausalLMLoss",
-         lambda s: not s.fused_ce and s.precision != "fp32"),
+         lambda s: not s.fused_ce and s.precision != "fp32" and s.run != "rm"),
     Rule("peft_moe_names_converted", "peft", "0.19.0",
          "a target_modules list naming the experts' transformers 4 names (w1/w2/w3 or gate_proj/up_proj/down_proj) "
          "adapts only nn.Linear modules of those names: on transformers 5 the routed experts (3-D parameters) stay "

@@ -22,6 +22,7 @@ from helpers.estimate import (
     loading,
     parallel,
     reference,
+    reward,
     saving,
     states,
 )
@@ -45,12 +46,16 @@ def items(model, setup: TrainSetup, lifecycle: bool = True) -> list[Item]:
                          f"this package models transformers 5's fused experts only; estimate it with transformers 5 "
                          f"(leave transformers out of versions)")
     parallel.check(m, setup)
+    if setup.run == "rm":
+        m = reward.spec(m)                            # a score head in place of the LM head
     whole, m = m, parallel.rank_model(m, setup.tensor_parallel)       # what one tensor-parallel rank holds
     b = states.Builder(reference.pairs(setup))       # DPO: chosen and rejected sequences in one forward
     states.add_model_states(b, m)
     activations.add_activations(b, m)
     if setup.run in LOGPS_RUNS:                       # DPO's, GRPO's log-probabilities
         reference.add_logits(b, m)
+    elif setup.run == "rm":
+        reward.add_score(b, m)
     else:
         activations.add_logits(b, m)
     accumulation.add_accumulation(b, m)
@@ -99,6 +104,8 @@ def run(model, setup: TrainSetup | None = None, lifecycle: bool = True, **option
     if options:
         setup = setup.replace(**options)
     m = models.spec(model)
+    if setup.run == "rm":
+        m = reward.spec(m)                            # (its parameters: the LM head's replaced by the score's)
     its = items(m, setup, lifecycle)
     phases = phases_of(setup, lifecycle)
     peaks: dict[str, dict] = {}

@@ -29,7 +29,7 @@ from helpers.estimate.items import (
     STEP,
     STEP_PREPARE,
 )
-from helpers.estimate.states import Builder
+from helpers.estimate.states import Builder, dtype_bytes
 from helpers.models import ModelSpec
 from helpers.units import next_power_of_2
 
@@ -132,6 +132,40 @@ def mlp_forward_working_set(m: ModelSpec, s) -> tuple[str, int]:
         return ("gate's result, up's base output and its adapters' input copies and output",
                 around + T * (2 * a * I + 2 * d * I + copies * H))
     return "act(gate), up and their product", around + 3 * a * T * I
+
+
+def first_backward_working_set(m: ModelSpec, s, width: int) -> tuple[str, int]:
+    """(what, bytes) of the larger of the final norm's backward and the last layer's MLP backward, the first of the
+    backward's working sets (not checkpointed, no full logits), beside every saved activation. The norm:
+    transformers' RMSNorm computes in fp32, and autograd's backward of its pow, mean, rsqrt and products holds five
+    batch x seq x hidden fp32 tensors at once. The MLP (`width` its intermediate width): the gradients of down_proj's
+    input and of the product's two factors (three batch x seq x width), the residual stream's gradient, and, with the
+    weights trained, down_proj's weight gradient, the first one made; down_proj's saved input (batch x seq x width)
+    is freed by then. Seen in dry runs of reward models on torch 2.13: the norm's is the peak under 16-bit compute,
+    the MLP's in fp32."""
+    T, tp = s.batch * s.seq, s.tensor_parallel
+    a = 4 if compute_mode(s) == "fp32" else 2
+    norm = 5 * 4 * T * m.hidden // tp
+    compute, storage = dtype_bytes(s)
+    grad = compute if s.strat.deepspeed else storage            # (DeepSpeed's bf16 module makes bf16 gradients)
+    mlp = a * T * (2 * width + m.hidden) // tp + (0 if s.lora_rank else m.intermediate * m.hidden * grad // tp)
+    if norm >= mlp:
+        return "the final norm's backward (five fp32 batch x seq x hidden tensors)", norm
+    return ("the last layer's MLP backward (its input gradients, less down_proj's saved input, and down_proj's "
+            "weight gradient)"), mlp
+
+
+def mlp_forward_transient(m: ModelSpec, s) -> tuple[str, int]:
+    """(what, bytes) of `mlp_forward_working_set` that a layer not checkpointed does not keep for backward: of the
+    MLP's outputs gate's result alone is saved (by the activation) by the time up's adapters run; without adapters on
+    gate/up act(gate), up and their product are all saved (by the product and down_proj), leaving the residual sum
+    and the normed input."""
+    what, nbytes = mlp_forward_working_set(m, s)
+    a = 4 if compute_mode(s) == "fp32" else 2
+    T, I = s.batch * s.seq, m.intermediate
+    lora_mlp = bool(s.lora_rank and adapted_names(m, s) & {"gate_proj", "up_proj", "gate_up_proj"})
+    saved = a * T * I * (1 if lora_mlp else 3)
+    return what + " (less what it saves)", nbytes - saved
 
 
 def lora_saves(m: ModelSpec, setup, first: bool = False) -> tuple[int, int, int]:
@@ -373,8 +407,9 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
     final_norm = norm_bytes(m, s, 1) * T - sp
     a = 4 if compute_mode(s) == "fp32" else 2
     width = max(m.intermediate if dense_layers else 0, m.experts_active * m.expert_width + m.shared_width)
-    # with no full logits (a fused or chunked loss) the last layer's backward, every layer's input kept, is the
-    # backward's peak: counted at BWD_HEAD, the head's backward being part of the loss's (BWD_START) there
+    # with no full logits (a fused or chunked loss, a reward model's score) the last layer's backward, every layer's
+    # input kept, is the backward's peak: counted at BWD_HEAD, the head's backward being part of the loss's
+    # (BWD_START) there
     last_layer = no_full_logits(s) and s.checkpointing == "full" and s.checkpoint_every == 1
     b.gpu("gradient working set of one layer", "temporaries", a * T * (3 * width + 2 * m.hidden),
           BWD_END | (BWD_HEAD if last_layer else frozenset()),
@@ -456,6 +491,22 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               + _expanded_note(m, s))
         b.gpu("activations of the first layers, not yet freed", "activations", max(per_dense, per_moe), BWD_END,
               "backward frees each layer's saved tensors as it passes")
+        if no_full_logits(s):
+            what, nbytes = first_backward_working_set(m, s, width)
+            b.gpu(f"the backward's first working set beside every saved activation: {what}", "temporaries", nbytes,
+                  BWD_HEAD, "with no full logits the loss's backward is small, and the backward's peak comes in the "
+                  "final norm's or the last layer's backward, before any layer's saved tensors are freed (with full "
+                  "logits, the items at the head's backward that these free are larger)")
+        if no_full_logits(s) and not m.moe_layers and "parameters" not in s.strat.shards:
+            what, nbytes = mlp_forward_transient(m, s)
+            b.gpu(f"the last layer's forward beside every saved activation: {what}", "activations", nbytes, GATHER,
+                  "with no full logits after it the last MLP's forward is the forward's peak: its outputs not saved "
+                  "for backward are alive beside everything saved (mlp_forward_working_set less what the layer saves)")
+    if not s.lora_rank:
+        b.gpu("the gradient reaching the embedding's output", "temporaries", stream,
+              BWD_DONE, "batch x seq x hidden (the residual stream's dtype): the first layer's input gradient, summed "
+              "from its two branches, alive while the embedding's backward makes the weight's gradient (seen in dry "
+              "runs on torch 2.13: an add's output beside embedding_dense_backward's)")
     if s.quantized and versions.older(s, "bnb_4bit_input_kept"):
         per_layer, first_less = kept_4bit_inputs(m, s)
         if s.checkpointing == "full" and versions.older(s, "checkpointing_reentrant"):
@@ -534,8 +585,9 @@ def add_merged_experts(b: Builder, m: ModelSpec, s, T: int, a: int) -> None:
 
 
 def no_full_logits(s) -> bool:
-    """The loss never makes the full logits: a fused cross-entropy or TRL's chunked/tiled loss."""
-    return bool(s.fused_ce) or sft_loss.mechanism(s) != sft_loss.FULL
+    """The loss never makes the full logits: a fused cross-entropy, TRL's chunked/tiled loss, or a reward model's score
+    head (no vocabulary)."""
+    return bool(s.fused_ce) or s.run == "rm" or sft_loss.mechanism(s) != sft_loss.FULL
 
 
 def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:

@@ -57,6 +57,7 @@ from helpers.estimate import activations, loading
 from helpers.estimate.items import ALWAYS, BWD_START, GATHER, LOAD, LOSS
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
+from helpers.training import PAIRED_RUNS
 from helpers.units import fmt
 
 SOURCE = ("TRL 1.10 dpo_trainer.py DPOTrainer.__init__ (grpo_trainer.py GRPOTrainer.__init__ alike) and "
@@ -65,11 +66,11 @@ ENTROPY_CHUNK = 128      # TRL 1.10 utils.py entropy_from_logits(chunk_size=128)
 
 
 def pairs(setup):
-    """The set-up as the step sees it: DPO's micro batch is `batch` chosen and `batch` rejected sequences in one
+    """The set-up as the step sees it: DPO's (and a reward model's) micro batch is `batch` chosen and `batch` rejected sequences in one
     forward (2 x batch), and a fused cross-entropy (fused_ce: Liger's, CCE) does not reach DPO's or GRPO's
     log-probabilities, which take the full logits (counted in full: Liger's own fused DPO and GRPO losses would hold
     less); SFT's unchanged."""
-    if setup.run == "dpo":
+    if setup.run in PAIRED_RUNS:                   # (a reward model's pairs alike: helpers.estimate.reward)
         return setup.replace(batch=2 * setup.batch, fused_ce=False)
     return setup.replace(fused_ce=False) if setup.run == "grpo" and setup.fused_ce else setup
 

@@ -186,12 +186,15 @@ def fsdp2_padding(m: ModelSpec, setup: TrainSetup) -> dict | None:
 
 def lora_adapters(m: ModelSpec, rank: int, targets: str = "all-linear", converted: bool = False) -> ModelSpec:
     """The LoRA adapters of `m` as a model of their own: A (rank x in) and B (out x rank) for every target (an MoE's
-    3-D experts, where peft converts their names: one stacked pair per weight, `models.lora_shape`)."""
+    3-D experts, where peft converts their names: one stacked pair per weight, `models.lora_shape`); a reward model's
+    score head (helpers.estimate.reward) is trained whole beside them, a copy in peft's modules_to_save."""
     tensors = []
     for t in m.lora_targets(targets, converted):
         r, in_f, out_f = lora_shape(t, rank)
         tensors.append(Tensor(f"{t.name}.lora_A", r * in_f, t.group, 2, (r, in_f), True))
         tensors.append(Tensor(f"{t.name}.lora_B", out_f * r, t.group, 2, (out_f, r), True))
+    tensors += [dataclasses.replace(t, name="score.modules_to_save.weight") for t in m.tensors
+                if t.name == "score.weight"]
     return dataclasses.replace(m, name=f"{m.name} LoRA r{rank}", tensors=tuple(tensors), tied=False)
 
 
@@ -647,6 +650,25 @@ def _tied_group_in_forward(b: Builder, first: int, layers: list[int], compute: i
     return first + max(2 * g + prev for prev, g in zip([0] + layers[:-1], layers))
 
 
+def _partition_moments(m: ModelSpec, s) -> frozenset:
+    """Where ZeRO-2's gradient partition is alive in a backward: DeepSpeed 0.19.8 (stage_1_and_2.py
+    copy_grads_in_partition) makes `grads_in_partition` at the first reduction of the ipg bucket that holds a
+    gradient of this rank's partition, i.e. once the gradients made (in backward's order: the head's, the last
+    layer's, ..., the embedding's) first overflow reduce_bucket_size, or at the end of backward
+    (independent_gradient_partition_epilogue). The rank whose partition holds the head and the last layers (the last
+    rank; the only one on one GPU) makes it first: that rank's moments. The head's gradient is the first made, then
+    the final norm's (the rest of the 'head' group) and the last layer's: a head larger than the bucket is reduced
+    when the norm's gradient comes, every activation still saved (counted at BWD_HEAD, the head's backward). A tied
+    head's gradient comes with the embedding's, last."""
+    B = s.reduce_bucket_size
+    group = lambda g: sum(t.numel for t in m.tensors if t.group == g)
+    head = 0 if m.tied else group("head")
+    last = max((t.numel for t in m.tensors if t.group == f"layer.{m.layers - 1}"), default=0)
+    before_first = m.params - group("layer.0") - group("embed") - (group("head") if m.tied else 0)
+    return (BWD_DONE | STEP_PREPARE | (BWD_HEAD if head + last > B else frozenset())
+            | (BWD_END if before_first > B else frozenset()))
+
+
 def _zero12(b: Builder, m: ModelSpec) -> None:
     s, P, G = b.setup, m.params, b.setup.degrees.shard
     compute, _ = dtype_bytes(s)
@@ -657,14 +679,15 @@ def _zero12(b: Builder, m: ModelSpec) -> None:
     place = b.host if off else b.gpu
     place("fp32 master partition", "master_weights", part * 4, ALWAYS,
           "single_partition_of_fp32_groups, 1/N of the weights in fp32" + ("; pinned" if pin else ""), pinned=pin)
-    zgrads = BWD_HEAD | BWD_END | BWD_DONE | STEP_PREPARE
+    zgrads = _partition_moments(m, s)
     if "gradients" not in s.strat.shards and not off:
         b.gpu(f"gradients ({dt}, full)", "gradients", P * compute, BWD_END | BWD_DONE | STEP_PREPARE,
               "ZeRO-1 keeps every gradient until the step")
         _head_gradient(b, m, compute)
     elif not off:
         b.gpu(f"gradient partition ({dt})", "gradients", part * compute, zgrads,
-              "grads_in_partition (contiguous_gradients), made by the first gradient hook; step() frees it "
+              "grads_in_partition (contiguous_gradients), made when the ipg bucket is first reduced (a bucket "
+              "of reduce_bucket_size elements filled, or the end of backward); step() frees it "
               "(_release_preflattened_grad_buffers) before the update runs")
         _head_gradient(b, m, compute)
     else:

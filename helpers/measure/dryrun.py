@@ -19,7 +19,7 @@ from helpers import estimate, gpus, models, provenance, strategies
 from helpers import versions as library_versions
 from helpers.degrees import ceil_div
 from helpers.errors import InputError
-from helpers.estimate import adapters, reference
+from helpers.estimate import adapters, reference, reward
 from helpers.measure import allocator, engines, fakegpu, nf4, reserved, tensor_parallel
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
@@ -241,6 +241,30 @@ class GRPOStep(GRPOLoss, SingleStep):
         self._hold_reference(reference, tracker)
 
 
+class RewardLoss:
+    """A reward model's step as TRL 1.10's RewardTrainer trains it (`compute_loss`, re-enacted), the loss of a step
+    class: the micro batch is its chosen sequences then its rejected ones (DataCollatorForPreference), one forward of
+    the sequence classifier; its pooled score per sequence (fp32 from accelerate's native-amp wrapper; the module's
+    dtype under DeepSpeed), split in two, and -logsigmoid(chosen - rejected)."""
+
+    def forward(self, ids):
+        deepspeed = self.setup.strat.deepspeed
+        with contextlib.nullcontext() if deepspeed else self._autocast():
+            out = self.model(input_ids=ids)
+            self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
+        self.tracker.set_context("logits")
+        rewards = out.logits if deepspeed else out.logits.float()
+        del out
+        chosen, rejected = rewards.squeeze(-1).chunk(2)
+        loss = -torch.nn.functional.logsigmoid(chosen - rejected).mean()
+        self.tracker.set_context(None)
+        return loss
+
+
+class RewardStep(RewardLoss, SingleStep):
+    """A reward model on one GPU or under DDP (RewardLoss)."""
+
+
 class FSDP2Step(SingleStep):
     """FSDP2 on a fake process group (rank 0 of `gpus`): torchtitan's grouping, MixedPrecisionPolicy for
     bf16-mixed (bf16 compute, fp32 reduce), CPUOffloadPolicy (pageable: a fake host cannot pin) with offload."""
@@ -360,8 +384,9 @@ class ZeroEquivalentStep(SingleStep):
     """DeepSpeed ZeRO-1/2 re-enacted in torch (DeepSpeed itself cannot run on fake tensors), labelled as such.
 
     The same buffers as `deepspeed/runtime/zero/stage_1_and_2.py`, made at the same points: bf16 parameters; an fp32
-    master partition (1/N, on the host with offload_optimizer); ipg reduce bucket(s) made when backward starts; each
-    gradient copied into a contiguous bf16 partition (ZeRO-2) or kept whole (ZeRO-1) as it is made; at the step an
+    master partition (1/N, on the host with offload_optimizer); ipg reduce bucket(s) made by the first gradient hook; each
+    gradient kept whole (ZeRO-1), or (ZeRO-2) held in the bucket and copied into a contiguous bf16 partition made at the
+    bucket's first reduction (reduce_bucket_size elements filled, or the end of backward); at the step an
     fp32 copy of the gradient partition, then Adam (torch's fused AdamW standing in for FusedAdam/DeepSpeedCPUAdam;
     with adam_impl, the HF Trainer's torch AdamW that DeepSpeed steps as a client optimizer, over the flat partition).
     """
@@ -385,7 +410,7 @@ class ZeroEquivalentStep(SingleStep):
             tracker.label(self.staging, "comm_buffers")
         # the HF Trainer's torch AdamW handed to DeepSpeed, else torch's fused one standing in for DeepSpeed's own
         self.optimizer = engines.adamw([self.master], setup.adam if setup.client_optimizer else "fused", lr=1e-5)
-        self.buckets, self.partition, self.offset = None, None, 0
+        self.buckets, self.partition, self.offset, self.filled = None, None, 0, 0
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._reduce)
 
@@ -393,9 +418,20 @@ class ZeroEquivalentStep(SingleStep):
         return engines.setup_loss(self.model, ids, self.setup, self.tracker)
 
     def backward(self, loss):
-        self.offset = 0
+        self.offset, self.filled = 0, 0
         super().backward(loss)
+        if self.filled:
+            self._flush(self.params[0])        # the end of backward reduces what the bucket holds (the epilogue)
         self.buckets = None                    # DeepSpeed releases its ipg buckets when backward ends
+
+    def _flush(self, p):
+        """A reduction of the ipg bucket: ZeRO-2 makes its gradient partition at the first one (DeepSpeed 0.19.8
+        stage_1_and_2.py copy_grads_in_partition: `grads_in_partition` made when first None), the gradients held in
+        the bucket until then; as the rank whose partition holds the head and the last layers does."""
+        if self.partition is None and "gradients" in self.setup.strat.shards and self.host_grad is None:
+            self.partition = torch.empty(self.part, dtype=p.dtype, device=p.device)
+            self.tracker.label([self.partition], "gradients")
+        self.filled = 0
 
     def _reduce(self, p):
         """What DeepSpeed's gradient hooks do: keep this rank's share of the gradient, free the rest."""
@@ -407,16 +443,16 @@ class ZeroEquivalentStep(SingleStep):
         if "gradients" not in self.setup.strat.shards and not self.setup.offload_optimizer:     # ZeRO-1
             self.tracker.label([p.grad], "gradients")
             return
+        if self.filled and self.filled + p.numel() > self.setup.reduce_bucket_size:
+            self._flush(p)                     # (reduce_independent_p_g_buckets_and_remove_grads: the bucket is full)
+        self.filled += p.numel()
         n = self.setup.degrees.split(p.numel())
         n = min(n, self.part - self.offset)
         if self.host_grad is not None and self.setup.grad_accum > 1:
             self._accumulate_on_host(p, n)
         if self.host_grad is not None:
             self.host_grad.narrow(0, self.offset, n).copy_(p.grad.view(-1)[:n])
-        else:
-            if self.partition is None:
-                self.partition = torch.empty(self.part, dtype=p.dtype, device=p.device)
-                self.tracker.label([self.partition], "gradients")
+        elif self.partition is not None:      # (before it, the gradient waits in the bucket, counted there)
             self.partition.narrow(0, self.offset, n).copy_(p.grad.view(-1)[:n])
         self.offset += n
         p.grad = None
@@ -552,12 +588,16 @@ def refusal(setup: TrainSetup) -> str | None:
                 "run (`measure --mode scaled`) runs FSDP1's CPUOffload for real")
     if setup.context_parallel > 1:
         return NO_CP_DRY_RUN
-    families = ("replicated", "zero12") if setup.run == "grpo" else ("replicated",)
+    families = ("replicated", "zero12") if setup.run in ("grpo", "rm") else ("replicated",)
     if setup.run in LOGPS_RUNS and st.family not in families:
         return (f"a {setup.run.upper()} dry run exists for "
                 f"{strategies.listing(lambda x: x.family in families, 'and')} (TRL's step re-enacted, reference "
                 f"model included), not for {setup.strategy!r}; `estimate` places the reference model under every "
                 f"engine (helpers.estimate.reference)")
+    if setup.run == "rm" and st.family not in families:
+        return (f"a reward model's dry run exists for {strategies.listing(lambda x: x.family in families, 'and')} "
+                f"(TRL's RewardTrainer step re-enacted), not for {setup.strategy!r}; `estimate` models its score head "
+                f"under every engine (helpers.estimate.reward)")
     return None
 
 
@@ -580,6 +620,8 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
     if why:
         raise InputError(why)
     m = models.spec(model)
+    if setup.run == "rm":
+        m = reward.spec(m)                                  # (its parameters, as the estimate counts them)
     m.check_lora_rank(setup.lora_rank, setup.lora_targets)
     adapters.check_fsdp1(m, setup)
     st = setup.strat
@@ -602,6 +644,8 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         with tracker, engines.untracked_sharding_propagation(tracker):
             if setup.run == "dpo":
                 engine = DPOStep(net, setup, tracker, mesh, reference=ref)
+            elif setup.run == "rm":
+                engine = (RewardZeroStep if st.family == "zero12" else RewardStep)(net, setup, tracker, mesh)
             elif setup.run == "grpo":                   # (its reference scores between steps)
                 engine = (GRPOZeroStep if st.family == "zero12" else GRPOStep)(net, setup, tracker, mesh, reference=ref)
             else:
@@ -647,6 +691,10 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         result.meta["snapshot"] = snapshot_writer.write(snapshot, events, snapshot_writer.labels_of(tracker),
                                                         allocator.Config.parse(alloc_conf), limit)
     return result
+
+
+class RewardZeroStep(RewardLoss, ZeroEquivalentStep):
+    """A reward model under DeepSpeed ZeRO-1/2 re-enacted (RewardLoss on ZeroEquivalentStep)."""
 
 
 class GRPOZeroStep(GRPOLoss, ZeroEquivalentStep):

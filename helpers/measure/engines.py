@@ -27,7 +27,11 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
         raise InputError(f"trl_loss_type {setup.trl_loss_type!r} at this TRL release ({sft_loss.mechanism(setup)} "
                          f"loss) has no {mode} run here (the training loop computes the model's own loss): a dry run "
                          f"re-enacts TRL's loss, or measure with trl_loss_type unset")
-    if setup.run != "sft" and mode != "dry":
+    if setup.run == "rm" and mode == "scaled" and setup.strat.one_process_per_gpu:
+        raise InputError(f"a reward model's scaled run trains in this process (single, ddp, DeepSpeed), not under "
+                         f"torchrun: got strategy {setup.strategy!r}; `estimate` models its score head under every "
+                         f"engine")
+    if setup.run not in ("sft", "rm" if mode == "scaled" else "sft") and mode != "dry":
         raise InputError(f"run {setup.run!r} has no {mode} run here (the training loop trains SFT): a dry run "
                          f"re-enacts TRL's (and LLaMA-Factory's) {setup.run.upper()} step with its reference model "
                          f"(single, ddp; GRPO also zero1, zero2), and `estimate` places the reference under every "
@@ -36,6 +40,14 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
         raise InputError(f"resume is modelled by the estimate (the loaded checkpoint beside the live buffers) but a "
                          f"{mode} run does not load a checkpoint; measure without --resume: the resume transient is "
                          f"measured by helpers.measure.resume (DeepSpeed ZeRO with optimizer offload, notebook 03)")
+
+
+def reward_loss(model, ids):
+    """A reward model's loss on `ids` (its chosen sequences, then its rejected ones) as TRL 1.10's RewardTrainer takes
+    it (`compute_loss`): the pooled score per sequence, in fp32, split in two, -logsigmoid(chosen - rejected)."""
+    rewards = model(input_ids=ids).logits.float().squeeze(-1)
+    chosen, rejected = rewards.chunk(2)
+    return -torch.nn.functional.logsigmoid(chosen - rejected).mean()
 
 
 def chunked_ce_options():
@@ -77,8 +89,11 @@ def causal_lm_loss(model, ids, fused: bool, tracker=None, trl: str = "full", upc
 
 
 def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attention: str):
-    """A Hugging Face causal LM from its config (random weights), in train mode, with checkpointing if asked."""
-    from transformers import AutoModelForCausalLM
+    """A Hugging Face causal LM from its config (random weights), in train mode, with checkpointing if asked; for run
+    'rm' the reward model TRL's RewardTrainer builds: AutoModelForSequenceClassification with num_labels 1 (the
+    decoder and a score head of one output, no LM head), its padding token set as the trainer sets it from the
+    tokenizer (transformers refuses a batch above 1 without one)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     from helpers import models
@@ -89,7 +104,12 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
     elif setup.base_fp32:
         dtype = torch.float32                    # base_weights 'fp32': loaded in float32, computed under autocast
     config = models.load_config(config_path)
-    net = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=_attention_for(config, attention))
+    model_class = AutoModelForCausalLM
+    if setup.run == "rm":
+        model_class, config.num_labels = AutoModelForSequenceClassification, 1
+        if getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = 0
+    net = model_class.from_config(config, dtype=dtype, attn_implementation=_attention_for(config, attention))
     net.config.use_cache = False
     from helpers import versions
     from helpers.measure import checkpointing
@@ -175,7 +195,9 @@ def add_lora(net, setup: TrainSetup):
     else:
         names = models.lora_modules(setup.lora_targets)
     config = LoraConfig(r=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_dropout=setup.lora_dropout,
-                        target_modules="all-linear" if names is None else sorted(names))
+                        target_modules="all-linear" if names is None else sorted(names - {"score"}),
+                        task_type="SEQ_CLS" if setup.run == "rm" else None)   # (SEQ_CLS: the score head trained
+    #                                                                            whole, peft's modules_to_save)
     fp32 = fp32_adapters(setup)
     if not isinstance(next(net.parameters()), FakeTensor):
         return get_peft_model(net, config, autocast_adapter_dtype=fp32)
@@ -241,10 +263,15 @@ def shard_fsdp2(model, setup: TrainSetup, mesh, pin_memory: bool) -> None:
     fully_shard(model, **kw)
 
 
+def score_head(model):
+    """A reward model's score head (AutoModelForSequenceClassification's `score`; peft's wrapper around it)."""
+    return next(mod for name, mod in model.named_modules() if name.endswith("score") and not name.endswith(".score."))
+
+
 def watch_logits(model, tracker: Tracker) -> None:
     """Tag the output head's output and the loss as 'logits' in forward, and the loss's backward until the
     gradient of the logits is made."""
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings() or score_head(model)
 
     def pre(module, args):
         tracker.set_context("logits")

@@ -31,7 +31,7 @@ import torch
 from helpers import deepspeed_ops, deepspeed_rules, estimate, models, provenance
 from helpers import versions as library_versions
 from helpers.errors import InputError, MeasurementError
-from helpers.estimate import adapters
+from helpers.estimate import adapters, reference
 from helpers.measure import children, engines, nf4, procgroup
 from helpers.measure.fsdp_engines import FSDP1Engine, FSDP2Engine
 from helpers.measure.steps import Hooks, run_steps
@@ -59,7 +59,8 @@ def scaled_setup(model, setup: TrainSetup, hidden: int = models.SCALE_HIDDEN) ->
     off: a CPU-only machine cannot page-lock memory; DeepSpeed's CPU accelerator ignores the request)."""
     twin = models.scaled_path(model, hidden)
     share = models.spec(str(twin)).params / models.spec(model).params
-    scale = lambda n: max(1000, int(n * share))
+    scale = lambda n: max(1000, int(n * share) // 2 * 2)   # even: DeepSpeed's ZeRO-1/2 asserts allgather_bucket_size
+    #                                                           is a multiple of its nccl_start_alignment_factor, 2
     return twin, setup.replace(reduce_bucket_size=scale(setup.reduce_bucket_size),
                                sub_group_size=scale(setup.sub_group_size),
                                prefetch_bucket_size=scale(setup.prefetch_bucket_size), gpu_gib=None, host_gib=None,
@@ -134,7 +135,7 @@ def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int,
     from tqdm.auto import tqdm
 
     gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, vocab, (s.batch, s.seq), generator=gen)
+    ids = torch.randint(0, vocab, (reference.pairs(s).batch, s.seq), generator=gen)   # (a reward model's pairs)
     engines.watch_logits(engine.module, tracker)
     with tqdm(total=steps, desc=f"twin, {s.strategy}: training steps", leave=False, disable=not progress) as bar:
         hooks = _Recorder(bar)
@@ -185,6 +186,8 @@ class TorchEngine:
         ctx = (torch.autocast(self.device_type, dtype=engines.HALF[self.s.half]) if self.s.mixed
                else contextlib.nullcontext())
         with ctx:
+            if self.s.run == "rm":
+                return engines.reward_loss(self.model, ids)
             if self.s.fused_ce:
                 return engines.causal_lm_loss(self.module, ids, True, self.tracker)
             return self.model(input_ids=ids, labels=ids).loss
@@ -241,6 +244,8 @@ class DeepSpeedEngine:
             inner.step = counted_step
 
     def forward(self, ids):
+        if self.s.run == "rm":
+            return engines.reward_loss(self.engine, ids)
         return self.engine(input_ids=ids, labels=ids).loss
 
     def backward(self, loss):
