@@ -531,7 +531,8 @@ class TrainSetup:
     accumulates on every GPU (torch 2.13 FSDP2 `_fsdp_param.py` to_accumulated_grad_if_needed: upcast to the reduce
     dtype); True: every micro batch reduce-scatters, and the sharded gradients accumulate."""
     fused_ce: bool = option(False, Face("--fused-ce", "fused/chunked linear cross-entropy",
-                                        control=Control("check", "fused CE"), remedy=("fused cross-entropy", True)))
+                                        control=Control("check", "fused CE"), remedy=("fused cross-entropy", True),
+                                        applies=lambda v: v["run"] != "rm"))     # (a reward model has no logits)
     """A fused/chunked linear cross-entropy (Liger, torch's linear_cross_entropy): full logits never exist."""
     trl_loss_type: str | None = option(None, Face(
         "--trl-loss-type", "the loss as TRL's SFTTrainer computes it for its loss_type (nll, chunked_nll, or unset: "
@@ -539,7 +540,8 @@ class TrainSetup:
                            "full logits before 1.15 for nll, 256-token chunks under checkpoint 1.4-1.14 for "
                            "chunked_nll, tiles of 4096 tokens x 32768 vocabulary entries from 1.15 (default: not "
                            "TRL, transformers' own loss)",
-        choices=TRL_LOSS_TYPES, applies=lambda v: not v["fused_ce"],     # use_liger_kernel: TRL takes Liger's loss
+        choices=TRL_LOSS_TYPES, applies=lambda v: not v["fused_ce"] and v["run"] != "rm",   # use_liger_kernel:
+        #                                                                   TRL takes Liger's loss; RewardTrainer none
         no_time="TRL's chunked or tiled head recomputes the output head's projection in backward: its time is not "
                 "modelled"))
     """TRL's SFT `loss_type` as the run's config gives it ('unset': TRL's default at its release); None: the model's
@@ -561,7 +563,7 @@ class TrainSetup:
     outputs_held: bool = option(False, Face(
         "--outputs-held", "the training loop keeps each micro batch's logits (and through them its autograd graph) "
         "until the next forward returns: through its backward, the optimizer step and the next forward (LitGPT's "
-        "fit loop; the HF Trainer drops them)"))
+        "fit loop; the HF Trainer drops them)", applies=lambda v: v["run"] != "rm"))
     """The loop's own variable keeps the model's output alive after the loss is taken (LitGPT's `logits = model(...)`
     in fit(), rebound only when the next forward returns): the logits live through backward, the step and the next
     forward, and so does the graph they reference (freed tensors aside: a ctx attribute such as bitsandbytes < 0.43.2

@@ -49,13 +49,16 @@ def test_a_reward_model_holds_no_vocabulary_logits():
     dict(strategy="zero2", gpus=4),
     dict(strategy="zero2", gpus=4, checkpointing="full"),
     dict(strategy="zero1", gpus=4, lora_rank=8, model="llama-3.2-1b"),
+    # TRL's reward LoRA as its defaults make it: float32 base under autocast, fp32 adapters, dropout 0.05, checkpointed
+    dict(lora_rank=16, base_weights="fp32", lora_dropout=0.05, checkpointing="full", model="llama-3.2-1b"),
 ], ids=["plain", "checkpointed", "lora", "lora-bf16-dropout", "ddp-fp32", "zero2", "zero2-checkpointed",
-        "zero1-lora"])
+        "zero1-lora", "trl-default-lora"])
 def test_reward_step_agrees_with_its_dry_run(options):
     """Consistency with TRL's RewardTrainer step re-enacted (helpers.measure.dryrun.RewardStep, RewardZeroStep):
-    every phase within 2.5%, none under by more than 16 MiB. The backward's peak is the final norm's backward (16-bit
-    compute) or the last MLP's (fp32) beside every saved activation; before they were modelled the estimate was up to
-    65 MiB under there."""
+    every phase within 2.5%, none under by more than 18 MiB. The backward's peak is the final norm's backward (16-bit
+    compute) or the last MLP's (fp32) beside every saved activation, or under checkpointing the last layer's
+    recomputation (with an fp32 base its 16-bit weight copies, with dropout on fp32 adapters the fp32 gradient of
+    down_proj's dropped input); before they were modelled the estimate was up to 262 MiB (4.1%) under there."""
     options = dict(options)
     model = options.pop("model", "qwen2.5-0.5b")
     s = TrainSetup(run="rm", **{"seq": 1024, "batch": 2, "precision": "bf16-mixed", **options})
@@ -64,7 +67,7 @@ def test_reward_step_agrees_with_its_dry_run(options):
     assert e.params == d.params
     for phase, measured in d.gpu.phases.items():
         got = e.gpu.phases[phase]
-        assert got >= measured - 16 * MiB, (phase, got, measured)
+        assert got >= measured - 18 * MiB, (phase, got, measured)
         assert abs(got - measured) <= 0.025 * measured, (phase, got, measured)
 
 

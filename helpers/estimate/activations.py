@@ -270,7 +270,7 @@ def base_weight_copies(m: ModelSpec, setup) -> tuple[int, int, int]:
             less += half * sum(t.numel for t in layer0 if t.name.rsplit(".", 2)[-2] in names)
             if adapted & names:
                 break
-    head = half * m.vocab * m.hidden
+    head = half * (m.lm_head_params if setup.run == "rm" else m.vocab * m.hidden)    # (a reward model's score head)
     return per_layer, less, head
 
 
@@ -288,8 +288,11 @@ def add_base_weight_copies(b: Builder, m: ModelSpec) -> None:
         if kept:
             b.gpu(f"{s.half} copies of the fp32 base's weights in the layers not checkpointed", "activations", kept,
                   FORWARDS | BWD_START | BWD_HEAD, why)
+        last_layer = no_full_logits(s) and s.checkpoint_every == 1      # (the last layer's recomputation is then
+        #                                                                   the backward's peak: add_activations)
         b.gpu(f"{s.half} copies of the fp32 base's weights in the layer recomputed", "activations", per_layer,
-              BWD_END, why + "; checkpointing re-runs a layer's forward, and its casts, before its backward")
+              BWD_END | (BWD_HEAD if last_layer else frozenset()),
+              why + "; checkpointing re-runs a layer's forward, and its casts, before its backward")
     else:
         b.gpu(f"{s.half} copies of the fp32 base's weights, saved by its linears", "activations",
               m.layers * per_layer - less, FORWARDS | BWD_START | BWD_HEAD,
@@ -420,6 +423,13 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               BWD_END | (BWD_HEAD if last_layer else frozenset()),
               "peft 0.21 tuners/lora/layer.py Linear.forward: result + lora_B(lora_A(x)) * scaling; the product's "
               "backward makes a new gradient of its output (bf16 under autocast) beside the MLP's own")
+    if s.lora_dropout and adapter_input_copy(s) and "down_proj" in adapted_names(m, s):
+        b.gpu("the fp32 gradient of down_proj's dropped adapter input", "temporaries", 4 * T * m.intermediate,
+              BWD_END | (BWD_HEAD if last_layer else frozenset()),
+              "peft 0.21 tuners/lora/layer.py Linear.forward: fp32 adapters read lora_A(dropout(x.to(fp32))); the "
+              "backward of the cast back (autocast's, or the matmul's) hands the dropout an fp32 gradient, and the "
+              "dropout's backward makes another beside it (seen in dry runs with lora_dropout > 0: 4.5 bytes per "
+              "element of down_proj's input beyond the MLP's working set without dropout)")
     if cp > 1:
         b.gpu("keys and values of the whole sequence, gathered for ring attention", "temporaries",
               a * s.batch * s.seq * cp * (m.k_width + m.v_width), BWD_END,

@@ -194,19 +194,26 @@ def add_lora(net, setup: TrainSetup):
                  or "Linear" in type(mod).__name__} - {"lm_head"}
     else:
         names = models.lora_modules(setup.lora_targets)
+    fake = isinstance(next(net.parameters()), FakeTensor)
     config = LoraConfig(r=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_dropout=setup.lora_dropout,
                         target_modules="all-linear" if names is None else sorted(names - {"score"}),
-                        task_type="SEQ_CLS" if setup.run == "rm" else None)   # (SEQ_CLS: the score head trained
-    #                                                                            whole, peft's modules_to_save)
+                        task_type="SEQ_CLS" if setup.run == "rm" and not fake else None,
+                        exclude_modules=["score"] if setup.run == "rm" and fake else None)
+    # (SEQ_CLS: "all-linear" leaves the score head out and peft's modules_to_save trains a deep copy of it; fake
+    # tensors cannot be deep-copied safely (the copies' storages crash the garbage collector later), so on the fake
+    # GPU the score's own weight is trained instead: the same bytes but the frozen original's hidden x 1)
     fp32 = fp32_adapters(setup)
-    if not isinstance(next(net.parameters()), FakeTensor):
+    if not fake:
         return get_peft_model(net, config, autocast_adapter_dtype=fp32)
     original = torch.nn.Module.to
     torch.nn.Module.to = _recreate_to               # fake tensors cannot be swapped in place by Module.to
     try:
-        return get_peft_model(net, config, autocast_adapter_dtype=fp32)
+        peft_model = get_peft_model(net, config, autocast_adapter_dtype=fp32)
     finally:
         torch.nn.Module.to = original
+    if setup.run == "rm":
+        score_head(peft_model).weight.requires_grad_(True)
+    return peft_model
 
 
 def _recreate_to(module, *args, **kwargs):
