@@ -69,7 +69,7 @@ LEFT_OUT = (
 def left_out(setup: TrainSetup) -> list[str]:
     """LEFT_OUT as it reads for `setup`: a DPO or GRPO set-up counts its reference, a GRPO one its generation and
     a colocated vLLM, so those are not said to be left out."""
-    if setup.run == "sft":
+    if setup.run in ("sft", "rm"):
         return list(LEFT_OUT)
     second = "a second model on the same GPU (a reward or teacher model" + (
         ")" if setup.run == "grpo" and setup.generation == "vllm-colocate" else ", a vLLM engine)")
@@ -255,7 +255,8 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
          "softmax upcast in fp32"),
     ]
     out += [Candidate(n, b, ("forward", "backward", "steady"), w) for n, b, w in acts
-            if b > 0 and not (setup.run == "rm" and "logits" in n)]     # (a reward model has no vocabulary logits)
+            if b > 0 and not (setup.run == "rm" and setup.rm_head == "score" and "logits" in n)]   # (a score head
+    #                                                                    makes no vocabulary logits; a value head does)
     return out
 
 

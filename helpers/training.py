@@ -30,6 +30,7 @@ COMPLETION_DEFAULT = 512       # TRL 1.10 GRPOConfig.max_completion_length's def
 PROMPT_ASSUMED = 512           # a GRPO prompt's tokens where nothing truncates it (TRL 1.x, axolotl): the default of
 #                                the max_prompt_length TRL removed (#4847), said as assumed wherever it is used
 GRPO_FIELDS = ("completion", "generation", "vllm_share", "vllm_sleep", "steps_per_generation", "sync_ref")
+RM_HEADS = ("score", "value-head")   # a reward model's head: transformers' sequence classifier, trl's value-head model
 DPO_LOGPS = ("logsumexp", "log-softmax")       # DPO's log-probabilities: TRL's per-sequence logsumexp, LLaMA-Factory's
 REFERENCES = ("copy", "adapters-off", "none")   # DPO's reference: a frozen copy, the LoRA base, or none in the step
 TRL_LOSS_TYPES = ("unset", "nll", "chunked_nll")   # TRL SFTConfig.loss_type as given (dft is nll's memory)
@@ -162,6 +163,17 @@ class TrainSetup:
     """With run 'dpo': 'logsumexp', TRL 1.10's `selective_log_softmax` on fp32 logits (the labels' logits gathered,
     less a logsumexp per sequence; the logits kept for backward); 'log-softmax', LLaMA-Factory's `get_batch_logps`
     (`logits.log_softmax(-1)` gathered; its output kept for backward, the logits until the loss returns)."""
+    rm_head: str = option("score", Face(
+        "--rm-head", "with --run rm: the reward model's head: score (transformers' sequence classifier: TRL's "
+                     "RewardTrainer, OpenRLHF, axolotl) or value-head (trl 0.x's AutoModelForCausalLMWithValueHead "
+                     "on the causal LM, LLaMA-Factory's stage rm: the LM head kept, its full logits made in the "
+                     "forward with an fp32 copy and dropped)",
+        choices=RM_HEADS, applies=lambda v: v["run"] == "rm",
+        no_time="the value-head model's LM head projection is not priced"))
+    """With run 'rm' (helpers.estimate.reward): 'score', the decoder and a score linear of one output, no LM head;
+    'value-head', trl 0.24's AutoModelForCausalLMWithValueHead as LLaMA-Factory loads it: the causal LM whole, a
+    value head (dropout 0.1, a linear of hidden x 1 with bias) on its last hidden state, and the LM head's logits
+    made in every forward, upcast to fp32 and dropped unused."""
     completion: int | None = option(None, Face(
         "--completion", f"with --run grpo: tokens per generated completion (TRL's max_completion_length; default "
                         f"{COMPLETION_DEFAULT}, or seq - 1 when seq is shorter); --seq is prompt + completion",
@@ -898,6 +910,10 @@ class TrainSetup:
             if self.fused_ce:
                 raise InputError(f"trl_loss_type {self.trl_loss_type!r} with fused_ce: TRL takes use_liger_kernel's "
                                  f"loss instead of its own (and refuses chunked_nll with it); leave one of them unset")
+        _choice("rm_head", self.rm_head, RM_HEADS)
+        if self.rm_head != "score" and self.run != "rm":
+            raise InputError(f"rm_head {self.rm_head!r} is a reward model's option: use it with run 'rm', got run "
+                             f"{self.run!r}")
         if self.dpo_logps != "logsumexp" and self.run != "dpo":
             raise InputError(f"dpo_logps {self.dpo_logps!r} is a DPO option: use it with run 'dpo', got run "
                              f"{self.run!r}")

@@ -32,7 +32,7 @@ def test_every_field_has_a_face_and_a_flag_or_says_why_not():
 # A value other than the default for each field, and the flags that give it.
 GIVEN = {
     "batch": (["--batch", "3"], 3), "run": (["--run", "dpo"], "dpo"), "reference": (["--reference", "none"], "none"),
-    "dpo_logps": (["--dpo-logps", "log-softmax"], "log-softmax"),
+    "dpo_logps": (["--dpo-logps", "log-softmax"], "log-softmax"), "rm_head": (["--rm-head", "value-head"], "value-head"),
     "completion": (["--completion", "256"], 256), "generation": (["--generation", "vllm-colocate"], "vllm-colocate"),
     "vllm_share": (["--vllm-share", "0.5"], 0.5), "steps_per_generation": (["--steps-per-generation", "2"], 2),
     "sync_ref": (["--sync-ref"], True), "vllm_sleep": (["--vllm-sleep"], True),

@@ -38,7 +38,7 @@ def reading(paths) -> dict:
 # gradient_checkpointing true -> every layer; optimizer adamw_bnb_8bit / paged_adamw_8bit -> 8-bit AdamW (paging
 # listed); load_in_4bit -> nf4 with double quantisation (axolotl's bnb defaults); lora_target_linear -> every linear
 # layer; rl dpo -> run dpo (chosen and rejected in one forward, the estimate doubles the batch; LoRA's base as the
-# reference); reward_model -> chosen and rejected in one forward (batch doubled); a hub id outside the catalogue
+# reference); reward_model -> run rm (a score head, chosen and rejected in one forward); a hub id outside the catalogue
 # stays unresolved (the CLI then asks for --model or downloads its config.json).
 AXOLOTL = [
     ("llama-3/lora-1b.yml",
@@ -62,7 +62,7 @@ AXOLOTL = [
           not_modelled={"attn_implementation", "fp8", "fp8_enable_fsdp_float8_all_gather", "torch_compile",
                         "liger_glu_activation", "liger_layer_norm", "liger_rms_norm", "liger_rope"})),
     ("gemma2/reward-model.yaml",
-     dict(model="gemma-2-2b", batch=4, lora_rank=None, not_modelled={"reward_model"})),
+     dict(model="gemma-2-2b", batch=2, lora_rank=None, run="rm", not_modelled=set())),
     ("gemma3/gemma-3-4b-vision-qlora.yml",
      dict(model="gemma-3-4b", named="google/gemma-3-4b-it", base_weights="nf4-dq", lora_rank=32,
           lora_targets="down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj",     # its regex, as peft reads it
@@ -80,9 +80,8 @@ def test_axolotl_examples(name, want):
 
 def test_axolotl_reward_model_and_vision_say_which_way_the_real_figure_lies():
     imp = read(AX / "gemma2" / "reward-model.yaml")
-    (rm,) = [n for n in imp.not_modelled if n.key == "reward_model"]
-    assert "real figure is lower" in rm.why
-    assert {s.key for s in imp.settings} >= {"model_type", "num_labels"}     # read as the reward model's head
+    assert imp.setup.run == "rm" and imp.setup.rm_head == "score"
+    assert {s.key for s in imp.settings} >= {"model_type", "num_labels", "reward_model"}  # the reward model's head
     imp = read(AX / "gemma3" / "gemma-3-4b-vision-qlora.yml")
     (tower,) = [n for n in imp.not_modelled if n.key == "base_model"]
     assert "Gemma3ForConditionalGeneration" in tower.why and "higher" in tower.why
@@ -153,7 +152,7 @@ def test_torchtitan_flux_is_refused_not_estimated_as_a_language_model():
         read(TT / "flux" / "train_configs" / "flux_dev_model.toml")
 
 
-# OpenRLHF @3c3be623 (dotted flags): DPO and RM put chosen and rejected in one forward (batch doubled); PPO's actor
+# OpenRLHF @3c3be623 (dotted flags): DPO and RM put chosen and rejected in one forward (run dpo, rm); PPO's actor
 # checkpoints with --actor.gradient_checkpointing_enable; --train.dynamic_batch_enable with packing makes each micro
 # batch one bin of at most max_tokens_per_gpu x ring x TP tokens (or one max_len sample); bash arrays expanded.
 OPENRLHF = [
@@ -162,7 +161,7 @@ OPENRLHF = [
     ("train_dpo_llama.sh", dict(model=None, named="OpenRLHF/Llama-3-8b-sft-mixture", strategy="zero3", batch=1,
                                 seq=8192, checkpointing="full", run="dpo", reference="copy",
                                 not_modelled={"log_probs_from_logits"})),
-    ("train_rm.sh", dict(strategy="zero3", batch=2, seq=8192, not_modelled={"openrlhf.cli.train_rm"})),
+    ("train_rm.sh", dict(strategy="zero3", batch=1, seq=8192, run="rm", not_modelled=set())),
     ("train_ppo_ray_hybrid_engine.sh",
      dict(strategy="zero3", gpus=8, batch=1, seq=16384, checkpointing="full",
           not_modelled={"--train.dynamic_batch_enable", "--reward.model_name_or_path", "--train.colocate_all",

@@ -2,6 +2,8 @@
 classifier, the step against a dry run of TRL's step re-enacted on the real model (fake tensors) and against a real
 scaled run of the twin through torch and DeepSpeed on this CPU, and the one-line refusals."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,6 +11,8 @@ from helpers import estimate, models
 from helpers.errors import InputError
 from helpers.estimate import reward
 from helpers.measure import dryrun, scaled
+from helpers.readers import read
+from helpers.readers.base import ConfigError
 from helpers.training import TrainSetup
 from helpers.units import MiB
 
@@ -109,3 +113,75 @@ def test_reward_model_measurements_say_what_they_cover():
         scaled.run("qwen2.5-0.5b", TrainSetup(run="rm", strategy="fsdp2", gpus=2))
     ok, why = dryrun.supports(TrainSetup(run="rm", strategy="fsdp2", gpus=2))
     assert not ok and "reward model's dry run exists for" in why
+
+
+UP = Path(__file__).resolve().parent / "data" / "configs_upstream"
+
+
+def test_llamafactory_reward_stage_is_the_value_head_model():
+    """LLaMA-Factory's own example (examples/train_lora/qwen3_lora_reward.yaml @ff6d4d1): stage rm loads trl's
+    AutoModelForCausalLMWithValueHead (run rm, rm_head value-head); the micro batch counts pairs. Its forward makes
+    the LM head's full logits and an fp32 copy of them, unused: 6 bytes x 2 x batch x seq x vocab at the forward's
+    end, which the estimate counts (before, the stage was estimated as SFT of batch sequences: half the activations)."""
+    imp = read(UP / "llamafactory" / "examples" / "train_lora" / "qwen3_lora_reward.yaml", model="qwen3-4b")
+    s = imp.setup
+    assert (s.run, s.rm_head, s.batch, s.seq, s.lora_rank, s.checkpointing) == ("rm", "value-head", 1, 2048, 8, "full")
+    assert not {n.key for n in imp.not_modelled} & {"stage"}
+    r = estimate.run("qwen3-4b", s, lifecycle=False)
+    m = models.spec("qwen3-4b")
+    assert r.gpu.breakdown["forward"]["logits"] >= 6 * 2 * 2048 * m.vocab
+
+
+@pytest.mark.parametrize("options", [
+    dict(precision="bf16-mixed"),
+    dict(precision="bf16", checkpointing="full"),
+    dict(strategy="zero2", gpus=4),
+    dict(precision="bf16-mixed", lora_rank=16, checkpointing="full"),
+], ids=["autocast", "bf16-checkpointed", "zero2", "lora"])
+def test_value_head_step_agrees_with_its_dry_run(options):
+    """Consistency with trl 0.24's value-head forward re-enacted (engines.value_head_rewards): the LM head's logits
+    and their fp32 copy made and dropped, every hidden state asked for, the value head's dropout and linear; every
+    phase within 3.1%, none under by more than 16 MiB. The tied head takes no gradient: its embedding's comes
+    last, alone."""
+    s = TrainSetup(run="rm", rm_head="value-head", batch=2, seq=1024, **options)
+    e, d = estimate.run("qwen2.5-0.5b", s, lifecycle=False), dryrun.run("qwen2.5-0.5b", s, progress=False)
+    for phase, measured in d.gpu.phases.items():
+        got = e.gpu.phases[phase]
+        assert got >= measured - 16 * MiB, (phase, got, measured)
+        assert abs(got - measured) <= 0.031 * measured, (phase, got, measured)
+
+
+def _yaml(tmp_path, text):
+    p = tmp_path / "run.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_trl_reward_config_is_a_reward_run(tmp_path, capsys):
+    """RewardConfig's own key (center_rewards_coefficient) makes a TRL file a reward model's; use_liger_kernel there
+    is listed (no LM head, no fused cross-entropy) instead of refused; an SFT-looking file with --run rm over it drops
+    the SFT loss's options."""
+    imp = read(_yaml(tmp_path, "model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 4\n"
+                               "max_length: 2048\ncenter_rewards_coefficient: 0.01\nuse_liger_kernel: true\n"))
+    assert (imp.setup.run, imp.setup.batch, imp.setup.seq, imp.setup.fused_ce) == ("rm", 4, 2048, False)
+    assert imp.setup.trl_loss_type is None and "use_liger_kernel" in {n.key for n in imp.not_modelled}
+    from helpers import __main__ as cli
+
+    path = _yaml(tmp_path, "model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 4\n")
+    assert cli.main(["estimate", "--from", str(path), "--run", "rm"]) == 0
+    out = capsys.readouterr().out
+    assert "run=rm" in out and "trl_loss_type=None" in out
+
+
+def test_openrlhf_and_axolotl_reward_runs():
+    imp = read(UP / "openrlhf" / "examples" / "scripts" / "train_rm.sh")
+    assert (imp.setup.run, imp.setup.rm_head, imp.setup.batch) == ("rm", "score", 1)
+    imp = read(UP / "axolotl" / "examples" / "gemma2" / "reward-model.yaml")
+    assert (imp.setup.run, imp.setup.batch) == ("rm", 2)
+
+
+def test_axolotl_reward_model_with_more_labels_is_refused(tmp_path):
+    text = (UP / "axolotl" / "examples" / "gemma2" / "reward-model.yaml").read_text().replace("num_labels: 1",
+                                                                                              "num_labels: 3")
+    with pytest.raises(ConfigError, match="num_labels 3 with reward_model"):
+        read(_yaml(tmp_path, text))

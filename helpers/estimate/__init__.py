@@ -47,7 +47,7 @@ def items(model, setup: TrainSetup, lifecycle: bool = True) -> list[Item]:
                          f"(leave transformers out of versions)")
     parallel.check(m, setup)
     if setup.run == "rm":
-        m = reward.spec(m)                            # a score head in place of the LM head
+        m = reward.spec(m, setup.rm_head)                            # a score head in place of the LM head
     whole, m = m, parallel.rank_model(m, setup.tensor_parallel)       # what one tensor-parallel rank holds
     b = states.Builder(reference.pairs(setup))       # DPO: chosen and rejected sequences in one forward
     states.add_model_states(b, m)
@@ -105,7 +105,7 @@ def run(model, setup: TrainSetup | None = None, lifecycle: bool = True, **option
         setup = setup.replace(**options)
     m = models.spec(model)
     if setup.run == "rm":
-        m = reward.spec(m)                            # (its parameters: the LM head's replaced by the score's)
+        m = reward.spec(m, setup.rm_head)                            # (its parameters: the LM head's replaced by the score's)
     its = items(m, setup, lifecycle)
     phases = phases_of(setup, lifecycle)
     peaks: dict[str, dict] = {}

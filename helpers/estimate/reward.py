@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from helpers.estimate.items import BWD_START, LOSS
+from helpers.estimate import activations
+from helpers.estimate.items import BWD_START, FORWARDS, LOSS
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec, Tensor
 
@@ -32,22 +33,67 @@ SOURCE = ("TRL 1.10 reward_trainer.py RewardTrainer (AutoModelForSequenceClassif
           "transformers 5.23 modeling_layers.py GenericForSequenceClassification")
 
 
-def spec(m: ModelSpec) -> ModelSpec:
-    """`m` as a sequence classifier of one label: its LM head's weight gone (a tied one was the embedding's: it
-    stays, untied), a `score.weight` of 1 x hidden in its place."""
-    if any(t.name == "score.weight" for t in m.tensors):
+VALUE_HEAD_DROPOUT = 0.1     # trl 0.24 models/modeling_value_head.py ValueHead: summary_dropout_prob's default
+
+
+def spec(m: ModelSpec, head: str = "score") -> ModelSpec:
+    """`m` as a reward model. 'score': a sequence classifier of one label, its LM head's weight gone (a tied one was
+    the embedding's: it stays, untied), a `score.weight` of 1 x hidden in its place. 'value-head': the causal LM
+    whole and trl's value head beside it (`v_head.summary`, hidden x 1 and a bias)."""
+    if any(t.name in ("score.weight", "v_head.summary.weight") for t in m.tensors):
         return m                                 # (already a reward model's)
+    if head == "value-head":
+        return dataclasses.replace(m, tensors=m.tensors + (
+            Tensor("v_head.summary.weight", m.hidden, "head", 2, (1, m.hidden), True),
+            Tensor("v_head.summary.bias", 1, "head", 1, (1,), False)))
     kept = tuple(t for t in m.tensors if not t.name.startswith("lm_head"))
     score = Tensor("score.weight", m.hidden, "head", 2, (1, m.hidden), True)
     return dataclasses.replace(m, tensors=kept + (score,), tied=False)
 
 
 def add_score(b: Builder, m: ModelSpec) -> None:
-    """The score head's output over every position, its pooled rewards and loss, and their gradients."""
+    """The score head's output over every position, its pooled rewards and loss, and their gradients; with the
+    value-head model, the LM head's logits it makes and drops, the hidden states it asks for, and what its value head
+    saves."""
     s = b.setup                                  # (2 x batch sequences: reference.pairs)
     c = 4 if s.precision == "fp32" else 2
     T = s.batch * s.seq
+    if s.rm_head == "value-head":
+        _add_value_head(b, m, c, T)
     b.gpu("the score head's output (batch x seq x 1) and the pooled rewards", "logits", T * c + s.batch * 4, LOSS,
           f"{SOURCE}: score(hidden_states) at every position, then the last non-padding token's picked out")
     b.gpu("the score output's gradient (batch x seq x 1)", "logits", T * c, BWD_START,
           "the pooling's backward scatters the rewards' gradient into a zeroed batch x seq x 1 tensor")
+
+
+def _add_value_head(b: Builder, m: ModelSpec, c: int, T: int) -> None:
+    """trl 0.24's AutoModelForCausalLMWithValueHead.forward (models/modeling_value_head.py), as LLaMA-Factory's stage
+    rm calls it (train/rm/trainer.py compute_loss: `_, _, values = model(**inputs, output_hidden_states=True)`): the
+    causal LM's forward makes its full logits, which are upcast to fp32 and returned unused; `hidden_states` keeps
+    every layer's output until the forward returns (in a 16-bit residual stream not checkpointed, no norm saves those:
+    each upcasts its own copy); the value head saves its dropout's mask and its linear's input."""
+    s = b.setup
+    E = T * m.vocab
+    b.gpu("the LM head's logits, made and dropped unused (the value-head model)", "logits", c * E, LOSS,
+          f"{VH_SOURCE}: the causal LM's forward makes them; batch x seq x vocab = {E:,} elements")
+    if c == 2:
+        b.gpu("their fp32 copy (lm_logits.float())", "logits", 4 * E, LOSS,
+              f"{VH_SOURCE}: 'force upcast in fp32 if logits are in half-precision'")
+    if activations.compute_mode(s) == "low" and s.checkpointing == "none":
+        b.gpu("every layer's output, held by output_hidden_states", "activations", 2 * m.layers * T * m.hidden,
+              LOSS, "batch x seq x hidden per layer in the 16-bit residual stream, alive until the forward returns")
+    autocast = activations.compute_mode(s) == "autocast"
+    if autocast:
+        b.gpu("the LM head's input cast to 16 bits, saved by its matmul while the logits live", "logits",
+              2 * T * m.hidden, LOSS, "autocast's copy of the last hidden state for the head's matmul")
+    # the summary linear's input: autocast's 16-bit copy; fp32 (the head's dtype) cast from a 16-bit stream; or the
+    # dropout's output itself (fp32 run, or DeepSpeed's engine casting the head to bf16 with the module)
+    kept = (2 if s.mixed and s.strat.autocast else 4 if activations.compute_mode(s) == "low" and not s.strat.deepspeed
+            else c)
+    b.gpu("the value head's saved input: its dropout's mask and the linear's input", "activations",
+          (1 + kept) * T * m.hidden, FORWARDS | BWD_START,
+          f"{VH_SOURCE}: ValueHead: dropout (p {VALUE_HEAD_DROPOUT}), cast to the head's dtype (fp32 unless "
+          f"DeepSpeed cast the module), summary linear")
+
+
+VH_SOURCE = "trl 0.24 models/modeling_value_head.py AutoModelForCausalLMWithValueHead"

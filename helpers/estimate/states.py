@@ -282,8 +282,17 @@ def _zero_optimizer(b: Builder, m: ModelSpec, sizes: list[int]) -> None:
                         over=" over a flat fp32 " + ("sub-group" if zero3 else "partition"))
 
 
+def head_unused(s) -> bool:
+    """The LM head runs in the forward but not in the loss (a value-head reward model, helpers.estimate.reward): its
+    weight's 16-bit copy lives through the forward alone, and backward makes it no gradient (counted anyway where the
+    engine keeps one: an upper bound)."""
+    return s.run == "rm" and s.rm_head == "value-head"
+
+
 def _head_gradient(b: Builder, m: ModelSpec, nbytes_per: int) -> None:
     """The output head's weight gradient: the first one backward makes, whole, before any hook can shard it."""
+    if head_unused(b.setup):
+        return
     head = m.group_params["embed"] if m.tied else m.lm_head_params
     b.gpu("output head's gradient (the first one made)", "gradients", head * nbytes_per, BWD_HEAD,
           "autograd makes it whole before a gradient hook can partition it")
@@ -298,15 +307,20 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
               "the adapters' weights (the frozen base is its own item)")
     else:
         b.gpu(f"parameters ({dt[storage]})", "parameters", P * storage, ALWAYS, "the model's own weights")
-    embed = 0 if m.tied else m.group_params.get("embed", 0)
+    unused = head_unused(s)
+    embed = 0 if m.tied and not unused else m.group_params.get("embed", 0)    # (a tied weight whose head takes no
+    #                                                                           gradient: the embedding's, last)
     head = m.group_params["embed"] if m.tied else m.lm_head_params
     head_called = sft_loss.mechanism(s) == sft_loss.FULL    # (TRL's chunked/tiled loss reads the head's weight
     # itself and casts it chunk by chunk: helpers.estimate.activations)
     if s.mixed and s.checkpointing == "none":
         b.gpu(f"{s.half} weight copies (autocast cache, saved for backward)", "temporaries",
-              (m.matmul_params - (0 if head_called else head)) * 2,
+              (m.matmul_params - (0 if head_called and not unused else head)) * 2,
               FORWARDS | BWD_START | BWD_HEAD, "torch.autocast caches the bf16 cast of each fp32 matmul weight (not the "
               "embedding or norms); matmuls save it for backward")
+        if unused:
+            b.gpu(f"{s.half} copy of the output head's weight (its logits unused)", "temporaries", head * 2, FORWARDS,
+                  "cast for the head's matmul in the forward; nothing keeps it for backward")
     elif s.mixed:
         weights = {g: sum(t.numel for t in m.tensors if t.group == g and t.ndim >= 2) for g in m.group_params
                    if g.startswith("layer.")}
@@ -325,14 +339,16 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
                       "the last layer is checkpointed: its recomputation casts its weights again")
         if head_called:
             b.gpu(f"{s.half} copy of the output head's weight, saved for backward", "temporaries", head * 2,
-                  FORWARDS | BWD_START | BWD_HEAD, "the head is not checkpointed: its matmul keeps the cast")
+                  FORWARDS if unused else FORWARDS | BWD_START | BWD_HEAD,
+                  "the head is not checkpointed: its matmul keeps the cast" + (" while its (unused) logits live"
+                                                                               if unused else ""))
         b.gpu(f"{s.half} weight copies of the layer being recomputed", "temporaries", layer * 2, BWD_END,
               "recomputation casts one layer's weights again")
     b.gpu(f"gradients ({dt[storage]})" + (", all but the embedding's" if embed else ""), "gradients",
           (P - embed) * storage, GRADS, "param.grad, freed by zero_grad()")
     b.gpu(f"embedding gradient ({dt[storage]})", "gradients", embed * storage, BWD_DONE | STEP,
           "the embedding's backward runs last")
-    if m.tied:
+    if m.tied and not unused:
         b.gpu("tied embedding: its gradient and the earlier one, before they are summed", "temporaries",
               2 * m.group_params["embed"] * storage, BWD_DONE,
               "AccumulateGrad adds the embedding's contribution to the head's out of place")
@@ -692,7 +708,7 @@ def _zero12(b: Builder, m: ModelSpec) -> None:
         _head_gradient(b, m, compute)
     else:
         _head_gradient(b, m, compute)
-    if m.tied:
+    if m.tied and not head_unused(s):
         kept = "gradients" not in s.strat.shards and not off          # ZeRO-1: the sum is the gradient it keeps
         b.gpu("tied embedding at the end of backward: the head's gradient and the embedding's"
               + ("" if kept else ", and their sum"), "temporaries", (2 if kept else 3) * m.group_params["embed"] * compute,

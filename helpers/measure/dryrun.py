@@ -250,11 +250,15 @@ class RewardLoss:
     def forward(self, ids):
         deepspeed = self.setup.strat.deepspeed
         with contextlib.nullcontext() if deepspeed else self._autocast():
-            out = self.model(input_ids=ids)
+            if self.setup.rm_head == "value-head":
+                rewards = engines.value_head_rewards(self.model, ids)
+            else:
+                out = self.model(input_ids=ids)
+                rewards = out.logits
+                del out
             self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
         self.tracker.set_context("logits")
-        rewards = out.logits if deepspeed else out.logits.float()
-        del out
+        rewards = rewards if deepspeed else rewards.float()
         chosen, rejected = rewards.squeeze(-1).chunk(2)
         loss = -torch.nn.functional.logsigmoid(chosen - rejected).mean()
         self.tracker.set_context(None)
@@ -621,7 +625,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         raise InputError(why)
     m = models.spec(model)
     if setup.run == "rm":
-        m = reward.spec(m)                                  # (its parameters, as the estimate counts them)
+        m = reward.spec(m, setup.rm_head)                                  # (its parameters, as the estimate counts them)
     m.check_lora_rank(setup.lora_rank, setup.lora_targets)
     adapters.check_fsdp1(m, setup)
     st = setup.strat

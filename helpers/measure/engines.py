@@ -42,10 +42,14 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
                          f"measured by helpers.measure.resume (DeepSpeed ZeRO with optimizer offload, notebook 03)")
 
 
-def reward_loss(model, ids):
+def reward_loss(model, ids, setup: TrainSetup):
     """A reward model's loss on `ids` (its chosen sequences, then its rejected ones) as TRL 1.10's RewardTrainer takes
-    it (`compute_loss`): the pooled score per sequence, in fp32, split in two, -logsigmoid(chosen - rejected)."""
-    rewards = model(input_ids=ids).logits.float().squeeze(-1)
+    it (`compute_loss`; LLaMA-Factory's the same on the value head's last value): the pooled score per sequence, in
+    fp32, split in two, -logsigmoid(chosen - rejected)."""
+    if setup.rm_head == "value-head":
+        rewards = value_head_rewards(model, ids).float().squeeze(-1)
+    else:
+        rewards = model(input_ids=ids).logits.float().squeeze(-1)
     chosen, rejected = rewards.chunk(2)
     return -torch.nn.functional.logsigmoid(chosen - rejected).mean()
 
@@ -105,7 +109,7 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
         dtype = torch.float32                    # base_weights 'fp32': loaded in float32, computed under autocast
     config = models.load_config(config_path)
     model_class = AutoModelForCausalLM
-    if setup.run == "rm":
+    if setup.run == "rm" and setup.rm_head == "score":
         model_class, config.num_labels = AutoModelForSequenceClassification, 1
         if getattr(config, "pad_token_id", None) is None:
             config.pad_token_id = 0
@@ -125,7 +129,46 @@ def build_model(config_path: str, setup: TrainSetup, dtype: torch.dtype, attenti
         nf4.quantize(net, double=setup.double_quant)
     if setup.lora_rank:
         net = add_lora(net, setup)
+    if setup.run == "rm" and setup.rm_head == "value-head":
+        add_value_head(net, setup)
     return net.train()
+
+
+def add_value_head(net, setup: TrainSetup) -> None:
+    """trl 0.24's ValueHead on the causal LM (models/modeling_value_head.py: dropout 0.1, a linear of hidden x 1 with
+    its bias, made in fp32; DeepSpeed's bf16 engine casts it with the module), trained, as `net.v_head`."""
+    from helpers.estimate import reward
+
+    hidden = net.get_input_embeddings().weight.shape[1]
+    device = next(net.parameters()).device
+    dtype = next(net.parameters()).dtype if setup.strat.deepspeed else torch.float32
+    head = torch.nn.Module()
+    head.dropout = torch.nn.Dropout(reward.VALUE_HEAD_DROPOUT)
+    head.summary = torch.nn.Linear(hidden, 1, device="meta")
+    head.summary.weight = torch.nn.Parameter(torch.empty((1, hidden), dtype=dtype, device=device))
+    head.summary.bias = torch.nn.Parameter(torch.empty((1,), dtype=dtype, device=device))
+    net.v_head = head
+
+
+def value_head_rewards(model, ids):
+    """trl 0.24's AutoModelForCausalLMWithValueHead.forward as LLaMA-Factory's stage rm calls it
+    (`model(**inputs, output_hidden_states=True)`), re-enacted: the causal LM's forward with every hidden state, the
+    value head on the last one, the LM head's logits upcast to fp32 and returned unused; the value of each
+    sequence's last token."""
+    out = model(input_ids=ids, output_hidden_states=True)
+    values = _value_head(model.v_head, out.hidden_states[-1]).squeeze(-1)
+    logits = out.logits.float() if out.logits.dtype != torch.float32 else out.logits
+    del out, logits
+    return values[:, -1:]
+
+
+def _value_head(head, hidden):
+    """ValueHead.forward (trl 0.24): dropout, a cast to the head's dtype where it differs, the summary linear; its
+    locals go when it returns."""
+    x = head.dropout(hidden)
+    if x.dtype != head.summary.weight.dtype:
+        x = x.to(head.summary.weight.dtype)
+    return head.summary(x)
 
 
 SDPA_UNCHECKED = "uncapped_scaled_dot_product"   # (a name with "sdpa" in it would be checked as sdpa)
@@ -195,10 +238,11 @@ def add_lora(net, setup: TrainSetup):
     else:
         names = models.lora_modules(setup.lora_targets)
     fake = isinstance(next(net.parameters()), FakeTensor)
+    score = setup.run == "rm" and setup.rm_head == "score"
     config = LoraConfig(r=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_dropout=setup.lora_dropout,
                         target_modules="all-linear" if names is None else sorted(names - {"score"}),
-                        task_type="SEQ_CLS" if setup.run == "rm" and not fake else None,
-                        exclude_modules=["score"] if setup.run == "rm" and fake else None)
+                        task_type="SEQ_CLS" if score and not fake else None,
+                        exclude_modules=["score"] if score and fake else None)
     # (SEQ_CLS: "all-linear" leaves the score head out and peft's modules_to_save trains a deep copy of it; fake
     # tensors cannot be deep-copied safely (the copies' storages crash the garbage collector later), so on the fake
     # GPU the score's own weight is trained instead: the same bytes but the frozen original's hidden x 1)
@@ -211,7 +255,7 @@ def add_lora(net, setup: TrainSetup):
         peft_model = get_peft_model(net, config, autocast_adapter_dtype=fp32)
     finally:
         torch.nn.Module.to = original
-    if setup.run == "rm":
+    if score:
         score_head(peft_model).weight.requires_grad_(True)
     return peft_model
 

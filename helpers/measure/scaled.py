@@ -187,7 +187,7 @@ class TorchEngine:
                else contextlib.nullcontext())
         with ctx:
             if self.s.run == "rm":
-                return engines.reward_loss(self.model, ids)
+                return engines.reward_loss(self.model, ids, self.s)
             if self.s.fused_ce:
                 return engines.causal_lm_loss(self.module, ids, True, self.tracker)
             return self.model(input_ids=ids, labels=ids).loss
@@ -245,7 +245,7 @@ class DeepSpeedEngine:
 
     def forward(self, ids):
         if self.s.run == "rm":
-            return engines.reward_loss(self.engine, ids)
+            return engines.reward_loss(self.engine, ids, self.s)
         return self.engine(input_ids=ids, labels=ids).loss
 
     def backward(self, loss):

@@ -67,7 +67,7 @@ EXTRAS = (
             "not modelled: the real figure is higher"),
     ("tiled_mlp", "the MLP computed in tiles along the sequence (ALST) holds less than one whole MLP's activations: "
                   "not modelled, the real figure is lower"),
-    ("reward_model", "reward modelling (TRL's RewardTrainer, trl/trainer/reward_trainer.py compute_loss): " + HEAD_WHY),
+    ("reward_model", ""),                                                         # (read: run=rm)
     ("process_reward_model", "process reward modelling (token classification): " + HEAD_WHY),
     ("model_type", HEAD_WHY),
     ("num_labels", HEAD_WHY),
@@ -614,12 +614,15 @@ class _Reader:
             active = (liger if key.startswith("liger") else cce) and bool(value)
             if not active:
                 d.ignored_at(f, self.line(key), key, value)
+            elif key in ("liger_fused_linear_cross_entropy", "cut_cross_entropy") and self.data.get("reward_model"):
+                d.unmodelled_at(f, self.line(key), key, value, "a reward model has no LM head: no fused "
+                                                              "cross-entropy runs, so it changes nothing here")
             elif key in ("liger_fused_linear_cross_entropy", "cut_cross_entropy"):
                 d.setting(f, self.line(key), key, value, fused_ce=True)
             else:
                 d.unmodelled_at(f, self.line(key), key, value, "Liger's kernel saves other activations than the "
                                                               "eager modules: not modelled")
-        if cce and "cut_cross_entropy" not in self.data:
+        if cce and "cut_cross_entropy" not in self.data and not self.data.get("reward_model"):
             d.default(TOOL, "cut_cross_entropy", True, "github:axolotl-ai-cloud/axolotl src/axolotl/integrations/"
                       "cut_cross_entropy/args.py @067b021c", fused_ce=True)
         for p in plugins:
@@ -729,7 +732,13 @@ class _Reader:
             if key in ("model_type", "num_labels"):
                 if not _sequence_classifier(self.data):
                     self.used.discard(key)                                    # a causal LM's class: ignored as before
-                elif self.data.get("reward_model") or self.data.get("process_reward_model"):
+                elif self.data.get("reward_model"):
+                    if key == "num_labels" and value != 1:
+                        raise ConfigError(f, f"num_labels {value!r} with reward_model: TRL's RewardTrainer refuses a "
+                                             f"model whose num_labels is not 1 (one score per sequence); set "
+                                             f"num_labels: 1")
+                    d.setting(f, self.line(key), key, value, sets="the reward model's score head (run=rm)")
+                elif self.data.get("process_reward_model"):
                     d.setting(f, self.line(key), key, value, sets="the reward model's head (listed as not modelled)")
                 else:
                     d.unmodelled_at(f, self.line(key), key, value, why)
@@ -738,10 +747,10 @@ class _Reader:
                 why = ("parameters these patterns match are trained beside the adapter (their gradients and optimizer "
                        "states): not modelled, the real figure is higher")
             if key == "reward_model":
-                batch = d.fields.get("batch", 1)
-                d.setting(f, self.line(key), key, value, batch=2 * batch,
-                          sets=f"batch={2 * batch} (chosen and rejected of each pair in one forward: TRL's "
-                               f"RewardTrainer splits the model's scores with torch.chunk(..., 2))")
+                d.setting(f, self.line(key), key, value, run="rm",
+                          sets="run=rm (TRL's RewardTrainer: AutoModelForSequenceClassification with one label, each "
+                               "pair's chosen and rejected in one forward, the micro batch counting pairs)")
+                continue
             d.unmodelled_at(f, self.line(key), key, value, why)
 
     def apply_deepspeed(self, ref, model: str | None):
@@ -762,8 +771,6 @@ class _Reader:
             d.fields.pop("adam_impl", None)                                   # DeepSpeed brings its own Adam
         if d.fields.get("strategy") in ("fsdp1", "fsdp2") and "strategy" in changes:
             raise ConfigError(f, "both deepspeed and fsdp are set: axolotl runs one of them")
-        if "batch" in changes and self.data.get("reward_model"):
-            changes["batch"] = 2 * changes["batch"]                           # the pair doubling stays
         applied.fields = changes
         d.merge(applied)
         if "gpus" not in d.fields:

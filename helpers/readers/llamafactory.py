@@ -162,13 +162,15 @@ class _Reader(collect.TrainerYaml):
             c.set("stage", stage, "run=dpo, dpo_logps=log-softmax (chosen and rejected in one forward; the reference "
                                   "model below; train/dpo/trainer.py get_batch_logps)", run="dpo",
                   dpo_logps="log-softmax")
+        elif stage == "rm":
+            c.set("stage", stage, "run=rm, rm_head=value-head (train/rm/workflow.py: load_model(add_valuehead=True), "
+                                  "trl's AutoModelForCausalLMWithValueHead; trainer.py compute_loss: chosen and "
+                                  "rejected in one forward, the LM head's logits made and dropped)", run="rm",
+                  rm_head="value-head")
         else:
             c.unmodelled("stage", stage, {"kto": "KTO keeps a frozen reference model and its KL batch",
-                                          "rm": "a reward model: value head instead of the LM head's logits (the real figure "
-                                                "is lower there), chosen and rejected in one batch",
                                           "ppo": "PPO keeps policy, value, reference and reward models"}[stage]
-                         + "; estimated as SFT of one model" + ("" if stage == "rm" else
-                                                                ", so the real figure is higher"))
+                         + "; estimated as SFT of one model, so the real figure is higher")
         self.stage = stage
         ft = take("finetuning_type")
         if ft is None:
@@ -326,7 +328,12 @@ class _Reader(collect.TrainerYaml):
             c.set("disable_gradient_checkpointing", off, f"checkpointing={'full' if on else 'none'}",
                   checkpointing="full" if on else "none")
         liger = take("enable_liger_kernel")
-        if liger is not None:
+        if liger is not None and self.stage == "rm" and c.flag("enable_liger_kernel", liger):
+            c.unmodelled("enable_liger_kernel", liger, "Liger's kernels on a reward model: its fused cross-entropy "
+                                                       "needs labels, which the value-head model is not given, so the "
+                                                       "LM head's logits are made in full (as estimated); its RMSNorm/"
+                                                       "SwiGLU/RoPE kernels are not modelled")
+        elif liger is not None:
             c.set("enable_liger_kernel", liger, f"fused_ce={c.flag('enable_liger_kernel', liger)} (Liger's fused linear "
                                                 f"cross-entropy: no full logits)", fused_ce=liger)
         attn = take("flash_attn")

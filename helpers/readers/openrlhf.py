@@ -433,10 +433,10 @@ class _Reader:
         micro_default, len_default = MODULE_DEFAULTS[self.module][style]
         k, micro = self.get("micro_batch")
         micro = positive_int(f, k or "micro batch", micro if k else micro_default)
-        pairs = self.module == "train_rm"           # (train_dpo: run=dpo doubles the micro batch itself)
-        batch = 2 * micro if pairs else micro
-        why = (" (chosen and rejected sequences of each pair in one forward: concatenated_forward)" if pairs else
-               " pairs (run=dpo: chosen and rejected in one forward)" if self.module == "train_dpo" else "")
+        batch = micro                               # (run=dpo and run=rm double the micro batch themselves)
+        why = (" pairs (run=dpo: chosen and rejected in one forward)" if self.module == "train_dpo" else
+               " pairs (run=rm: chosen and rejected sequences of each pair in one forward, concatenated_forward)"
+               if self.module == "train_rm" else "")
         (d.setting(f, self.line(k), k, micro, sets=f"batch={batch}{why}", batch=batch) if k else
          d.default(self.tool, FLAGS["micro_batch"][style == "dotted"], micro_default, self.source,
                    sets=f"batch={batch}{why}", batch=batch))
@@ -652,11 +652,10 @@ class _Reader:
                 continue
             d.unmodelled_at(f, self.line(k), k, v, why)
         if self.module == "train_rm":
-            k, v = self.get("pretrain")
-            d.unmodelled_at(f, self.line(k), "openrlhf.cli.train_rm", v,
-                            "a reward model: the base model without its LM head, plus a value head of one output "
-                            "(openrlhf/models/model.py get_llm_for_sequence_regression @3c3be623); the estimate "
-                            "counts the LM head and its full-vocabulary logits, so the real figure is lower")
+            d.setting(f, None, "openrlhf.cli.train_rm", self.module,
+                      "run=rm (openrlhf/models/model.py get_llm_for_sequence_regression @3c3be623: the base model "
+                      "without its LM head and a value head of one output; trainer/rm_trainer.py concatenated_forward: "
+                      "chosen and rejected in one forward)", run="rm")
         if self.module == "train_dpo":
             k, ref = self.get("ref_pretrain")
             ko, off = self.get("ref_offload")

@@ -54,6 +54,9 @@ GRPO_KEYS = {"num_generations", "max_completion_length", "use_vllm", "vllm_mode"
 GRPO_SRC = "grpo_config.py GRPOConfig"
 VLLM_KEYS = {"use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode"}
 REF_SYNC_KEYS = ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha")     # GRPOConfig's (and DPO's)
+# RewardConfig's own key (trl/trainer/reward_config.py @f2cd577): the file is a reward model's (`trl reward`)
+REWARD_KEYS = {"center_rewards_coefficient"}
+REWARD_SRC = "reward_config.py RewardConfig, reward_trainer.py RewardTrainer"
 NOT_MODELLED = {
     "use_dora": "DoRA adds a magnitude vector and a weight-norm per adapted layer: the real figure is higher",
     "lora_modules_to_save": "modules trained in full beside LoRA (a trainable copy of each, with its gradient and "
@@ -183,10 +186,16 @@ class _Reader(collect.TrainerYaml):
                               + (base.did_you_mean(bad, SFT_LOSSES + DPO_LOSSES) if isinstance(bad, str) else ""))
         sft_loss = isinstance(loss_type, str) and loss_type in SFT_LOSSES
         dpo = sorted(k for k in DPO_KEYS & set(data) if not (k == "loss_type" and sft_loss))
-        if not dpo and not self.grpo:
-            self.default("(trainer)", "sft", "read as SFT (trl sft): a TRL YAML does not name its trainer; a DPO, "
-                         "KTO or reward run launched with it keeps more (a reference model, pairs of sequences)",
-                         "cli.py")
+        self.reward = bool(REWARD_KEYS & set(data)) and not self.grpo and not dpo
+        if self.reward:
+            key = sorted(REWARD_KEYS & set(data))[0]
+            c.set(key, take(key), "run=rm (a RewardConfig key): AutoModelForSequenceClassification with one label, "
+                                  "each example's chosen and rejected sequences in one forward (the micro batch "
+                                  "counts pairs)", run="rm")
+        elif not dpo and not self.grpo:
+            self.default("(trainer)", "sft", "read as SFT (trl sft): a TRL YAML does not name its trainer; a reward "
+                         "model's (trl reward) is one with --run rm; a DPO or KTO run launched with it keeps more (a "
+                         "reference model, pairs of sequences)", "cli.py")
         if dpo and not self.grpo:
             self.dpo(dpo)
 
@@ -478,6 +487,10 @@ class _Reader(collect.TrainerYaml):
             c.unmodelled("use_liger_kernel", liger, "Liger's fused GRPO loss (LigerFusedLinearGRPOLoss) never makes "
                                                     "the completion's logits: not modelled, they are counted in "
                                                     "full, so the real figure is lower")
+        elif liger is not None and self.reward and c.flag("use_liger_kernel", liger):
+            c.unmodelled("use_liger_kernel", liger, "Liger's RMSNorm/SwiGLU/RoPE kernels in a reward model are not "
+                                                    "modelled (it has no LM head, so no fused cross-entropy): "
+                                                    "estimated with transformers' own layers")
         elif liger is not None:
             c.set("use_liger_kernel", liger, f"fused_ce={c.flag('use_liger_kernel', liger)}", fused_ce=liger)
         if self.grpo and "use_liger_loss" in self.data:
@@ -500,7 +513,7 @@ class _Reader(collect.TrainerYaml):
                               + base.did_you_mean(attn, allowed))
         else:
             c.unmodelled("attn_implementation", attn, "attention kernel not modelled: estimated as sdpa")
-        if not self.grpo and c.fields.get("run") != "dpo":
+        if not self.grpo and c.fields.get("run") not in ("dpo", "rm"):
             self.sft_loss_type(bool(liger))
 
     def sft_loss_type(self, liger: bool) -> None:
