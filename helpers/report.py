@@ -26,7 +26,9 @@ def loading_lines(r: Result) -> list[str]:
 
 def reference_lines(r: Result) -> list[str]:
     """A DPO run's pairs and reference model (helpers.estimate.reference), a GRPO run's completions, reference and
-    generation (helpers.estimate.generation); [] for SFT."""
+    generation (helpers.estimate.generation), a reward model's pairs and head (helpers.estimate.reward); [] for SFT."""
+    if r.meta.get("reward_words"):
+        return ["", r.meta["reward_words"]]
     said = r.meta.get("reference_words")
     if not said:
         return []

@@ -173,6 +173,18 @@ def test_trl_reward_config_is_a_reward_run(tmp_path, capsys):
     assert "run=rm" in out and "trl_loss_type=None" in out
 
 
+def test_the_report_says_what_a_reward_model_holds(capsys):
+    from helpers import __main__ as cli
+
+    assert cli.main(["estimate", "--model", "qwen2.5-0.5b", "--run", "rm", "--batch", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "Reward model: each forward runs 3 chosen and 3 rejected sequences (6 x seq); score head" in out
+    assert cli.main(["estimate", "--model", "qwen2.5-0.5b", "--run", "rm", "--rm-head", "value-head"]) == 0
+    assert "the LM head's full logits are made in every forward" in capsys.readouterr().out
+    assert cli.main(["estimate", "--model", "qwen2.5-0.5b", "--rm-head", "value-head"]) == 2
+    assert "rm_head 'value-head' is a reward model's option" in capsys.readouterr().err
+
+
 def test_openrlhf_and_axolotl_reward_runs():
     imp = read(UP / "openrlhf" / "examples" / "scripts" / "train_rm.sh")
     assert (imp.setup.run, imp.setup.rm_head, imp.setup.batch) == ("rm", "score", 1)

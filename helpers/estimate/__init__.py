@@ -120,6 +120,7 @@ def run(model, setup: TrainSetup | None = None, lifecycle: bool = True, **option
               "loading": [{"name": i.name, "device": i.device, "bytes": i.nbytes} for i in its if "load" in i.moments],
               "loading_words": loading.words(setup, m) if lifecycle else None,
               "reference_words": reference.words(setup),
+              "reward_words": reward.words(setup),
               "generation_words": generation.words(setup),
               "vllm_short": generation.vllm_short(setup, m),
               "saving": [{"name": i.name, "device": i.device, "bytes": i.nbytes, "moment": sorted(i.moments & saving.SAVE)}

@@ -97,3 +97,17 @@ def _add_value_head(b: Builder, m: ModelSpec, c: int, T: int) -> None:
 
 
 VH_SOURCE = "trl 0.24 models/modeling_value_head.py AutoModelForCausalLMWithValueHead"
+
+
+def words(setup) -> str | None:
+    """The report's line on a reward model's pairs and head; None for other runs."""
+    if setup.run != "rm":
+        return None
+    b = setup.batch
+    head = ("score head: the decoder's last hidden state through a linear of one output, no LM head and no "
+            "vocabulary logits (transformers' sequence classifier, as TRL's RewardTrainer, OpenRLHF and axolotl load "
+            "it)" if setup.rm_head == "score" else
+            "value head on the causal LM (trl's AutoModelForCausalLMWithValueHead, LLaMA-Factory's stage rm): the LM "
+            "head's full logits are made in every forward, with an fp32 copy, and dropped unused")
+    return (f"Reward model: each forward runs {b} chosen and {b} rejected sequences ({2 * b} x seq); {head} "
+            f"(the rule checked against a dry run of the step re-enacted)")
