@@ -285,14 +285,14 @@ def _flag_of(a, field: str) -> str:
 
 
 def _origin(imp, field: str) -> str:
-    """Where the files' value of `field` came from: 'FILE:LINE (key)', 'default (tool)', or 'TrainSetup default'."""
+    """Where the files' value of `field` came from: 'FILE:LINE (key)', 'default (tool)', or the package's default."""
     for x in imp.settings:
         if field in x.fields or (field == "model" and x.sets.startswith("model")):
             return f"{x.file}:{x.line} ({x.key})" if x.line else f"{x.file} ({x.key})"
     for d in imp.defaults:
         if field in d.fields:
             return f"default ({d.tool}: {d.key})"
-    return "TrainSetup default (the files do not set it)"
+    return "this package's default (the files do not set it)"
 
 
 def read_flags(words: list[str]):
@@ -562,7 +562,7 @@ def _answer(a: argparse.Namespace) -> int:
         text = tower + "\n" + text
     if src is not None:
         text = model_source_line(src) + "\n" + text
-    head = f"{base.model}: {setup.strategy} on {setup.gpus} GPU(s), batch {setup.batch} x seq {setup.seq}; as given: " \
+    head = f"{base.model}: {setup.strategy} on {setup.gpus} GPU(s), batch {setup.batch}{report.pairs_word(setup)} x seq {setup.seq}; as given: " \
            f"{doc['verdict']}   [estimate; GiB = 2^30 bytes]"
     print((report.imported_table(imported, overrides) + "\n\n" if imported is not None else "") + head + "\n" + text,
           flush=True)

@@ -31,7 +31,7 @@ from helpers.measure.allocator import allocation_size, round_size
 from helpers.measure.snapshot import OWN_FRAME
 from helpers.oom_messages import PHASE_WORDS, CudaOOM, Pasted, Printed
 from helpers.results import Result
-from helpers.training import TrainSetup, checked
+from helpers.training import PAIRED_RUNS, TrainSetup, checked
 from helpers.units import GiB, MiB, fmt
 from helpers.vocab import PHASE_LABELS
 
@@ -238,20 +238,21 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
                                      -(-layer // n) * nbytes, ("setup", "step", "steady"),
                                      f"1/{n} of {layer:,} parameters (its gradient shard, an AdamW state of it)"))
     seq = setup.seq // setup.context_parallel
-    tokens = setup.batch * seq
+    rows = 2 * setup.batch if setup.run in PAIRED_RUNS else setup.batch     # (chosen and rejected in one forward)
+    tokens = rows * seq
     acts = [
         ("a hidden state of the micro batch", tokens * m.hidden * half,
-         f"batch {setup.batch} x seq {seq} x hidden {m.hidden}: a layer's input, output or a norm's"),
+         f"batch {rows} x seq {seq} x hidden {m.hidden}: a layer's input, output or a norm's"),
         ("an MLP intermediate of the micro batch", tokens * m.intermediate * half,
          f"batch x seq x intermediate {m.intermediate}: gate or up projection's output"),
         ("the logits of the micro batch", tokens * m.vocab * half, f"batch x seq x vocabulary {m.vocab}"),
         ("the logits of the micro batch in fp32", tokens * m.vocab * 4,
          "the loss's fp32 upcast, log_softmax's output or a gradient of them"),
-        ("the shifted logits in fp32", setup.batch * (seq - 1) * m.vocab * 4,
+        ("the shifted logits in fp32", rows * (seq - 1) * m.vocab * 4,
          "older transformers' loss: logits[..., :-1, :].contiguous().float()"),
-        ("eager attention's scores of one layer", setup.batch * m.heads * seq * seq * half,
+        ("eager attention's scores of one layer", rows * m.heads * seq * seq * half,
          f"batch x heads {m.heads} x seq x seq (attention without a fused kernel)"),
-        ("eager attention's scores of one layer in fp32", setup.batch * m.heads * seq * seq * 4,
+        ("eager attention's scores of one layer in fp32", rows * m.heads * seq * seq * 4,
          "softmax upcast in fp32"),
     ]
     out += [Candidate(n, b, ("forward", "backward", "steady"), w) for n, b, w in acts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from helpers import evidence, gpus, strategies, versions
 from helpers.results import Result
+from helpers.training import PAIRED_RUNS
 from helpers.units import MiB, fmt, scale, to_gib
 from helpers.vocab import PHASE_LABELS
 
@@ -22,6 +23,11 @@ def loading_lines(r: Result) -> list[str]:
         return []
     return ["", "loading the model (part of setup): " + "; ".join(
         [f"{i['name']}, {fmt(i['bytes'])} {PER_DEVICE[i['device']]}" for i in items] + ([said] if said else []))]
+
+
+def pairs_word(s) -> str:
+    """' pairs' where the micro batch counts pairs (DPO, reward models: chosen and rejected in one forward)."""
+    return " pairs" if s.run in PAIRED_RUNS else ""
 
 
 def reference_lines(r: Result) -> list[str]:
@@ -253,7 +259,7 @@ def table(r: Result) -> str:
     conv = lambda b: b / div
     s = r.train_setup
     lines = [f"{r.model}: {r.params:,d} parameters, {s.strategy} on {s.gpus} GPU(s){s.degrees.describe()}, "
-             f"{s.precision}{lora_words(s)}, batch {s.batch} x seq {s.seq}   [{r.mode}; "
+             f"{s.precision}{lora_words(s)}, batch {s.batch}{pairs_word(s)} x seq {s.seq}   [{r.mode}; "
              f"{unit} = 2^{30 if big else 20} bytes]",
              "", f"{'phase (' + unit + ')':30s}{'GPU (each)':>14s}{'host (node)':>14s}"
              + (f"{'GPU reserved':>14s}{'+context':>10s}" if r.gpu.reserved else "")]
@@ -453,7 +459,7 @@ def imported_table(imported, overrides=()) -> str:
                      + (f"restated under the flags: was {short(o['replaced'])} from {o['from']}"
                         if o.get("implied") else
                         f"flag, overrides {short(o['replaced'])} from {o['from']}" if o["replaced"] is not None
-                        else "flag (" + ("the files do not set it" if o["from"].startswith("TrainSetup default")
+                        else "flag (" + ("the files do not set it" if o["from"].startswith("this package's default")
                                          else o["from"]) + ")"))
     if imported.not_modelled:
         lines.append("  not modelled: " + "; ".join(f"{x.key}={short(x.value)} ({x.file}"

@@ -893,8 +893,9 @@ class TrainSetup:
             for name, why in (("fused_ce", "a fused linear cross-entropy"), ("trl_loss_type", "TRL's SFT loss"),
                               ("outputs_held", "LitGPT's loop holding the logits")):
                 if getattr(self, name):
-                    raise InputError(f"{name} with run 'rm': a reward model has no vocabulary logits, so {why} "
-                                     f"does not apply; leave {name} unset")
+                    raise InputError(f"{name} with run 'rm': a reward model's loss takes no vocabulary logits (a "
+                                     f"value head's are made and dropped unused), so {why} does not apply; leave "
+                                     f"{name} unset")
         if self.reference is not None:
             _choice("reference", self.reference, REFERENCES)
             if self.run not in LOGPS_RUNS:

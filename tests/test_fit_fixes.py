@@ -209,7 +209,7 @@ def test_cli_from_a_trl_yaml_with_an_overriding_flag(capsys, trl):
     over = {o["field"]: o for o in imp["overrides"]}
     assert over["batch"]["flag"] == "--batch" and over["batch"]["replaced"] == 4 and over["batch"]["value"] == 2
     assert over["batch"]["from"].endswith("sft.yaml:2 (per_device_train_batch_size)")
-    assert over["gpu_gib"]["from"].startswith("TrainSetup default")
+    assert over["gpu_gib"]["from"].startswith("this package's default")
     code, out, _ = run(capsys, "fixes", "--from", str(trl), "--gpu-gib", "40")
     assert code == 0 and "imported (trl)" in out and "sft.yaml:2" in out and "flag (the files do not set it)" in out
     assert "default (transformers" in out and "LoRA rank 8" in out

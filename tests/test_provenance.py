@@ -46,4 +46,4 @@ def test_the_origin_of_a_field_is_found_by_its_fields_not_its_text():
     field = next(iter(d.fields))
     if not any(field in x.fields for x in imp.settings):
         assert _origin(imp, field) == f"default ({d.tool}: {d.key})"
-    assert _origin(imp, "resume").startswith("TrainSetup default")
+    assert _origin(imp, "resume").startswith("this package's default")

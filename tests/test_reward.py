@@ -158,13 +158,16 @@ def _yaml(tmp_path, text):
 
 
 def test_trl_reward_config_is_a_reward_run(tmp_path, capsys):
-    """RewardConfig's own key (center_rewards_coefficient) makes a TRL file a reward model's; use_liger_kernel there
+    """RewardConfig's own key (center_rewards_coefficient) or lora_task_type SEQ_CLS makes a TRL file a reward
+    model's (found by a first user: a reward YAML without either read as SFT, 30.1 GiB "fits" for 44.8); use_liger_kernel there
     is listed (no LM head, no fused cross-entropy) instead of refused; an SFT-looking file with --run rm over it drops
     the SFT loss's options."""
     imp = read(_yaml(tmp_path, "model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 4\n"
                                "max_length: 2048\ncenter_rewards_coefficient: 0.01\nuse_liger_kernel: true\n"))
     assert (imp.setup.run, imp.setup.batch, imp.setup.seq, imp.setup.fused_ce) == ("rm", 4, 2048, False)
     assert imp.setup.trl_loss_type is None and "use_liger_kernel" in {n.key for n in imp.not_modelled}
+    imp = read(_yaml(tmp_path, "model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\nlora_task_type: SEQ_CLS\n"))
+    assert imp.setup.run == "rm"             # a sequence classifier's LoRA: only trl reward trains one
     from helpers import __main__ as cli
 
     path = _yaml(tmp_path, "model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 4\n")

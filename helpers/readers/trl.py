@@ -56,6 +56,9 @@ VLLM_KEYS = {"use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enabl
 REF_SYNC_KEYS = ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha")     # GRPOConfig's (and DPO's)
 # RewardConfig's own key (trl/trainer/reward_config.py @f2cd577): the file is a reward model's (`trl reward`)
 REWARD_KEYS = {"center_rewards_coefficient"}
+# ModelConfig.lora_task_type's value for a sequence classifier (model_config.py @f2cd577; default CAUSAL_LM): TRL's
+# reward docs and script pass it, and no other TRL trainer trains a sequence classifier
+REWARD_TASK = "SEQ_CLS"
 REWARD_SRC = "reward_config.py RewardConfig, reward_trainer.py RewardTrainer"
 NOT_MODELLED = {
     "use_dora": "DoRA adds a magnitude vector and a weight-norm per adapted layer: the real figure is higher",
@@ -186,16 +189,20 @@ class _Reader(collect.TrainerYaml):
                               + (base.did_you_mean(bad, SFT_LOSSES + DPO_LOSSES) if isinstance(bad, str) else ""))
         sft_loss = isinstance(loss_type, str) and loss_type in SFT_LOSSES
         dpo = sorted(k for k in DPO_KEYS & set(data) if not (k == "loss_type" and sft_loss))
-        self.reward = bool(REWARD_KEYS & set(data)) and not self.grpo and not dpo
+        task = data.get("lora_task_type")
+        keys = sorted(REWARD_KEYS & set(data)) + (["lora_task_type"] if task == REWARD_TASK else [])
+        self.reward = bool(keys) and not self.grpo and not dpo
         if self.reward:
-            key = sorted(REWARD_KEYS & set(data))[0]
-            c.set(key, take(key), "run=rm (a RewardConfig key): AutoModelForSequenceClassification with one label, "
-                                  "each example's chosen and rejected sequences in one forward (the micro batch "
-                                  "counts pairs)", run="rm")
+            c.set(keys[0], take(keys[0]), "run=rm (" + ("a RewardConfig key" if keys[0] in REWARD_KEYS else
+                                                         "a sequence classifier's LoRA: trl reward's") +
+                  "): AutoModelForSequenceClassification with one label, each example's chosen and rejected sequences "
+                  "in one forward (the micro batch counts pairs)", run="rm")
+            if len(keys) > 1:
+                c.set(keys[1], take(keys[1]), "read with run=rm above")
         elif not dpo and not self.grpo:
-            self.default("(trainer)", "sft", "read as SFT (trl sft): a TRL YAML does not name its trainer; a reward "
-                         "model's (trl reward) is one with --run rm; a DPO or KTO run launched with it keeps more (a "
-                         "reference model, pairs of sequences)", "cli.py")
+            self.default("(trainer)", "sft", "SFT; a trl reward file: --run rm (a TRL YAML does not name its "
+                         "trainer: read as trl sft's; a reward model's runs twice the sequences, a DPO or KTO run "
+                         "keeps a reference model)", "cli.py")
         if dpo and not self.grpo:
             self.dpo(dpo)
 
