@@ -79,7 +79,8 @@ def test_reward_step_agrees_with_its_dry_run(options):
     dict(strategy="single"),
     dict(strategy="zero2"),
     dict(strategy="ddp", gpus=2, precision="fp32", checkpointing="full"),
-], ids=["single", "zero2", "ddp-fp32"])
+    dict(strategy="single", rm_head="value-head"),
+], ids=["single", "zero2", "ddp-fp32", "value-head"])
 def test_reward_model_scaled_run_agrees_with_the_estimate(options):
     """Truth on this CPU: the twin trained for real (torch, DeepSpeed 0.19.8 ZeRO-2 itself) as TRL's RewardTrainer
     computes its loss; every phase of the estimate of the same twin within 10% of the measured one, the loss

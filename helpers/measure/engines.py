@@ -147,6 +147,12 @@ def add_value_head(net, setup: TrainSetup) -> None:
     head.summary = torch.nn.Linear(hidden, 1, device="meta")
     head.summary.weight = torch.nn.Parameter(torch.empty((1, hidden), dtype=dtype, device=device))
     head.summary.bias = torch.nn.Parameter(torch.empty((1,), dtype=dtype, device=device))
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(head.summary.weight, FakeTensor):     # trl's "normal" init (v_head_initializer_range 0.2)
+        with torch.no_grad():
+            head.summary.weight.normal_(0.0, 0.2)
+            head.summary.bias.zero_()
     net.v_head = head
 
 
