@@ -7,9 +7,12 @@ Read in TRL 1.10 (huggingface/trl at f2cd577, trl/trainer/reward_trainer.py), tr
 
 - **The model.** RewardTrainer loads the checkpoint with `AutoModelForSequenceClassification` and `num_labels=1`:
   the decoder (`model.*`) and a `score` linear of hidden x 1 without bias; the LM head's weight is not loaded, and
-  an embedding tied to it is the embedding alone (`spec`). LLaMA-Factory's stage rm (a value head of one output on
-  the causal LM, trl's AutoModelForCausalLMWithValueHead) and OpenRLHF's train_rm
-  (`get_llm_for_sequence_regression`: the base model and a value head of one output) hold the same.
+  an embedding tied to it is the embedding alone (`spec`). OpenRLHF's train_rm (`get_llm_for_sequence_regression`:
+  the base model and a value head of one output) and axolotl's reward_model hold the same.
+- **The value-head model** (`rm_head` 'value-head': LLaMA-Factory's stage rm, trl 0.24's
+  AutoModelForCausalLMWithValueHead): the causal LM whole, its LM head's full logits made in every forward, upcast to
+  fp32 and dropped unused, every hidden state held until the forward returns, and a value head (dropout, hidden x 1
+  with a bias) on the last one (`_add_value_head`); the LM head takes no gradient (`states.head_unused`).
 - **The pairs.** The collator puts each example's chosen sequences then its rejected ones in one batch
   (`DataCollatorForPreference`): one forward and backward of 2 x batch sequences (`reference.pairs`).
 - **The head.** `score(hidden_states)` over every position: batch x seq x 1, pooled at each sequence's last token
