@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 
 from helpers import estimate, models, oom_messages, report, versions
 from helpers.errors import InputError
+from helpers.estimate import reference
 from helpers.measure.allocator import allocation_size, round_size
 from helpers.measure.snapshot import OWN_FRAME
 from helpers.oom_messages import PHASE_WORDS, CudaOOM, Pasted, Printed
 from helpers.results import Result
-from helpers.training import PAIRED_RUNS, TrainSetup, checked
+from helpers.training import TrainSetup, checked
 from helpers.units import GiB, MiB, fmt
 from helpers.vocab import PHASE_LABELS
 
@@ -238,7 +239,7 @@ def candidates(model, setup: TrainSetup, r: Result) -> list[Candidate]:
                                      -(-layer // n) * nbytes, ("setup", "step", "steady"),
                                      f"1/{n} of {layer:,} parameters (its gradient shard, an AdamW state of it)"))
     seq = setup.seq // setup.context_parallel
-    rows = 2 * setup.batch if setup.run in PAIRED_RUNS else setup.batch     # (chosen and rejected in one forward)
+    rows = reference.pairs(setup).batch          # (DPO's and a reward model's chosen and rejected in one forward)
     tokens = rows * seq
     acts = [
         ("a hidden state of the micro batch", tokens * m.hidden * half,

@@ -288,8 +288,7 @@ def add_base_weight_copies(b: Builder, m: ModelSpec) -> None:
         if kept:
             b.gpu(f"{s.half} copies of the fp32 base's weights in the layers not checkpointed", "activations", kept,
                   FORWARDS | BWD_START | BWD_HEAD, why)
-        last_layer = no_full_logits(s) and s.checkpoint_every == 1      # (the last layer's recomputation is then
-        #                                                                   the backward's peak: add_activations)
+        last_layer = last_layer_peak(s)
         b.gpu(f"{s.half} copies of the fp32 base's weights in the layer recomputed", "activations", per_layer,
               BWD_END | (BWD_HEAD if last_layer else frozenset()),
               why + "; checkpointing re-runs a layer's forward, and its casts, before its backward")
@@ -413,7 +412,7 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
     # with no full logits (a fused or chunked loss, a reward model's score) the last layer's backward, every layer's
     # input kept, is the backward's peak: counted at BWD_HEAD, the head's backward being part of the loss's
     # (BWD_START) there
-    last_layer = no_full_logits(s) and s.checkpointing == "full" and s.checkpoint_every == 1
+    last_layer = last_layer_peak(s)
     b.gpu("gradient working set of one layer", "temporaries", a * T * (3 * width + 2 * m.hidden),
           BWD_END | (BWD_HEAD if last_layer else frozenset()),
           "gradients in flight in one MLP's backward: of the SiLU output, of up's output and of gate's output (CUDA's "
@@ -598,6 +597,12 @@ def no_full_logits(s) -> bool:
     """The loss never makes the full logits: a fused cross-entropy, TRL's chunked/tiled loss, or a reward model's score
     head (no vocabulary)."""
     return bool(s.fused_ce) or s.run == "rm" or sft_loss.mechanism(s) != sft_loss.FULL
+
+
+def last_layer_peak(s) -> bool:
+    """With no full logits and every layer checkpointed, the last layer's recomputation (every layer's input kept)
+    is the backward's peak: its items are counted at BWD_HEAD too."""
+    return no_full_logits(s) and s.checkpointing == "full" and s.checkpoint_every == 1
 
 
 def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:

@@ -36,6 +36,7 @@ SOURCE = ("TRL 1.10 reward_trainer.py RewardTrainer (AutoModelForSequenceClassif
           "transformers 5.23 modeling_layers.py GenericForSequenceClassification")
 
 
+VH_SOURCE = "trl 0.24 models/modeling_value_head.py AutoModelForCausalLMWithValueHead"
 VALUE_HEAD_DROPOUT = 0.1     # trl 0.24 models/modeling_value_head.py ValueHead: summary_dropout_prob's default
 
 
@@ -97,9 +98,6 @@ def _add_value_head(b: Builder, m: ModelSpec, c: int, T: int) -> None:
           (1 + kept) * T * m.hidden, FORWARDS | BWD_START,
           f"{VH_SOURCE}: ValueHead: dropout (p {VALUE_HEAD_DROPOUT}), cast to the head's dtype (fp32 unless "
           f"DeepSpeed cast the module), summary linear")
-
-
-VH_SOURCE = "trl 0.24 models/modeling_value_head.py AutoModelForCausalLMWithValueHead"
 
 
 def words(setup) -> str | None:
