@@ -1,6 +1,7 @@
 """DeepSpeed's placement rules that the estimate and the measurements both apply: how ZeRO-3 groups one rank's
-optimizer partition into sub-groups, and which of them a partial offload (`offload_optimizer.ratio`) puts on the host.
-Read in DeepSpeed 0.19.8's `deepspeed/runtime/zero/stage3.py`. The estimate counts buffers with them; a scaled run or
+optimizer partition into sub-groups, which of them a partial offload (`offload_optimizer.ratio`) puts on the host, and
+the largest piece of a gradient a ZeRO-1/2 rank's partition holds. Read in DeepSpeed 0.19.8's
+`deepspeed/runtime/zero/stage3.py` and `stage_1_and_2.py`. The estimate counts buffers with them; a scaled run or
 a resume places the engine's own sub-groups with them (evidence "placed by rule"): one rule, in one place, beside
 neither of the two that it serves.
 """
@@ -31,3 +32,18 @@ def first_host_group(n_groups: int, ratio: float) -> int:
     those with index i < int((1 - ratio) * n_groups) stay on the GPU and the rest go to the host; the first host
     index is returned (n_groups when nothing is offloaded). The one place this project writes the rule."""
     return int((1 - ratio) * n_groups)
+
+
+def largest_partition_piece(numels, partition: int) -> int:
+    """ZeRO-1/2's flat partitions: the parameters laid end to end in their order (`bit16_groups_flat`), rank r holding
+    elements [r x partition, (r + 1) x partition); each rank's `averaged_gradients` is one piece per parameter it
+    touches (a whole tensor, or the part of one that crosses a boundary). The largest piece on any rank, in elements
+    (alignment padding left out)."""
+    largest, start = 0, 0
+    for n in numels:
+        a, end = start, start + n
+        while a < end:
+            b = min(end, (a // partition + 1) * partition)
+            largest, a = max(largest, b - a), b
+        start = end
+    return largest

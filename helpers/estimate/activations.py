@@ -27,6 +27,7 @@ from helpers.estimate.items import (
     LOSS,
     START,
     STEP,
+    STEP_NORM,
     STEP_PREPARE,
 )
 from helpers.estimate.states import Builder, dtype_bytes
@@ -613,7 +614,7 @@ def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:
 def held_moments(s) -> frozenset:
     """Where a micro batch's output held by the loop (`outputs_held`) is alive beyond its own forward: its backward,
     the optimizer step, and the next forward (the first iteration's forward only from its second micro batch on)."""
-    moments = BWD_START | BWD_HEAD | BWD_END | BWD_DONE | STEP_PREPARE | STEP | STEADY_FORWARDS
+    moments = BWD_START | BWD_HEAD | BWD_END | BWD_DONE | STEP_NORM | STEP_PREPARE | STEP | STEADY_FORWARDS
     return moments | (FIRST_FORWARDS if s.grad_accum > 1 else frozenset())
 
 

@@ -12,7 +12,7 @@ from helpers.vocab import CATEGORIES, DEVICES, check
 
 MOMENTS = (                  # in the order a run passes them ("from X on" is a slice of it)
     "load", "setup", "resume", "forward_init", "forward_start", "forward_gather", "forward", "backward_start",
-    "backward_head", "backward_end", "backward_post", "backward_done", "step_prepare", "step", "save_model",
+    "backward_head", "backward_end", "backward_post", "backward_done", "step_norm", "step_prepare", "step", "save_model",
     "save_states", "sync_reference", "generate", "steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start",
     "steady_backward_head", "steady_backward_end", "steady_backward_post", "steady_backward_done",
 )
@@ -21,7 +21,7 @@ PHASE_MOMENTS = {
     "resume": ("resume",),
     "forward": ("forward_init", "forward_start", "forward_gather", "forward"),
     "backward": ("backward_start", "backward_head", "backward_end", "backward_post", "backward_done"),
-    "step": ("step_prepare", "step", "save_model", "save_states"),     # a checkpoint saved after a step
+    "step": ("step_norm", "step_prepare", "step", "save_model", "save_states"),   # a checkpoint saved after a step
     "generation": ("sync_reference", "generate"),   # between two steps (GRPO: helpers.estimate.generation): the
     #                                                 reference synced to the policy, then completions generated
     "steady": ("steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start", "steady_backward_head",
@@ -41,13 +41,14 @@ BWD_DONE = frozenset({"backward_done", "steady_backward_done"})     # every grad
 BWD_POST = frozenset({"backward_post", "steady_backward_post"})     # a block's post-backward (FSDP2), its
 #                                                                   activations and working set freed
 FWD_BWD = FORWARDS | START | BWD_START | BWD_HEAD | BWD_END
-GRADS = BWD_END | BWD_POST | BWD_DONE | {"step"}                      # made in backward, freed after the step
-STATES = frozenset({"step", "steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start",
+GRADS = BWD_END | BWD_POST | BWD_DONE | {"step_norm", "step"}        # made in backward, freed after the step
+STATES = frozenset({"step_norm", "step", "steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start",
                     "steady_backward_head", "steady_backward_end", "steady_backward_post", "steady_backward_done"})
 STEP = frozenset({"step"})
 GENERATE = frozenset({"generate"})
 SYNC_REFERENCE = frozenset({"sync_reference"})
 BETWEEN_STEPS = GENERATE | SYNC_REFERENCE
+STEP_NORM = frozenset({"step_norm"})                        # the step's gradient norm, before anything is flattened
 STEP_PREPARE = frozenset({"step_prepare"})                  # before the update: gradients flattened, cast to fp32
 FORWARD_INIT = frozenset({"forward_init"})                  # the first forward's start: an engine's lazy initialisation
 

@@ -19,7 +19,7 @@ import dataclasses
 import math
 
 from helpers import versions
-from helpers.deepspeed_rules import first_host_group, zero3_sub_groups
+from helpers.deepspeed_rules import first_host_group, largest_partition_piece, zero3_sub_groups
 from helpers.degrees import ceil_div
 from helpers.estimate import adapters, quantized, sft_loss
 from helpers.estimate.items import (
@@ -39,6 +39,7 @@ from helpers.estimate.items import (
     START,
     STATES,
     STEP,
+    STEP_NORM,
     STEP_PREPARE,
     Item,
 )
@@ -681,8 +682,18 @@ def _partition_moments(m: ModelSpec, s) -> frozenset:
     head = 0 if m.tied else group("head")
     last = max((t.numel for t in m.tensors if t.group == f"layer.{m.layers - 1}"), default=0)
     before_first = m.params - group("layer.0") - group("embed") - (group("head") if m.tied else 0)
-    return (BWD_DONE | STEP_PREPARE | (BWD_HEAD if head + last > B else frozenset())
+    return (BWD_DONE | STEP_NORM | STEP_PREPARE | (BWD_HEAD if head + last > B else frozenset())
             | (BWD_END if before_first > B else frozenset()))
+
+
+def _norm_copy(b: Builder, elements: int, what: str, where: str) -> None:
+    """The step's gradient norm under ZeRO without optimizer offload: DeepSpeed 0.19.8 takes each gradient's norm
+    from a float64 copy of it (`g.to(get_norm_dtype())`, runtime/zero/utils.py: fp64 wherever the device has it),
+    one gradient at a time, before the gradients are flattened or cast for the update; the largest copy is the
+    moment's. Seen in DeepSpeed itself on the twins (scaled runs: the step's peak)."""
+    b.gpu("the gradient norm's float64 copy of one gradient", "gradients", elements * 8, STEP_NORM,
+          f"{what}, {elements:,} elements x 8 B, alive while its norm is taken (DeepSpeed 0.19.8 {where}, "
+          f"runtime/zero/utils.py get_norm_dtype)")
 
 
 def _zero12(b: Builder, m: ModelSpec) -> None:
@@ -697,7 +708,7 @@ def _zero12(b: Builder, m: ModelSpec) -> None:
           "single_partition_of_fp32_groups, 1/N of the weights in fp32" + ("; pinned" if pin else ""), pinned=pin)
     zgrads = _partition_moments(m, s)
     if "gradients" not in s.strat.shards and not off:
-        b.gpu(f"gradients ({dt}, full)", "gradients", P * compute, BWD_END | BWD_DONE | STEP_PREPARE,
+        b.gpu(f"gradients ({dt}, full)", "gradients", P * compute, BWD_END | BWD_DONE | STEP_NORM | STEP_PREPARE,
               "ZeRO-1 keeps every gradient until the step")
         _head_gradient(b, m, compute)
     elif not off:
@@ -716,6 +727,9 @@ def _zero12(b: Builder, m: ModelSpec) -> None:
                         "makes the other and adds them out of place; ZeRO's gradient hook then takes the sum (seen in "
                         "dry runs and in DeepSpeed 0.19.8 itself on a tied twin)")
     if not off:
+        _norm_copy(b, largest_partition_piece([t.numel for t in m.tensors], part), "the largest piece of a gradient "
+                   "in any rank's partition (a whole tensor, or its part inside the partition)", "stage_1_and_2.py "
+                   "step: scaled_global_norm, get_grad_norm_direct over averaged_gradients")
         b.gpu(f"flattened gradient partition ({dt}), a local of step()", "gradients", part * compute,
               STEP_PREPARE, "flatten_dense_tensors_aligned(averaged_gradients); step() deletes it once cast to fp32, "
               "before the update (DeepSpeed 0.19.8 stage_1_and_2.py: del flat_grad_partition)")
@@ -780,6 +794,8 @@ def _zero3(b: Builder, m: ModelSpec) -> None:
                pinned=opt_pin, blocks=[g * 4 for g in groups[first_cpu:]])
         b.gpu("fp32 gradient buffers of GPU sub-groups", "gradients", gpu_elems * 4, ALWAYS, split)
     else:
+        _norm_copy(b, max(ceil_div(t.numel, G) for t in m.tensors), "one parameter's gradient partition (the "
+                   "largest)", "stage3.py step: _get_norm_groups, get_grad_norm_direct over averaged_gradients")
         b.gpu("fp32 gradient of one sub-group (made at the step)", "gradients", max(groups) * 4, STEP,
               "_prepare_fp32_grad_for_sub_group, freed after each sub-group's step")
     if not s.offload_optimizer:

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from helpers import estimate, gpus, models, provenance, strategies
+from helpers import deepspeed_rules, estimate, gpus, models, provenance, strategies
 from helpers import versions as library_versions
 from helpers.degrees import ceil_div
 from helpers.errors import InputError
@@ -476,6 +476,13 @@ class ZeroEquivalentStep(SingleStep):
         if self.host_grad is not None:
             self.master.grad = self.host_grad
         else:
+            # the gradient norm first: each gradient of the partition copied to float64 in turn (DeepSpeed 0.19.8
+            # get_grad_norm_direct); the largest piece any rank holds (deepspeed_rules), one copy made and freed
+            piece = deepspeed_rules.largest_partition_piece([p.numel() for p in self.params], self.part)
+            copy64 = torch.empty(piece, dtype=torch.float64, device=self.params[0].device)
+            self.tracker.label([copy64], "gradients")
+            torch.linalg.vector_norm(copy64)
+            del copy64
             if self.partition is None:        # ZeRO-1: flatten this rank's share of the whole gradients
                 share, left = [], self.part
                 for p in self.params:
