@@ -230,6 +230,35 @@ def _grpo_loss_transient(b: Builder, m: ModelSpec, E: int, c: int, src: str) -> 
               f"it ({src})")
 
 
+def _dpo_bf16_logits(b: Builder, m: ModelSpec, E: int) -> None:
+    """DPO under DeepSpeed: accelerate wraps no native-amp forward there, so the logits stay in the module's 16-bit
+    dtype, and TRL's `selective_log_softmax` takes its 16-bit way, a log_softmax per sequence, each output kept for
+    its backward; `outputs` keeps the logits referenced until `_compute_loss` returns. The reference's forward (no_grad)
+    then holds its own 16-bit logits and one sequence's log_softmax at a time. In backward the sequences' gradients
+    are stacked (unbind's backward) and the shift's slice backward writes them into a zeroed logits-sized gradient,
+    both alive at once; measured by a dry run of the step re-enacted."""
+    s = b.setup
+    V = m.vocab
+    rows = 2 * s.batch * (s.seq - 1) * V
+    row = 2 * (s.seq - 1) * V
+    src = ("TRL 1.10 dpo_trainer.py _compute_loss, utils.py selective_log_softmax (16-bit branch); accelerate 1.15 "
+           "prepare_model (no native amp under DeepSpeed); measured by a dry run of the step re-enacted")
+    b.gpu("policy logits in bf16 (referenced until the loss is computed)", "logits", 2 * E, LOSS,
+          f"{s.batch} sequences x seq x vocab = {E:,} elements x 2 B, left in the module's dtype ({src})")
+    b.gpu("each sequence's log_softmax in bf16 (kept for backward)", "logits", rows, LOSS,
+          f"{s.batch} x {s.seq - 1} x {V:,} x 2 B = {fmt(rows)} ({src})")
+    if s.ref != "none":
+        b.gpu("reference logits in bf16 and one sequence's log_softmax (no_grad: scored, then dropped)", "logits",
+              2 * E + row, LOSS, f"the reference forward after the policy's, {fmt(2 * E)}, scored one sequence at a "
+                                 f"time ({fmt(row)}) while the policy's are alive ({src})")
+    b.gpu("the sequences' log-probability gradients, stacked", "logits", rows, BWD_START,
+          f"unbind's backward stacks every sequence's {s.half} gradient, {fmt(rows)} ({src})")
+    b.gpu("the logits' gradient (the shift's slice backward)", "logits", 2 * E, BWD_START,
+          f"a zeroed logits-sized {s.half} gradient the stacked one is written into, {fmt(2 * E)}, alive with it "
+          f"({src})")
+    activations.add_softcap(b, m, 2 * E)
+
+
 def add_logits(b: Builder, m: ModelSpec) -> None:
     """DPO's logits and log-probabilities over the 2 x batch sequences (`b.setup` is `pairs` of the set-up), or
     GRPO's over each sequence's completion: the policy's fp32 logits kept for backward, the reference's scored beside
@@ -242,8 +271,8 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
     if s.dpo_logps == "log-softmax":
         _log_softmax_logits(b, m, E)
         return
-    if grpo and s.strat.deepspeed:
-        _grpo_bf16_logits(b, m, E)
+    if s.strat.deepspeed:
+        (_grpo_bf16_logits if grpo else _dpo_bf16_logits)(b, m, E)
         return
     if s.mixed:
         b.gpu("policy logits as the forward returns them (16-bit, autocast's weight cache still alive)", "logits",
@@ -259,8 +288,7 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
     else:
         src = ("TRL 1.10 dpo_trainer.py _compute_loss, utils.py selective_log_softmax; accelerate 1.15 "
                "convert_outputs_to_fp32")
-    how = ("in fp32" if c == 4 else "converted to fp32 by accelerate" if not s.strat.deepspeed else
-           "counted in fp32 (under DeepSpeed accelerate leaves it bf16, taken row by row: an upper bound)")
+    how = "in fp32" if c == 4 else "converted to fp32 by accelerate"
     b.gpu("policy logits in fp32 (kept for the log-probabilities' backward)", "logits", 4 * E, LOSS | BWD_START,
           f"{s.batch} sequences x {'(completion + 1)' if grpo else 'seq'} x vocab = {E:,} elements x 4 B: the "
           f"forward's output {how}, kept by the per-sequence logsumexp ({src})")

@@ -20,7 +20,7 @@ from helpers import versions as library_versions
 from helpers.degrees import ceil_div
 from helpers.errors import InputError
 from helpers.estimate import adapters, reference, reward
-from helpers.measure import allocator, engines, fakegpu, nf4, reserved, tensor_parallel
+from helpers.measure import allocator, engines, fakegpu, nf4, preference_loss, reserved, tensor_parallel
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
@@ -99,43 +99,20 @@ class SingleStep:
         engines.step(self.tracker, self.optimizer, scaler=self.scaler)
 
 
-def sequence_logps(logits, labels, how: str = "logsumexp"):
-    """Each sequence's summed log-probability of `labels` under `logits` (fp32, batch x seq x vocab). 'logsumexp':
-    as TRL 1.10's `selective_log_softmax` takes it for fp32 logits, the labels' logits gathered, less a logsumexp
-    taken one sequence at a time (trl/trainer/utils.py); 'log-softmax': as LLaMA-Factory's `get_batch_logps`, the
-    labels gathered from the whole `log_softmax` (src/llamafactory/train/trainer_utils.py). Re-enacted here, not
-    imported: neither is a dependency."""
-    if how == "log-softmax":
-        return torch.gather(logits.log_softmax(-1), 2, labels.unsqueeze(2)).squeeze(2).sum(-1)
-    return sequence_token_logps(logits, labels).sum(-1)
+class DPOLoss:
+    """DPO as TRL 1.10's DPOTrainer runs it (`_compute_loss`, re-enacted), the loss of a step class: the micro batch is
+    its chosen sequences then its rejected ones, one forward of the policy (under autocast, where accelerate's
+    native-amp wrapper returns the logits as fp32: `convert_outputs_to_fp32`; under DeepSpeed a bf16 module, no native
+    amp, the logits stay bf16 and `selective_log_softmax` takes its 16-bit way); the shifted logits'
+    log-probabilities; then the reference model's forward under no_grad, scored the same way and dropped; the sigmoid
+    loss (beta 0.1): the loss itself is `helpers.measure.preference_loss.dpo_loss`, the one the scaled runs train
+    with.
 
+    `reference`: the frozen copy (built like the policy: TRL loads it with the policy's model_init_kwargs; under
+    DeepSpeed ZeRO-1/2 in bf16, as stage 0 casts it) where the set-up's reference is 'copy'; None for 'adapters-off'
+    (the LoRA policy with its adapters disabled) and 'none' (precomputed log-probs: no reference forward)."""
 
-def sequence_token_logps(logits, labels):
-    """Per-token log-probabilities of `labels` as TRL 1.10's `selective_log_softmax` takes them (trl/trainer/utils.py):
-    from fp32 logits the labels' logits gathered, less a logsumexp taken one sequence at a time; from 16-bit ones a
-    log_softmax per sequence, gathered."""
-    if logits.dtype not in (torch.float32, torch.float64):
-        return torch.stack([torch.nn.functional.log_softmax(row, dim=-1).gather(-1, lab.unsqueeze(-1)).squeeze(-1)
-                            for row, lab in zip(logits, labels)])
-    picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
-    norm = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
-    return picked - norm
-
-
-class DPOStep(SingleStep):
-    """DPO as TRL 1.10's DPOTrainer runs it on one GPU or under DDP (`_compute_loss`, re-enacted): the micro batch is
-    its chosen sequences then its rejected ones, one forward of the policy under autocast; accelerate's native-amp
-    wrapper returns the logits as fp32 (`convert_outputs_to_fp32`); the shifted logits' log-probabilities; then the
-    reference model's forward under no_grad, scored the same way and dropped; the sigmoid loss (beta 0.1).
-
-    `reference`: the frozen copy (built like the policy: TRL loads it with the policy's model_init_kwargs) where the
-    set-up's reference is 'copy'; None for 'adapters-off' (the LoRA policy with its adapters disabled) and 'none'
-    (precomputed log-probs: no reference forward in the step)."""
-
-    BETA = 0.1
-
-    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
-        super().__init__(model, setup, tracker, mesh)
+    def _hold_reference(self, reference, tracker: Tracker) -> None:
         self.reference = reference
         if reference is not None:
             reference.requires_grad_(False)
@@ -143,42 +120,36 @@ class DPOStep(SingleStep):
             tracker.label(list(reference.parameters()) + list(reference.buffers()), "parameters")
             engines.watch_logits(reference, tracker)
 
-    def _reference_logps(self, ids):
-        labels = ids[:, 1:]
-        with torch.no_grad(), self._autocast():
-            if self.reference is not None:
-                out = self.reference(input_ids=ids)
-            else:                                      # LoRA: the base, adapters disabled (peft's disable_adapter)
-                with self.model.disable_adapter():
-                    out = self.model(input_ids=ids)
-        self.tracker.set_context("logits")
-        try:
-            logits = out.logits.float()
-            del out
-            return sequence_logps(logits[:, :-1], labels, self.setup.dpo_logps)
-        finally:
-            self.tracker.set_context(None)
+    def _amp(self):
+        """accelerate's native amp: none under DeepSpeed (its bf16 module computes in bf16)."""
+        return contextlib.nullcontext() if self.setup.strat.deepspeed else self._autocast()
 
-    def forward(self, ids):
-        with self._autocast():
+    def _policy(self, ids):
+        with self._amp():
             out = self.model(input_ids=ids)
             self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
-        self.tracker.set_context("logits")
-        logits = out.logits.float()                    # accelerate: the outputs of an autocast forward as fp32
-        del out
-        logps = sequence_logps(logits[:, :-1], ids[:, 1:], self.setup.dpo_logps)
-        if self.setup.dpo_logps == "logsumexp":      # (LLaMA-Factory returns the logits for its metrics: kept until
-            del logits                               # the loss is computed)
-        self.tracker.set_context(None)
-        if self.setup.ref == "none":
-            ref = torch.zeros_like(logps)              # precomputed: read from the dataset, not computed here
-        else:
-            ref = self._reference_logps(ids)
-        self.tracker.set_context("logits")
-        chosen, rejected = (logps - ref).chunk(2)
-        loss = -torch.nn.functional.logsigmoid(self.BETA * (chosen - rejected)).mean()
-        self.tracker.set_context(None)
-        return loss
+        return out
+
+    def _reference(self, ids):
+        with self._amp():
+            if self.reference is not None:
+                return self.reference(input_ids=ids)
+            with self.model.disable_adapter():          # LoRA: the base, adapters disabled (peft's disable_adapter)
+                return self.model(input_ids=ids)
+
+    def forward(self, ids):
+        s = self.setup
+        return preference_loss.dpo_loss(self._policy, None if s.ref == "none" else self._reference, ids, s,
+                                        self.tracker.set_context,
+                                        fp32_outputs=not s.strat.deepspeed or s.dpo_logps == "log-softmax")
+
+
+class DPOStep(DPOLoss, SingleStep):
+    """DPO on one GPU or under DDP (DPOLoss), with the reference copy held."""
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
+        SingleStep.__init__(self, model, setup, tracker, mesh)
+        self._hold_reference(reference, tracker)
 
 
 class GRPOLoss:
@@ -210,7 +181,7 @@ class GRPOLoss:
         del out
         logits = logits[:, :-1, :][:, -c:, :]
         logits.div_(self.TEMPERATURE)
-        logps = sequence_token_logps(logits, ids[:, -c:])
+        logps = preference_loss.sequence_token_logps(logits, ids[:, -c:])
         with torch.no_grad():                           # entropy_from_logits, for the metrics (entropy_coef 0.0)
             flat = logits.reshape(-1, logits.shape[-1])
             entropies = []
@@ -599,7 +570,7 @@ def refusal(setup: TrainSetup) -> str | None:
                 "run (`measure --mode scaled`) runs FSDP1's CPUOffload for real")
     if setup.context_parallel > 1:
         return NO_CP_DRY_RUN
-    families = ("replicated", "zero12") if setup.run in ("grpo", "rm") else ("replicated",)
+    families = ("replicated", "zero12")
     if setup.run in LOGPS_RUNS and st.family not in families:
         return (f"a {setup.run.upper()} dry run exists for "
                 f"{strategies.listing(lambda x: x.family in families, 'and')} (TRL's step re-enacted, reference "
@@ -654,7 +625,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         stepped = time.perf_counter()
         with tracker, engines.untracked_sharding_propagation(tracker):
             if setup.run == "dpo":
-                engine = DPOStep(net, setup, tracker, mesh, reference=ref)
+                engine = (DPOZeroStep if st.family == "zero12" else DPOStep)(net, setup, tracker, mesh, reference=ref)
             elif setup.run == "rm":
                 engine = (RewardZeroStep if st.family == "zero12" else RewardStep)(net, setup, tracker, mesh)
             elif setup.run == "grpo":                   # (its reference scores between steps)
@@ -706,6 +677,15 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
 
 class RewardZeroStep(RewardLoss, ZeroEquivalentStep):
     """A reward model under DeepSpeed ZeRO-1/2 re-enacted (RewardLoss on ZeroEquivalentStep)."""
+
+
+class DPOZeroStep(DPOLoss, ZeroEquivalentStep):
+    """DPO under DeepSpeed ZeRO-1/2 re-enacted (DPOLoss on ZeroEquivalentStep): bf16 logits, the reference copy whole
+    in bf16 as TRL's prepare_deepspeed places it (stage 0)."""
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
+        ZeroEquivalentStep.__init__(self, model, setup, tracker, mesh)
+        self._hold_reference(reference, tracker)
 
 
 class GRPOZeroStep(GRPOLoss, ZeroEquivalentStep):

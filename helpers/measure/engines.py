@@ -10,6 +10,10 @@ import torch
 from helpers.measure.tracker import Tracker
 from helpers.training import TrainSetup
 
+SCALED_RUNS = ("rm", "dpo")
+"""Runs other than SFT that a scaled run trains through the real engines (their losses: `reward_loss`,
+`helpers.measure.preference_loss.dpo_loss`)."""
+
 
 def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
     """Options the estimate models but this mode does not run: say so rather than measure something else."""
@@ -27,15 +31,15 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
         raise InputError(f"trl_loss_type {setup.trl_loss_type!r} at this TRL release ({sft_loss.mechanism(setup)} "
                          f"loss) has no {mode} run here (the training loop computes the model's own loss): a dry run "
                          f"re-enacts TRL's loss, or measure with trl_loss_type unset")
-    if setup.run == "rm" and mode == "scaled" and setup.strat.one_process_per_gpu:
-        raise InputError(f"a reward model's scaled run trains in this process (single, ddp, DeepSpeed), not under "
-                         f"torchrun: got strategy {setup.strategy!r}; `estimate` models its score head under every "
-                         f"engine")
-    if setup.run not in ("sft", "rm" if mode == "scaled" else "sft") and mode != "dry":
-        raise InputError(f"run {setup.run!r} has no {mode} run here (the training loop trains SFT): a dry run "
-                         f"re-enacts TRL's (and LLaMA-Factory's) {setup.run.upper()} step with its reference model "
-                         f"(single, ddp; GRPO also zero1, zero2), and `estimate` places the reference under every "
-                         f"engine")
+    if setup.run in SCALED_RUNS and mode == "scaled" and setup.strat.one_process_per_gpu:
+        what = "a reward model's" if setup.run == "rm" else f"a {setup.run.upper()}"
+        raise InputError(f"{what} scaled run trains in this process (single, ddp, DeepSpeed), not under torchrun: got "
+                         f"strategy {setup.strategy!r}; `estimate` models it under every engine")
+    if setup.run not in (("sft",) + (SCALED_RUNS if mode == "scaled" else ())) and mode != "dry":
+        raise InputError(f"run {setup.run!r} has no {mode} run here (the training loop trains SFT"
+                         f"{', a reward model and DPO' if mode == 'scaled' else ''}): a dry run re-enacts TRL's (and "
+                         f"LLaMA-Factory's) {setup.run.upper()} step with its reference model (single, ddp, zero1, "
+                         f"zero2), and `estimate` places the reference under every engine")
     if setup.resume:
         raise InputError(f"resume is modelled by the estimate (the loaded checkpoint beside the live buffers) but a "
                          f"{mode} run does not load a checkpoint; measure without --resume: the resume transient is "

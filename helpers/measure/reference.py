@@ -12,7 +12,6 @@ patches torch for the rest of a process's life, which would change later dry run
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import importlib
 import json
@@ -24,17 +23,6 @@ import torch
 from helpers import estimate, models
 from helpers.measure import children, engines, procgroup, scaled
 from helpers.training import TrainSetup
-
-
-def reference_config(s: TrainSetup) -> dict:
-    """The policy's DeepSpeed config as TRL 1.10's prepare_deepspeed turns it into the reference's: a copy, the stage
-    0 unless it is 3, and (the engine built without an optimizer) no optimizer block."""
-    config = copy.deepcopy(scaled.deepspeed_config(s))
-    config.pop("optimizer", None)
-    config.pop("zero_allow_untested_optimizer", None)
-    if config["zero_optimization"]["stage"] != 3:
-        config["zero_optimization"]["stage"] = 0
-    return config
 
 
 def placed(model: str, setup: TrainSetup) -> dict:
@@ -56,7 +44,7 @@ def _placed_here(model: str, setup: TrainSetup) -> dict:
     twin, s = scaled.scaled_setup(model, setup)
     procgroup.ensure("gloo", 1)
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-    config = reference_config(s)
+    config = scaled.reference_config(s)
     net = engines.build_model(str(twin), s.replace(checkpointing="none"), torch.float32, "eager")
     assert isinstance(net, transformers.PreTrainedModel)
     engine, *_ = deepspeed.initialize(model=net, config=config)

@@ -32,7 +32,7 @@ from helpers import deepspeed_ops, deepspeed_rules, estimate, models, provenance
 from helpers import versions as library_versions
 from helpers.errors import InputError, MeasurementError
 from helpers.estimate import adapters, reference
-from helpers.measure import children, engines, nf4, procgroup
+from helpers.measure import children, engines, nf4, preference_loss, procgroup
 from helpers.measure.fsdp_engines import FSDP1Engine, FSDP2Engine
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
@@ -102,9 +102,10 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
     started = time.perf_counter()
     torch.manual_seed(0)
     net = build_twin(twin, s)
+    ref = build_reference(twin, s)
     tracker = Tracker(default_device="gpu")
     with engines.torch_globals_restored(), tracker:
-        engine = engine_class(s)(net, s, tracker)
+        engine = engine_class(s)(net, s, tracker, **({"reference": ref} if s.run == "dpo" else {}))
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad]
                       + nf4.state_tensors(net), "parameters")
         tracker.restart_peak("setup")
@@ -125,6 +126,21 @@ def build_twin(twin: Path, s: TrainSetup):
     """The twin's model, in the set-up's weight dtype and attention kernel (random weights)."""
     dtype = torch.bfloat16 if s.precision == "bf16" else torch.float32
     return engines.build_model(str(twin), s, dtype, "eager" if s.attention == "eager" else "sdpa")
+
+
+def build_reference(twin: Path, s: TrainSetup):
+    """DPO's frozen reference copy of the twin (reference 'copy'), loaded as TRL 1.10 loads it
+    (`create_model_from_path` with the policy's model_init_kwargs: the same dtype; no adapters, no checkpointing, which
+    TRL turns off for the reference forward), frozen, in eval mode; None for every other set-up."""
+    if not reference.holds_copy(s):
+        return None
+    if s.quantized:
+        raise InputError(f"a scaled DPO run with a reference copy loads it as the policy's base, not 4-bit: got "
+                         f"base_weights {s.base_weights!r}; use reference 'adapters-off' (TRL's LoRA way), or "
+                         f"`estimate`")
+    torch.manual_seed(0)                    # the policy's own initial weights: DPO's loss starts at log 2
+    ref = build_twin(twin, s.replace(lora_rank=None, checkpointing="none"))
+    return ref.requires_grad_(False).eval()
 
 
 def train(engine, tracker: Tracker, s: TrainSetup, vocab: int, steps: int,
@@ -166,11 +182,16 @@ class _Recorder(Hooks):
 class TorchEngine:
     """torch AdamW on the twin; DDP (over a one-rank gloo group) for strategy 'ddp'; CPU autocast for bf16-mixed."""
 
-    def __init__(self, net, s: TrainSetup, tracker: Tracker, device_type: str = "cpu"):
-        """`device_type` is read from the parameters (the argument is there for one signature across engines)."""
-        self.s, self.tracker, self.module = s, tracker, net
+    def __init__(self, net, s: TrainSetup, tracker: Tracker, device_type: str = "cpu", reference=None):
+        """`device_type` is read from the parameters (the argument is there for one signature across engines);
+        `reference`: DPO's frozen copy (`build_reference`), kept whole as accelerate's prepare_model(evaluation_mode)
+        keeps it."""
+        self.s, self.tracker, self.module, self.reference = s, tracker, net, reference
         self.params = list(net.parameters())
         tracker.label(self.params, "parameters")
+        if reference is not None:
+            tracker.label(list(reference.parameters()) + list(reference.buffers()), "parameters")
+            engines.watch_logits(reference, tracker)
         self.model = net
         self.device_type = self.params[0].device.type
         if s.strat.gradient_buckets:            # DDP
@@ -185,12 +206,29 @@ class TorchEngine:
     def forward(self, ids):
         ctx = (torch.autocast(self.device_type, dtype=engines.HALF[self.s.half]) if self.s.mixed
                else contextlib.nullcontext())
+        if self.s.run == "dpo":
+            return preference_loss.dpo_loss(lambda x: self._autocast_forward(self.model, x),
+                                            None if self.s.ref == "none" else self._reference_forward, ids, self.s,
+                                            self.tracker.set_context)
         with ctx:
             if self.s.run == "rm":
                 return engines.reward_loss(self.model, ids, self.s)
             if self.s.fused_ce:
                 return engines.causal_lm_loss(self.module, ids, True, self.tracker)
             return self.model(input_ids=ids, labels=ids).loss
+
+    def _autocast_forward(self, model, ids):
+        with (torch.autocast(self.device_type, dtype=engines.HALF[self.s.half]) if self.s.mixed
+              else contextlib.nullcontext()):
+            return model(input_ids=ids)
+
+    def _reference_forward(self, ids):
+        """DPO's reference forward (called under no_grad): the copy, or the unwrapped LoRA policy with its adapters
+        disabled (peft's disable_adapter, as TRL's `use_adapter(model, None)`)."""
+        if self.reference is not None:
+            return self._autocast_forward(self.reference, ids)
+        with self.module.disable_adapter():
+            return self._autocast_forward(self.module, ids)
 
     def backward(self, loss):
         engines.backward(self.tracker, loss, self.params, scaler=self.scaler)
@@ -207,7 +245,9 @@ class DeepSpeedEngine:
     DeepSpeed's accelerator is the CPU itself, so its own `subgroup_to_device` says 'cpu' for all.
     """
 
-    def __init__(self, net, s: TrainSetup, tracker: Tracker, device_type: str = "cpu"):
+    def __init__(self, net, s: TrainSetup, tracker: Tracker, device_type: str = "cpu", reference=None):
+        """`reference`: DPO's frozen copy, prepared as TRL 1.10's `prepare_deepspeed` prepares it
+        (`reference_config`: a second engine, stage 0 unless the policy's is 3, no optimizer)."""
         on_gpu = next(net.parameters()).is_cuda
         procgroup.ensure("nccl" if on_gpu else "gloo", s.gpus if on_gpu else 1)
         import deepspeed
@@ -223,6 +263,7 @@ class DeepSpeedEngine:
                          + (f"the HF Trainer's way: {engines.optimizer_name(s)} handed to deepspeed.initialize as a "
                             f"client optimizer" if s.client_optimizer else adam_name(config)))
         self._label_buffers()
+        self.reference = self._prepare_reference(reference)
         if hasattr(optimizer, "setup_buckets"):             # the ipg buckets, made by the first gradient hook
             setup_buckets = optimizer.setup_buckets
 
@@ -243,9 +284,37 @@ class DeepSpeedEngine:
 
             inner.step = counted_step
 
+    def _prepare_reference(self, reference):
+        """DPO's reference engine (None without a copy): its parameters labelled where the engine left them."""
+        if reference is None:
+            return None
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(model=reference, config=reference_config(self.s))
+        engine.eval()
+        zero3 = reference_config(self.s)["zero_optimization"]["stage"] == 3
+        self.tracker.label([p.ds_tensor if zero3 else p for p in engine.module.parameters()]
+                           + list(engine.module.buffers()), "parameters",
+                           "host" if zero3 and self.s.offload_params else "gpu")
+        engines.watch_logits(engine.module, self.tracker)
+        return engine
+
+    def _reference_forward(self, ids):
+        """DPO's reference forward (called under no_grad): the copy's engine, or the LoRA policy with its adapters
+        disabled."""
+        if self.reference is not None:
+            return self.reference(input_ids=ids)
+        with self.module.disable_adapter():
+            return self.engine(input_ids=ids)
+
     def forward(self, ids):
         if self.s.run == "rm":
             return engines.reward_loss(self.engine, ids, self.s)
+        if self.s.run == "dpo":      # accelerate wraps no native-amp forward under DeepSpeed: TRL takes the logits
+            #                          in the module's dtype, LLaMA-Factory's concatenated_forward casts them to fp32
+            return preference_loss.dpo_loss(lambda x: self.engine(input_ids=x),
+                                            None if self.s.ref == "none" else self._reference_forward, ids, self.s,
+                                            self.tracker.set_context, fp32_outputs=self.s.dpo_logps == "log-softmax")
         return self.engine(input_ids=ids, labels=ids).loss
 
     def backward(self, loss):
@@ -351,6 +420,17 @@ def deepspeed_config(s: TrainSetup) -> dict:
     if deepspeed_ops.torch_path(s.offload_optimizer, s.offload_ratio if s.offload_optimizer else None):
         adam.update(torch_adam=True, fused=True)     # torch's fused AdamW: in place, like DeepSpeed's own kernels
     return config | {"optimizer": {"type": "AdamW", "params": adam}}
+
+
+def reference_config(s: TrainSetup) -> dict:
+    """The policy's DeepSpeed config as TRL 1.10's prepare_deepspeed (trl/models/utils.py) turns it into the
+    reference's: a copy, the stage 0 unless it is 3, and (the engine built without an optimizer) no optimizer block."""
+    config = deepspeed_config(s)
+    config.pop("optimizer", None)
+    config.pop("zero_allow_untested_optimizer", None)
+    if config["zero_optimization"]["stage"] != 3:
+        config["zero_optimization"]["stage"] = 0
+    return config
 
 
 def initialize_deepspeed(net, s: TrainSetup):
