@@ -170,6 +170,12 @@ GRID = [
     ("qwen2.5-7b", T(run="rm", lora_rank=16, batch=2, seq=2048, checkpointing="full", attention="flash")),
     ("llama-3.2-1b", T(run="rm", strategy="ddp", gpus=4, batch=4, seq=1024, attention="flash")),
     ("qwen2.5-1.5b", T(run="rm", strategy="zero2", gpus=8, batch=4, seq=2048, attention="flash")),
+    # DPO as TRL's DPOTrainer trains it: chosen and rejected in one forward, the reference's forward beside the policy's
+    # logits (a frozen copy in fp32 on one GPU; in bf16 stage 0 under ZeRO-2, with bf16 logits; LoRA's base unadapted)
+    ("llama-3.2-1b", T(run="dpo", batch=2, seq=1024, checkpointing="full", attention="flash")),
+    ("qwen2.5-1.5b", T(run="dpo", strategy="zero2", gpus=8, batch=2, seq=2048, checkpointing="full", attention="flash")),
+    ("qwen2.5-7b", T(run="dpo", strategy="zero1", gpus=4, lora_rank=16, batch=1, seq=2048, checkpointing="full",
+                     attention="flash")),
 ]
 
 
