@@ -176,6 +176,10 @@ GRID = [
     ("qwen2.5-1.5b", T(run="dpo", strategy="zero2", gpus=8, batch=2, seq=2048, checkpointing="full", attention="flash")),
     ("qwen2.5-7b", T(run="dpo", strategy="zero1", gpus=4, lora_rank=16, batch=1, seq=2048, checkpointing="full",
                      attention="flash")),
+    # KTO as TRL's KTOTrainer trains it: unpaired sequences, the KL batch through policy and reference under no_grad
+    ("llama-3.2-1b", T(run="kto", batch=4, seq=1024, checkpointing="full", attention="flash")),
+    ("qwen2.5-1.5b", T(run="kto", strategy="zero2", gpus=8, batch=4, seq=2048, lora_rank=16, checkpointing="full",
+                       attention="flash")),
 ]
 
 

@@ -45,16 +45,21 @@ def reference_lines(r: Result) -> list[str]:
     b, how = r.setup["batch"], r.setup.get("dpo_logps", "logsumexp")
     way = ("a logsumexp per sequence over fp32 logits, the logits kept for backward (TRL's way)" if how == "logsumexp"
            else "a log_softmax over fp32 logits, its output kept for backward (LLaMA-Factory's way)")
-    deepspeed = strategies.get(r.setup["strategy"]).deepspeed
-    caveat = ("; under DeepSpeed TRL's logits stay bf16 and are taken row by row: counted the same way, an upper "
-              "bound by our reading" if deepspeed and how == "logsumexp" else "")
+    if strategies.get(r.setup["strategy"]).deepspeed and how == "logsumexp":
+        way = ("a log_softmax per sequence over the bf16 logits, each kept for backward (TRL's way under DeepSpeed, "
+               "where accelerate wraps no autocast)")
+    caveat = ""
     beside = "" if r.setup.get("reference") == "none" else ", with the reference's logits scored beside them"
     if r.setup.get("fused_ce"):
-        caveat += ("; fused_ce does not reach DPO's log-probabilities here: the full logits are counted (Liger's "
-                   "fused DPO loss, TRL's use_liger_kernel, would hold less)")
-    return ["", f"DPO: each forward runs {b} chosen and {b} rejected sequences ({2 * b} x seq); reference model: "
-                f"{said}{held}. Log-probabilities: {way}{beside} (measured by a dry run of the step "
-                f"re-enacted{caveat})"]
+        caveat += ("; fused_ce does not reach the log-probabilities here: the full logits are counted (Liger's "
+                   "fused losses, TRL's use_liger_kernel, would hold less)")
+    if r.setup.get("run") == "kto":
+        runs = (f"KTO: each forward runs {b} unpaired sequences, and first {b} mismatched ones of the KL term through "
+                f"the policy and the reference under no_grad (below the step's moments)")
+    else:
+        runs = f"DPO: each forward runs {b} chosen and {b} rejected sequences ({2 * b} x seq)"
+    return ["", f"{runs}; reference model: {said}{held}. Log-probabilities: {way}{beside} (measured by a dry run of "
+                f"the step re-enacted{caveat})"]
 
 
 def grpo_lines(r: Result, said: str) -> list[str]:

@@ -21,10 +21,12 @@ OPTIMIZERS = ("adamw", "adamw-8bit")
 STRATEGIES = strategies.NAMES
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
-RUNS = ("sft", "dpo", "rm", "grpo")  # what is trained: next-token SFT, DPO (chosen + rejected, a reference model), a
-#                                      reward model (chosen + rejected, a score head instead of the LM head), GRPO
+RUNS = ("sft", "dpo", "kto", "rm", "grpo")  # what is trained: next-token SFT, DPO (chosen + rejected, a reference
+#                                      model), KTO (unpaired, a reference model and a KL batch), a reward model
+#                                      (chosen + rejected, a score head instead of the LM head), GRPO
 PAIRED_RUNS = ("dpo", "rm")    # runs whose micro batch counts pairs: each example's chosen and rejected in one forward
-LOGPS_RUNS = ("dpo", "grpo")   # runs whose loss is taken from log-probabilities outside the model's forward (TRL's)
+LOGPS_RUNS = ("dpo", "kto", "grpo")   # runs whose loss is taken from log-probabilities outside the model's forward
+PREFERENCE_RUNS = ("dpo", "kto")      # runs whose step scores its batch with the reference model (TRL's)
 GENERATIONS = ("generate", "vllm-colocate", "vllm-server")   # GRPO's generation engine (TRL use_vllm, vllm_mode)
 COMPLETION_DEFAULT = 512       # TRL 1.10 GRPOConfig.max_completion_length's default
 PROMPT_ASSUMED = 512           # a GRPO prompt's tokens where nothing truncates it (TRL 1.x, axolotl): the default of
@@ -118,35 +120,41 @@ class TrainSetup:
     run: str = option("sft", Face(
         "--run", "what the run trains: sft (one model, next-token loss), dpo (TRL's, LLaMA-Factory's and "
                  "OpenRLHF's DPO: each example's chosen and rejected sequences in one forward, and a frozen "
-                 "reference model beside the policy), rm (a reward model: TRL's RewardTrainer, LLaMA-Factory's "
+                 "reference model beside the policy), kto (TRL's KTOTrainer, axolotl's rl kto: unpaired examples, "
+                 "the reference model and a no-grad forward of a mismatched KL batch through both), rm (a reward "
+                 "model: TRL's RewardTrainer, LLaMA-Factory's "
                  "stage rm, OpenRLHF's train_rm: chosen and rejected in one forward, a score head of one output "
                  "instead of the LM head) or grpo (TRL's GRPOTrainer: completions generated between steps, "
                  "--generation, and trained on their log-probabilities, --completion)",
         choices=RUNS, control=Control("menu", "run", options=RUNS, tooltip="dpo: chosen + rejected, and a "
-                                                                           "reference model; rm: chosen + rejected, "
+                                                                           "reference model; kto: unpaired, a "
+                                                                           "reference and a KL batch; rm: chosen + "
+                                                                           "rejected, "
                                                                            "a score head; grpo: generated "
                                                                            "completions"),
-        no_time="a DPO, reward-model or GRPO run trains a different objective; its reference forward's and its "
+        no_time="a DPO, KTO, reward-model or GRPO run trains a different objective; its reference forward's and its "
                 "generation's time are not modelled"))
     """'sft': one model trained on next-token prediction. 'dpo': direct preference optimisation: the micro batch's
     chosen and rejected sequences run as one forward of 2 x batch sequences, and a frozen reference model scores them
-    (helpers.estimate.reference), as `reference` says. 'rm': a reward model (AutoModelForSequenceClassification with
+    (helpers.estimate.reference), as `reference` says. 'kto': TRL 1.10's KTOTrainer: `batch` unpaired sequences, the
+    reference as DPO's, and the KL term's mismatched sequences run through the policy and the reference under
+    no_grad. 'rm': a reward model (AutoModelForSequenceClassification with
     one label): pairs as DPO's, the decoder's last hidden states through a score head of one output, no vocabulary
     logits (helpers.estimate.reward). 'grpo': TRL 1.10's GRPOTrainer: each sequence is a prompt and
     one generated completion (seq = prompt + `completion` tokens), trained on the completion's log-probabilities;
     completions are generated between steps (`generation`, helpers.estimate.generation)."""
     reference: str | None = option(None, Face(
-        "--reference", "with --run dpo or grpo: the reference model: copy (a frozen copy beside the policy: TRL's "
+        "--reference", "with --run dpo, kto or grpo: the reference model: copy (a frozen copy beside the policy: TRL's "
                        "and LLaMA-Factory's full fine-tuning, OpenRLHF always; GRPO with beta > 0), adapters-off (a "
                        "LoRA policy with its adapters disabled: TRL's and LLaMA-Factory's LoRA) or none "
                        "(precompute_ref_log_probs, or a reference-free loss: SimPO, ORPO; GRPO's beta 0.0); default: "
-                       "dpo: adapters-off with --lora-rank, else copy; grpo: none (TRL's beta 0.0)",
+                       "dpo and kto: adapters-off with --lora-rank, else copy; grpo: none (TRL's beta 0.0)",
         choices=REFERENCES, control=Control("menu", "reference", options=("default",) + REFERENCES, none="default",
-                                            tooltip="dpo: where the reference log-probabilities come from"),
+                                            tooltip="dpo, kto: where the reference log-probabilities come from"),
         applies=lambda v: v["run"] in LOGPS_RUNS,
         remedy=("reference log-probs precomputed (precompute_ref_log_probs)", "none"),
         no_time="precomputing the reference's log-probs moves its forward before training"))
-    """With run 'dpo', where the reference log-probabilities come from (helpers.estimate.reference): 'copy', a
+    """With run 'dpo' (or 'kto'), where the reference log-probabilities come from (helpers.estimate.reference): 'copy', a
     frozen copy of the model beside the policy; 'adapters-off', the LoRA policy's own base with its adapters disabled
     (no weights added; needs lora_rank); 'none', no reference forward in the step (log-probs precomputed, or a
     reference-free loss). None: 'adapters-off' with LoRA, else 'copy' (TRL's and LLaMA-Factory's rule); with run
@@ -634,7 +642,7 @@ class TrainSetup:
 
     @property
     def ref(self) -> str | None:
-        """DPO's or GRPO's reference as the run has it ('copy', 'adapters-off', 'none'); None for SFT."""
+        """DPO's, KTO's or GRPO's reference as the run has it ('copy', 'adapters-off', 'none'); None for SFT."""
         if self.run not in LOGPS_RUNS:
             return None
         if self.run == "grpo":
@@ -899,8 +907,8 @@ class TrainSetup:
         if self.reference is not None:
             _choice("reference", self.reference, REFERENCES)
             if self.run not in LOGPS_RUNS:
-                raise InputError(f"reference {self.reference!r} is a DPO and GRPO option: use it with run 'dpo' or "
-                                 f"'grpo', got run {self.run!r}")
+                raise InputError(f"reference {self.reference!r} is a DPO, KTO and GRPO option: use it with run "
+                                 f"'dpo', 'kto' or 'grpo', got run {self.run!r}")
             if self.reference == "adapters-off" and self.lora_rank is None:
                 raise InputError("reference 'adapters-off' (the policy's base with its LoRA adapters disabled) needs "
                                  "lora_rank; a full fine-tune's reference is a copy ('copy') or none ('none')")

@@ -500,7 +500,7 @@ def test_a_trl_loss_type_neither_sft_nor_dpo_is_refused_not_read_as_dpo(tmp_path
     base = "model_name_or_path: meta-llama/Llama-3.2-3B\nbf16: true\n"
     with pytest.raises(ConfigError) as err:
         read(write(tmp_path, "t.yaml", base + "loss_type: chunked\n"))
-    assert "neither SFTConfig's" in str(err.value) and "did you mean chunked_nll?" in str(err.value)
+    assert "none of SFTConfig's" in str(err.value) and "did you mean chunked_nll?" in str(err.value)
     assert read(write(tmp_path, "m.yaml", base + "loss_type: [sigmoid, sft]\n")).setup.run == "dpo"
     grpo = read(write(tmp_path, "g.yaml", base + "num_generations: 4\nloss_type: dapo\n"))
     assert grpo.setup is not None

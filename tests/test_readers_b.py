@@ -499,14 +499,14 @@ def test_axolotl_fsdp1_and_not_modelled(tmp_path):
         gradient_checkpointing: offload
         context_parallel_size: 2
         optimizer: paged_adamw_32bit
-        rl: kto
+        rl: orpo
     """)
     i = read(p)
     nm = keyed(i.not_modelled)
     assert i.setup.strategy == "fsdp1"
     assert "fsdp_config.fsdp_sharding_strategy" not in nm and i.setup.reshard_after_forward is False   # SHARD_GRAD_OP
     assert nm["gradient_checkpointing"].value == "offload" and (i.setup.checkpointing == "full")
-    assert nm["optimizer"].value == "paged_adamw_32bit" and nm["rl"].value == "kto"
+    assert nm["optimizer"].value == "paged_adamw_32bit" and nm["rl"].value == "orpo"   # (kto is read)
     assert keyed(i.defaults)["fsdp_version"].value == 1
 
 

@@ -168,10 +168,10 @@ def test_deepspeeds_real_engine_keeps_the_reference_as_the_estimate_places_it(op
 
 
 @pytest.mark.parametrize("changes, words", [
-    ({"reference": "none"}, "reference 'none' is a DPO and GRPO option"),
+    ({"reference": "none"}, "reference 'none' is a DPO, KTO and GRPO option"),
     ({"run": "dpo", "reference": "adapters-off"}, "needs lora_rank"),
     ({"run": "dpo", "reference": "ref"}, "unknown reference 'ref': allowed are copy, adapters-off, none"),
-    ({"run": "kto"}, "unknown run 'kto': allowed are sft, dpo"),
+    ({"run": "ppo"}, "unknown run 'ppo': allowed are sft, dpo, kto, rm, grpo"),
     ({"run": "dpo", "strategy": "fsdp2", "gpus": 4, "tensor_parallel": 2}, "run 'dpo' with tensor_parallel"),
     ({"run": "dpo", "batch": 4096, "seq": 4096}, "2 x batch x seq"),
 ])
@@ -204,7 +204,7 @@ def test_a_trl_dpo_config_is_read_as_dpo(tmp_path, extra, reference):
 def test_the_report_says_what_the_reference_is():
     r = estimate.run("qwen2.5-0.5b", TrainSetup(run="dpo", strategy="zero2", gpus=8))
     line = report.reference_lines(r)[1]
-    assert "DeepSpeed's stage 0, whole on every GPU" in line and "an upper bound by our reading" in line
+    assert "DeepSpeed's stage 0, whole on every GPU" in line and "a log_softmax per sequence over the bf16" in line
     assert report.reference_lines(estimate.run("qwen2.5-0.5b", TrainSetup())) == []
 
 

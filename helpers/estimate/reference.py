@@ -1,4 +1,5 @@
-"""DPO's reference model and its pairs of sequences (`run` 'dpo'): what a preference run holds beyond SFT's.
+"""DPO's and KTO's reference model and DPO's pairs of sequences (`run` 'dpo', 'kto'): what a preference run holds
+beyond SFT's.
 
 Read in TRL 1.10 (huggingface/trl at f2cd577, trl/trainer/dpo_trainer.py and trl/models/utils.py) and DeepSpeed
 0.19.8; the reference's placement measured on the real engines by `helpers.measure.reference`:
@@ -44,11 +45,16 @@ the step's and is not a moment of its own. In the step, `_get_per_token_logps_an
 completion's logits alone (`logits_to_keep` = completion + 1), divides them by the temperature in place, takes
 `selective_log_softmax` as DPO does, and the entropy under no_grad, 128 rows at a time.
 
-Left out: under DeepSpeed DPO's logits come in the compute dtype (accelerate wraps no native-amp forward there), and
-TRL's `selective_log_softmax` then takes bf16 logits row by row: counted as above, an upper bound by our reading
-(GRPO's 16-bit way is counted, `_grpo_bf16_logits`); the
-reference forward's own layer intermediates (freed layer by layer, under no_grad) are below the policy's saved
-activations and not counted on top.
+Under DeepSpeed the logits come in the compute dtype (accelerate wraps no native-amp forward there), and TRL's
+`selective_log_softmax` takes them row by row: DPO's `_dpo_bf16_logits`, GRPO's `_grpo_bf16_logits`.
+KTO (`run` 'kto', TRL 1.10 kto_trainer.py `_compute_loss`): the reference loaded and placed as DPO's; the micro batch
+is `batch` unpaired sequences (not doubled), scored as DPO's are. Before the policy's forward the KL term's batch
+(each prompt with another example's completion, as many sequences) runs through the policy under no_grad, and
+through the reference just before the reference's forward: each holds its logits and their scoring while less is
+alive than at the reference's forward (nothing saved yet; then the same size as the reference forward's own), so no
+moment of its own: checked by the dry run (`preference_loss.kto_loss`).
+Left out: the reference forward's own layer intermediates (freed layer by layer, under no_grad) are below the policy's
+saved activations and not counted on top.
 """
 
 from __future__ import annotations

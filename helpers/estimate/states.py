@@ -347,7 +347,7 @@ def _torch_replicated(b: Builder, m: ModelSpec) -> None:
               "recomputation casts one layer's weights again")
     b.gpu(f"gradients ({dt[storage]})" + (", all but the embedding's" if embed else ""), "gradients",
           (P - embed) * storage, GRADS, "param.grad, freed by zero_grad()")
-    b.gpu(f"embedding gradient ({dt[storage]})", "gradients", embed * storage, BWD_DONE | STEP,
+    b.gpu(f"embedding gradient ({dt[storage]})", "gradients", embed * storage, BWD_DONE | STEP_NORM | STEP,
           "the embedding's backward runs last")
     if m.tied and not unused:
         b.gpu("tied embedding: its gradient and the earlier one, before they are summed", "temporaries",
@@ -453,7 +453,7 @@ def _fsdp2(b: Builder, m: ModelSpec) -> None:
     at_end = BWD_DONE if tp == 1 and (off or not tied) else set()
     if s.grad_accum > 1 and s.sync_each_batch:      # the earlier micro batches' sum, alive through the later ones
         at_end = at_end | FWD_BWD | BWD_POST | BWD_DONE
-    place("sharded gradient of the embedding", "gradients", sum(first_blocks), at_end | STEP,
+    place("sharded gradient of the embedding", "gradients", sum(first_blocks), at_end | STEP_NORM | STEP,
           "its group runs backward last" + ("; a tied one's GPU peak comes before its reduce-scatter" if tied else ""),
           pinned=off and s.pin_memory, blocks=first_blocks)
     place("AdamW exp_avg + exp_avg_sq (sharded)", "optimizer_states", 2 * shard * storage, STATES,
@@ -977,7 +977,7 @@ def _fsdp1(b: Builder, m: ModelSpec) -> None:
         # with accumulation, every sharded gradient (the root's too) is kept between micro batches and added into
         # (_accumulate_sharded_grad), so it is alive through the later micro batches' forward and backward
         later = FWD_BWD | BWD_DONE if s.grad_accum > 1 and s.sync_each_batch else frozenset()
-        b.gpu("sharded gradient of the root unit", "gradients", shard(root) * storage, STEP | later,
+        b.gpu("sharded gradient of the root unit", "gradients", shard(root) * storage, STEP_NORM | STEP | later,
               "its unit reduces last, after its unsharded buffers are freed")
     place("AdamW exp_avg + exp_avg_sq (sharded)", "optimizer_states", 2 * shards * storage, STATES,
           "torch AdamW on the flat shards" + ("; the step runs on the CPU" if off else ""))

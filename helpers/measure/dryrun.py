@@ -24,7 +24,7 @@ from helpers.measure import allocator, engines, fakegpu, nf4, preference_loss, r
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
-from helpers.training import LOGPS_RUNS, TrainSetup, checked
+from helpers.training import LOGPS_RUNS, PREFERENCE_RUNS, TrainSetup, checked
 from helpers.units import from_gib
 
 NO_CP_DRY_RUN = ("context_parallel has no dry run here: torch 2.13's context_parallel() patches "
@@ -100,7 +100,8 @@ class SingleStep:
 
 
 class DPOLoss:
-    """DPO as TRL 1.10's DPOTrainer runs it (`_compute_loss`, re-enacted), the loss of a step class: the micro batch is
+    """DPO as TRL 1.10's DPOTrainer runs it (`_compute_loss`, re-enacted; KTO's alike, its batch unpaired and its KL
+    batch scored first: `preference_loss.kto_loss`), the loss of a step class: the micro batch is
     its chosen sequences then its rejected ones, one forward of the policy (under autocast, where accelerate's
     native-amp wrapper returns the logits as fp32: `convert_outputs_to_fp32`; under DeepSpeed a bf16 module, no native
     amp, the logits stay bf16 and `selective_log_softmax` takes its 16-bit way); the shifted logits'
@@ -139,9 +140,9 @@ class DPOLoss:
 
     def forward(self, ids):
         s = self.setup
-        return preference_loss.dpo_loss(self._policy, None if s.ref == "none" else self._reference, ids, s,
-                                        self.tracker.set_context,
-                                        fp32_outputs=not s.strat.deepspeed or s.dpo_logps == "log-softmax")
+        return preference_loss.loss(self._policy, None if s.ref == "none" else self._reference, ids, s,
+                                    self.tracker.set_context,
+                                    fp32_outputs=not s.strat.deepspeed or s.dpo_logps == "log-softmax")
 
 
 class DPOStep(DPOLoss, SingleStep):
@@ -624,7 +625,7 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
         tracker = Tracker() if track else NullTracker()
         stepped = time.perf_counter()
         with tracker, engines.untracked_sharding_propagation(tracker):
-            if setup.run == "dpo":
+            if setup.run in PREFERENCE_RUNS:
                 engine = (DPOZeroStep if st.family == "zero12" else DPOStep)(net, setup, tracker, mesh, reference=ref)
             elif setup.run == "rm":
                 engine = (RewardZeroStep if st.family == "zero12" else RewardStep)(net, setup, tracker, mesh)

@@ -10,9 +10,9 @@ import torch
 from helpers.measure.tracker import Tracker
 from helpers.training import TrainSetup
 
-SCALED_RUNS = ("rm", "dpo")
+SCALED_RUNS = ("rm", "dpo", "kto")
 """Runs other than SFT that a scaled run trains through the real engines (their losses: `reward_loss`,
-`helpers.measure.preference_loss.dpo_loss`)."""
+`helpers.measure.preference_loss.loss`)."""
 
 
 def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
@@ -37,7 +37,7 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
                          f"strategy {setup.strategy!r}; `estimate` models it under every engine")
     if setup.run not in (("sft",) + (SCALED_RUNS if mode == "scaled" else ())) and mode != "dry":
         raise InputError(f"run {setup.run!r} has no {mode} run here (the training loop trains SFT"
-                         f"{', a reward model and DPO' if mode == 'scaled' else ''}): a dry run re-enacts TRL's (and "
+                         f"{', a reward model, DPO and KTO' if mode == 'scaled' else ''}): a dry run re-enacts TRL's (and "
                          f"LLaMA-Factory's) {setup.run.upper()} step with its reference model (single, ddp, zero1, "
                          f"zero2), and `estimate` places the reference under every engine")
     if setup.resume:

@@ -37,7 +37,7 @@ from helpers.measure.fsdp_engines import FSDP1Engine, FSDP2Engine
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
-from helpers.training import TrainSetup, checked
+from helpers.training import PREFERENCE_RUNS, TrainSetup, checked
 from helpers.units import GiB, to_gib
 
 MAX_FRACTION = 0.8          # a scaled run may use at most this share of the RAM available when it starts
@@ -105,7 +105,7 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
     ref = build_reference(twin, s)
     tracker = Tracker(default_device="gpu")
     with engines.torch_globals_restored(), tracker:
-        engine = engine_class(s)(net, s, tracker, **({"reference": ref} if s.run == "dpo" else {}))
+        engine = engine_class(s)(net, s, tracker, **({"reference": ref} if s.run in PREFERENCE_RUNS else {}))
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad]
                       + nf4.state_tensors(net), "parameters")
         tracker.restart_peak("setup")
@@ -129,13 +129,13 @@ def build_twin(twin: Path, s: TrainSetup):
 
 
 def build_reference(twin: Path, s: TrainSetup):
-    """DPO's frozen reference copy of the twin (reference 'copy'), loaded as TRL 1.10 loads it
+    """DPO's (KTO's) frozen reference copy of the twin (reference 'copy'), loaded as TRL 1.10 loads it
     (`create_model_from_path` with the policy's model_init_kwargs: the same dtype; no adapters, no checkpointing, which
     TRL turns off for the reference forward), frozen, in eval mode; None for every other set-up."""
     if not reference.holds_copy(s):
         return None
     if s.quantized:
-        raise InputError(f"a scaled DPO run with a reference copy loads it as the policy's base, not 4-bit: got "
+        raise InputError(f"a scaled {s.run.upper()} run with a reference copy loads it as the policy's base, not 4-bit: got "
                          f"base_weights {s.base_weights!r}; use reference 'adapters-off' (TRL's LoRA way), or "
                          f"`estimate`")
     torch.manual_seed(0)                    # the policy's own initial weights: DPO's loss starts at log 2
@@ -206,10 +206,10 @@ class TorchEngine:
     def forward(self, ids):
         ctx = (torch.autocast(self.device_type, dtype=engines.HALF[self.s.half]) if self.s.mixed
                else contextlib.nullcontext())
-        if self.s.run == "dpo":
-            return preference_loss.dpo_loss(lambda x: self._autocast_forward(self.model, x),
-                                            None if self.s.ref == "none" else self._reference_forward, ids, self.s,
-                                            self.tracker.set_context)
+        if self.s.run in PREFERENCE_RUNS:
+            return preference_loss.loss(lambda x: self._autocast_forward(self.model, x),
+                                        None if self.s.ref == "none" else self._reference_forward, ids, self.s,
+                                        self.tracker.set_context)
         with ctx:
             if self.s.run == "rm":
                 return engines.reward_loss(self.model, ids, self.s)
@@ -310,11 +310,11 @@ class DeepSpeedEngine:
     def forward(self, ids):
         if self.s.run == "rm":
             return engines.reward_loss(self.engine, ids, self.s)
-        if self.s.run == "dpo":      # accelerate wraps no native-amp forward under DeepSpeed: TRL takes the logits
-            #                          in the module's dtype, LLaMA-Factory's concatenated_forward casts them to fp32
-            return preference_loss.dpo_loss(lambda x: self.engine(input_ids=x),
-                                            None if self.s.ref == "none" else self._reference_forward, ids, self.s,
-                                            self.tracker.set_context, fp32_outputs=self.s.dpo_logps == "log-softmax")
+        if self.s.run in PREFERENCE_RUNS:   # accelerate wraps no native-amp forward under DeepSpeed: TRL takes the
+            #                                   logits in the module's dtype, LLaMA-Factory's casts them to fp32
+            return preference_loss.loss(lambda x: self.engine(input_ids=x),
+                                        None if self.s.ref == "none" else self._reference_forward, ids, self.s,
+                                        self.tracker.set_context, fp32_outputs=self.s.dpo_logps == "log-softmax")
         return self.engine(input_ids=ids, labels=ids).loss
 
     def backward(self, loss):

@@ -641,6 +641,11 @@ class _Reader:
             d.setting(f, self.line("rl"), "rl", rl, run="dpo",
                       sets="run=dpo (TRL's DPOTrainer: chosen and rejected of each pair in one forward, a frozen "
                            "reference model unless LoRA's base with the adapters disabled serves; TRL's log-probs)")
+        elif rl == "kto":
+            d.setting(f, self.line("rl"), "rl", rl, run="kto",
+                      sets="run=kto (TRL's KTOTrainer, core/trainers/trl.py AxolotlKTOTrainer: each example's one "
+                           "completion, the KL batch through the policy and the reference under no_grad, a frozen "
+                           "reference model unless LoRA's base with the adapters disabled serves; TRL's log-probs)")
         elif rl == "grpo":
             self.grpo()
         else:

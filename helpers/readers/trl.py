@@ -40,6 +40,9 @@ ATTENTION = hf_names.ATTENTION
 PEFT_QV = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2"}
 DPO_KEYS = {"beta", "loss_type", "max_prompt_length", "precompute_ref_log_probs", "ref_model_init_kwargs",
             "rpo_alpha", "reference_free", "sync_ref_model"}
+# KTOConfig's own keys and loss types (kto_config.py @f2cd577): any of them makes the file a KTO run (KTOTrainer)
+KTO_KEYS = {"desirable_weight", "undesirable_weight"}
+KTO_LOSSES = ("kto", "apo_zero_unpaired")
 DPO_0X_KEYS = {"max_prompt_length", "rpo_alpha"}    # DPOConfig fields of TRL 0.x, gone in 1.x (the script drops them)
 # SFTConfig.loss_type's values (sft_config.py @f2cd577): a loss_type among them is an SFT file's, not a DPO one's
 SFT_LOSSES = ("nll", "dft", "chunked_nll")
@@ -181,14 +184,16 @@ class _Reader(collect.TrainerYaml):
                                              "the file is GRPO's; add one, or pass --run grpo")
         loss_type = data.get("loss_type")
         named = [loss_type] if isinstance(loss_type, str) else loss_type if isinstance(loss_type, list) else []
-        unknown = [x for x in named if not isinstance(x, str) or x not in SFT_LOSSES + DPO_LOSSES]
+        unknown = [x for x in named if not isinstance(x, str) or x not in SFT_LOSSES + DPO_LOSSES + KTO_LOSSES]
         if "loss_type" in data and not self.grpo and (unknown or not named):   # (GRPO's own are read with it)
             bad = unknown[0] if unknown else loss_type
-            raise ConfigError(path, f"loss_type {bad!r} is neither SFTConfig's ({', '.join(SFT_LOSSES)}) nor "
-                                    f"DPOConfig's ({', '.join(DPO_LOSSES)})"
-                              + (base.did_you_mean(bad, SFT_LOSSES + DPO_LOSSES) if isinstance(bad, str) else ""))
+            raise ConfigError(path, f"loss_type {bad!r} is none of SFTConfig's ({', '.join(SFT_LOSSES)}), "
+                                    f"DPOConfig's ({', '.join(DPO_LOSSES)}) or KTOConfig's ({', '.join(KTO_LOSSES)})"
+                              + (base.did_you_mean(bad, SFT_LOSSES + DPO_LOSSES + KTO_LOSSES) if isinstance(bad, str)
+                                 else ""))
         sft_loss = isinstance(loss_type, str) and loss_type in SFT_LOSSES
-        dpo = sorted(k for k in DPO_KEYS & set(data) if not (k == "loss_type" and sft_loss))
+        self.kto = bool(KTO_KEYS & set(data)) or (isinstance(loss_type, str) and loss_type in KTO_LOSSES)
+        dpo = sorted(k for k in (DPO_KEYS | KTO_KEYS) & set(data) if not (k == "loss_type" and sft_loss))
         task = data.get("lora_task_type")
         keys = sorted(REWARD_KEYS & set(data)) + (["lora_task_type"] if task == REWARD_TASK else [])
         self.reward = bool(keys) and not self.grpo and not dpo
@@ -204,18 +209,19 @@ class _Reader(collect.TrainerYaml):
                          "trainer: read as trl sft's; a reward model's runs twice the sequences, a DPO or KTO run "
                          "keeps a reference model)", "cli.py")
         if dpo and not self.grpo:
-            self.dpo(dpo)
+            self.dpo(dpo, "kto" if self.kto else "dpo")
 
-    def dpo(self, keys: list[str]) -> None:
-        """A DPOConfig (dpo_config.py @f2cd577): run dpo, and a reference model unless its log-probs are precomputed
-        (dpo_trainer.py: none either with a PEFT model, which the estimate knows from the LoRA rank)."""
+    def dpo(self, keys: list[str], run: str) -> None:
+        """A DPOConfig or a KTOConfig (dpo_config.py, kto_config.py @f2cd577): run dpo or kto, and a reference model
+        unless its log-probs are precomputed (dpo_trainer.py, kto_trainer.py: none either with a PEFT model, which the
+        estimate knows from the LoRA rank)."""
         c, take = self.c, self.take
         precompute = take("precompute_ref_log_probs")
-        sets = f"run=dpo (DPO keys: {', '.join(k for k in keys if k != 'precompute_ref_log_probs')})"
-        c.set(keys[0], self.data[keys[0]], sets, run="dpo")
+        sets = f"run={run} ({run.upper()} keys: {', '.join(k for k in keys if k != 'precompute_ref_log_probs')})"
+        c.set(keys[0], self.data[keys[0]], sets, run=run)
         if precompute is None:
             self.default("precompute_ref_log_probs", False, "a reference in the step (copy, or LoRA's base)",
-                         "dpo_config.py DPOConfig")
+                         f"{run}_config.py {run.upper()}Config")
         elif c.flag("precompute_ref_log_probs", precompute):
             c.set("precompute_ref_log_probs", precompute, "reference=none (log-probs computed before training)",
                   reference="none")
@@ -520,7 +526,7 @@ class _Reader(collect.TrainerYaml):
                               + base.did_you_mean(attn, allowed))
         else:
             c.unmodelled("attn_implementation", attn, "attention kernel not modelled: estimated as sdpa")
-        if not self.grpo and c.fields.get("run") not in ("dpo", "rm"):
+        if not self.grpo and c.fields.get("run") not in ("dpo", "kto", "rm"):
             self.sft_loss_type(bool(liger))
 
     def sft_loss_type(self, liger: bool) -> None:
@@ -743,7 +749,7 @@ class _Reader(collect.TrainerYaml):
             raise ConfigError(self.path, f"env must be a mapping of environment variables (TRL's parser stops: "
                                          f"'`env` field should be a dict'), got {data['env']!r}")
         for key, value in data.items():
-            if key in done or (key in DPO_KEYS and not self.grpo) or collect.evaluation(c, key, value) or collect.saves(c, key, value):
+            if key in done or (key in DPO_KEYS | KTO_KEYS and not self.grpo) or collect.evaluation(c, key, value) or collect.saves(c, key, value):
                 continue
             if key in NOT_MODELLED:
                 c.unmodelled(key, value, NOT_MODELLED[key])
