@@ -228,7 +228,7 @@ def imported_from(a: argparse.Namespace):
         typed["versions"] = a.versions = versions.merged(imp.setup.versions, typed["versions"])
     for field, value in typed.items():
         old = getattr(imp.setup, field)
-        if old == value:
+        if old == value and not (field == "gpus" and unknown_world):     # (a world the files leave out, given)
             continue
         overrides.append({"flag": _flag_of(a, field), "field": field, "value": value, "replaced": old,
                           "from": _origin(imp, field)})

@@ -490,6 +490,9 @@ def test_a_sharding_strategy_on_an_assumed_single_gpu_is_said_beside_the_verdict
     assert line in capsys.readouterr().out.splitlines()
     assert main(["estimate", "--from", str(cfg), "--gpu-gib", "80", "--gpus", "8"]) == 0
     assert "the files do not say how many GPUs" not in capsys.readouterr().out
+    assert main(["estimate", "--from", str(cfg), "--gpu-gib", "80", "--gpus", "1"]) == 0    # one GPU, said by a flag
+    out = capsys.readouterr().out
+    assert "the files do not say how many GPUs" not in out and "flag, overrides 1 from default" in out
     single = write(tmp_path, "s.yaml", "model_name_or_path: meta-llama/Llama-3.2-3B\nbf16: true\n")
     assert main(["estimate", "--from", str(single), "--gpu-gib", "80"]) == 0
     assert "the files do not say how many GPUs" not in capsys.readouterr().out      # one GPU shards nothing anyway

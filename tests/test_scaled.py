@@ -105,8 +105,12 @@ def test_oversized_run_is_refused_before_it_starts():
 
 
 def test_scaled_deepspeed_over_several_gpus_is_refused_not_misreported():
-    with pytest.raises(InputError, match="a scaled DeepSpeed run is one process"):
+    """It names where the partitioning is measured: ZeRO-3 has no dry run (it said it had)."""
+    with pytest.raises(InputError, match="a scaled DeepSpeed run is one process") as e:
         scaled.run(M, TrainSetup(strategy="zero3", gpus=8))
+    assert "dry-run" not in str(e.value)
+    with pytest.raises(InputError, match="is in `estimate` and in `measure --mode dry-run`"):
+        scaled.run(M, TrainSetup(strategy="zero2", gpus=8))
 
 
 def test_gpu_mode_says_when_there_is_no_gpu():

@@ -94,8 +94,10 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
         raise InputError(f"a scaled {st.title} run starts one process per GPU; at most {MAX_PROCESSES} here, "
                          f"got gpus={s.gpus}")
     if st.deepspeed and s.gpus > 1:
+        has_dry = "parameters" not in st.shards          # (ZeRO-1/2 have a dry run; ZeRO-3's is refused)
         raise InputError(f"a scaled DeepSpeed run is one process (one rank), got gpus={s.gpus}: use gpus=1 here; "
-                         f"the partitioning over several GPUs is in `estimate` and in `measure --mode dry-run`")
+                         f"the partitioning over several GPUs is in `estimate`"
+                         + (" and in `measure --mode dry-run`" if has_dry else ""))
     guard(twin, s)
     if st.one_process_per_gpu:
         return _pin_note(_run_torchrun(twin, s, steps), setup)
