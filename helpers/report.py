@@ -54,8 +54,9 @@ def reference_lines(r: Result) -> list[str]:
         caveat += ("; fused_ce does not reach the log-probabilities here: the full logits are counted (Liger's "
                    "fused losses, TRL's use_liger_kernel, would hold less)")
     if r.setup.get("run") == "kto":
+        through = "the policy" + ("" if r.setup.get("reference") == "none" else " and the reference")
         runs = (f"KTO: each forward runs {b} unpaired sequences, and first {b} mismatched ones of the KL term through "
-                f"the policy and the reference under no_grad (below the step's moments)")
+                f"{through} under no_grad (below the step's moments)")
     else:
         runs = f"DPO: each forward runs {b} chosen and {b} rejected sequences ({2 * b} x seq)"
     return ["", f"{runs}; reference model: {said}{held}. Log-probabilities: {way}{beside} (measured by a dry run of "

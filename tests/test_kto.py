@@ -91,3 +91,29 @@ def test_kto_options_are_one_line():
     assert "\n" not in str(e.value)
     with pytest.raises(InputError, match="run 'kto' with tensor_parallel"):
         TrainSetup(run="kto", strategy="fsdp2", gpus=2, tensor_parallel=2).validate()
+
+
+def test_a_misspelt_kto_key_is_refused_not_ignored(tmp_path):
+    """TRL's parser refuses a key KTOConfig does not have: `desireable_weight` was listed as ignored (helper-63)."""
+    from helpers.readers.base import ConfigError
+
+    f = tmp_path / "kto.yaml"
+    f.write_text(TRL_KTO.format(extra="desireable_weight: 1.0\nundesirable_weight: 1.3"))
+    with pytest.raises(ConfigError, match="unknown key 'desireable_weight': did you mean 'desirable_weight'"):
+        readers.read([str(f)])
+
+
+def test_precomputed_kto_says_no_reference_forward():
+    r = estimate.run("llama-3.2-1b", TrainSetup(run="kto", batch=2, seq=512, reference="none"), lifecycle=False)
+    line = report.reference_lines(r)[1]
+    assert "through the policy under no_grad" in line and "and the reference" not in line
+
+
+def test_llamafactorys_own_kto_trainer_is_listed_whether_or_not_run_kto_is_given(tmp_path):
+    """LLaMA-Factory's KTO trainer differs from TRL's (helpers.readers.llamafactory): listed as not modelled, and the
+    note is true of both readings, SFT and --run kto (it said "estimated as SFT" beside a KTO estimate)."""
+    f = tmp_path / "lf.yaml"
+    f.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct\nstage: kto\nfinetuning_type: lora\n"
+                 "per_device_train_batch_size: 2\ncutoff_len: 1024\nbf16: true\n")
+    (note,) = [n for n in readers.read([str(f)]).not_modelled if n.key == "stage"]
+    assert "or with --run kto as TRL's KTOTrainer" in note.why and note.why.endswith("the real figure is higher")

@@ -168,9 +168,13 @@ class _Reader(collect.TrainerYaml):
                                   "rejected in one forward, the LM head's logits made and dropped)", run="rm",
                   rm_head="value-head")
         else:
-            c.unmodelled("stage", stage, {"kto": "KTO keeps a frozen reference model and its KL batch",
-                                          "ppo": "PPO keeps policy, value, reference and reward models"}[stage]
-                         + "; estimated as SFT of one model, so the real figure is higher")
+            c.unmodelled("stage", stage, {"kto": "LLaMA-Factory's own KTO trainer (train/kto/trainer.py: a "
+                                                 "reference, its KL batch run after the policy's forward, copies of "
+                                                 "the fp32 logits per label) is not modelled; estimated as SFT of one "
+                                                 "model, or with --run kto as TRL's KTOTrainer, which holds less",
+                                          "ppo": "PPO keeps policy, value, reference and reward models; estimated as "
+                                                 "SFT of one model"}[stage]
+                         + ", so the real figure is higher")
         self.stage = stage
         ft = take("finetuning_type")
         if ft is None:

@@ -754,7 +754,7 @@ class _Reader(collect.TrainerYaml):
             if key in NOT_MODELLED:
                 c.unmodelled(key, value, NOT_MODELLED[key])
             else:
-                collect.refuse_misspelt(self.path, key, done, TOOL)
+                collect.refuse_misspelt(self.path, key, done | DPO_KEYS | KTO_KEYS | REWARD_KEYS | GRPO_KEYS, TOOL)
                 c.ignore(key, value)
 
 
