@@ -247,7 +247,7 @@ def _dpo_bf16_logits(b: Builder, m: ModelSpec, E: int) -> None:
     V = m.vocab
     rows = 2 * s.batch * (s.seq - 1) * V
     row = 2 * (s.seq - 1) * V
-    src = ("TRL 1.10 dpo_trainer.py _compute_loss, utils.py selective_log_softmax (16-bit branch); accelerate 1.15 "
+    src = (f"TRL 1.10 {s.run}_trainer.py _compute_loss, utils.py selective_log_softmax (16-bit branch); accelerate 1.15 "
            "prepare_model (no native amp under DeepSpeed); measured by a dry run of the step re-enacted")
     b.gpu("policy logits in bf16 (referenced until the loss is computed)", "logits", 2 * E, LOSS,
           f"{s.batch} sequences x seq x vocab = {E:,} elements x 2 B, left in the module's dtype ({src})")
@@ -292,7 +292,7 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
                "completion + 1), utils.py selective_log_softmax; accelerate 1.15 convert_outputs_to_fp32")
         _grpo_loss_transient(b, m, E, c, src)
     else:
-        src = ("TRL 1.10 dpo_trainer.py _compute_loss, utils.py selective_log_softmax; accelerate 1.15 "
+        src = (f"TRL 1.10 {s.run}_trainer.py _compute_loss, utils.py selective_log_softmax; accelerate 1.15 "
                "convert_outputs_to_fp32")
     how = "in fp32" if c == 4 else "converted to fp32 by accelerate"
     b.gpu("policy logits in fp32 (kept for the log-probabilities' backward)", "logits", 4 * E, LOSS | BWD_START,
