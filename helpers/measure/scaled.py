@@ -205,14 +205,17 @@ class TorchEngine:
         self.describe = engines.optimizer_name(s) + (", DistributedDataParallel over gloo, one rank (a replica's "
                                                      "memory does not depend on the world size)" if s.strat.gradient_buckets else "")
 
+    def _amp(self):
+        """CPU autocast in the set-up's 16-bit dtype for mixed precision; nothing otherwise."""
+        return (torch.autocast(self.device_type, dtype=engines.HALF[self.s.half]) if self.s.mixed
+                else contextlib.nullcontext())
+
     def forward(self, ids):
-        ctx = (torch.autocast(self.device_type, dtype=engines.HALF[self.s.half]) if self.s.mixed
-               else contextlib.nullcontext())
         if self.s.run in PREFERENCE_RUNS:
             return preference_loss.loss(lambda x: self._autocast_forward(self.model, x),
                                         None if self.s.ref == "none" else self._reference_forward, ids, self.s,
                                         self.tracker.set_context)
-        with ctx:
+        with self._amp():
             if self.s.run == "rm":
                 return engines.reward_loss(self.model, ids, self.s)
             if self.s.fused_ce:
@@ -220,8 +223,7 @@ class TorchEngine:
             return self.model(input_ids=ids, labels=ids).loss
 
     def _autocast_forward(self, model, ids):
-        with (torch.autocast(self.device_type, dtype=engines.HALF[self.s.half]) if self.s.mixed
-              else contextlib.nullcontext()):
+        with self._amp():
             return model(input_ids=ids)
 
     def _reference_forward(self, ids):
