@@ -142,7 +142,7 @@ class DPOLoss:
         s = self.setup
         return preference_loss.loss(self._policy, None if s.ref == "none" else self._reference, ids, s,
                                     self.tracker.set_context,
-                                    fp32_outputs=not s.strat.deepspeed or s.dpo_logps == "log-softmax")
+                                    fp32_outputs=preference_loss.fp32_outputs(s))
 
 
 class DPOStep(DPOLoss, SingleStep):

@@ -41,6 +41,12 @@ def _no_context(name):
     return None
 
 
+def fp32_outputs(setup) -> bool:
+    """Whether the loss takes the logits in fp32: accelerate's native-amp wrapper returns them so wherever it wraps the
+    forward (not under DeepSpeed, where TRL takes the module's bf16 logits); LLaMA-Factory casts them itself."""
+    return not setup.strat.deepspeed or setup.dpo_logps == "log-softmax"
+
+
 def loss(policy, reference, ids, setup, set_context=_no_context, fp32_outputs: bool = True):
     """The preference loss of the set-up's run ('dpo': `dpo_loss`, 'kto': `kto_loss`), same arguments."""
     how = kto_loss if setup.run == "kto" else dpo_loss

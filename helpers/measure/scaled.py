@@ -314,11 +314,10 @@ class DeepSpeedEngine:
     def forward(self, ids):
         if self.s.run == "rm":
             return engines.reward_loss(self.engine, ids, self.s)
-        if self.s.run in PREFERENCE_RUNS:   # accelerate wraps no native-amp forward under DeepSpeed: TRL takes the
-            #                                   logits in the module's dtype, LLaMA-Factory's casts them to fp32
+        if self.s.run in PREFERENCE_RUNS:
             return preference_loss.loss(lambda x: self.engine(input_ids=x),
                                         None if self.s.ref == "none" else self._reference_forward, ids, self.s,
-                                        self.tracker.set_context, fp32_outputs=self.s.dpo_logps == "log-softmax")
+                                        self.tracker.set_context, fp32_outputs=preference_loss.fp32_outputs(self.s))
         return self.engine(input_ids=ids, labels=ids).loss
 
     def backward(self, loss):
