@@ -166,6 +166,12 @@ GRID = [
     # GRPO under DeepSpeed ZeRO-2: bf16 logits, TRL's 16-bit log_softmax per sequence, CopySlices' backward
     ("qwen2.5-1.5b", T(run="grpo", strategy="zero2", gpus=8, batch=8, seq=1536, completion=1024,
                        checkpointing="full")),
+    # OpenRLHF's actor (train_ppo_ray): every position's logits in fp32, held through the step; flash-attn's Triton
+    # cross-entropy, or gather less a chunked logsumexp; the entropy's softmax with --actor.entropy_coef
+    ("qwen2.5-1.5b", T(run="grpo", dpo_logps="openrlhf", strategy="zero2", gpus=8, batch=2, seq=2048, completion=1536,
+                       checkpointing="full", attention="flash", reference="copy")),
+    ("llama-3.2-1b", T(run="grpo", dpo_logps="openrlhf", strategy="zero1", gpus=4, batch=4, seq=1024, completion=768,
+                       grad_accum=2, attention="sdpa", entropy_kept=True)),
     # reward models as TRL's RewardTrainer trains them: a score head of one output, chosen and rejected in one forward
     ("qwen2.5-7b", T(run="rm", lora_rank=16, batch=2, seq=2048, checkpointing="full", attention="flash")),
     ("llama-3.2-1b", T(run="rm", strategy="ddp", gpus=4, batch=4, seq=1024, attention="flash")),
@@ -213,6 +219,7 @@ def _label(name: str, s: T) -> str:
     opts += ["hybrid-shard"] * s.hybrid_shard + [f"hsdp{s.dp_replicate}"] * (s.dp_replicate > 1)
     opts += [s.run] * (s.run != "sft") + [f"completion{s.completion_tokens}"] * (s.run == "grpo")
     opts += [f"ref-{s.ref}"] * (s.ref not in (None, "none"))
+    opts += ["openrlhf"] * (s.dpo_logps == "openrlhf") + ["entropy"] * s.entropy_kept
     return f"{name} " + " ".join(opts)
 
 

@@ -75,9 +75,20 @@ def grpo_lines(r: Result, said: str) -> list[str]:
                                                  "backward")
     caveat = ("; fused_ce (use_liger_kernel) does not reach GRPO's log-probabilities here: the completion's logits are "
               "counted in full (Liger's fused GRPO loss would hold less)" if s.fused_ce else "")
-    lines = ["", f"GRPO: sequences of {s.seq} tokens, the last {s.completion_tokens} a completion whose logits alone "
-                 f"are made (logits_to_keep), {kept} (a dry run of TRL's step re-enacted agrees{caveat}); reference "
-                 f"model: {said}{held}"]
+    if s.dpo_logps == "openrlhf":
+        from helpers.estimate import openrlhf_actor
+
+        ce = ("flash-attn's Triton cross-entropy (flash_attention_2 needs flash-attn)" if openrlhf_actor.triton_ce(s)
+              else "gather less a chunked logsumexp (no flash-attn with this attention)")
+        lines = ["", f"OpenRLHF actor (train_ppo_ray): sequences of {s.seq} tokens, every position's logits copied "
+                     f"to fp32 and held by the output through backward and the optimizer step, log-probabilities by "
+                     f"{ce}" + (", the entropy's softmax kept with them" if s.entropy_kept else "")
+                 + f" (the rule checked by dry runs of OpenRLHF's step re-enacted); the loss over the last {s.completion_tokens}; "
+                   f"reference model sharing the GPU: {said}{held}"]
+    else:
+        lines = ["", f"GRPO: sequences of {s.seq} tokens, the last {s.completion_tokens} a completion whose logits "
+                     f"alone are made (logits_to_keep), {kept} (a dry run of TRL's step re-enacted agrees{caveat}); "
+                     f"reference model: {said}{held}"]
     gen = r.meta.get("generation_words")
     if gen:
         lines.append(f"generation between steps: {gen}" + ("" if "generation" in r.gpu.phases else

@@ -31,9 +31,10 @@ GENERATIONS = ("generate", "vllm-colocate", "vllm-server")   # GRPO's generation
 COMPLETION_DEFAULT = 512       # TRL 1.10 GRPOConfig.max_completion_length's default
 PROMPT_ASSUMED = 512           # a GRPO prompt's tokens where nothing truncates it (TRL 1.x, axolotl): the default of
 #                                the max_prompt_length TRL removed (#4847), said as assumed wherever it is used
-GRPO_FIELDS = ("completion", "generation", "vllm_share", "vllm_sleep", "steps_per_generation", "sync_ref")
+GRPO_FIELDS = ("completion", "generation", "vllm_share", "vllm_sleep", "steps_per_generation", "sync_ref",
+               "engine_sleep", "vllm_tp", "score_batch")
 RM_HEADS = ("score", "value-head")   # a reward model's head: transformers' sequence classifier, trl's value-head model
-DPO_LOGPS = ("logsumexp", "log-softmax")       # DPO's log-probabilities: TRL's per-sequence logsumexp, LLaMA-Factory's
+DPO_LOGPS = ("logsumexp", "log-softmax", "openrlhf")   # log-probabilities: TRL's per-sequence logsumexp, LLaMA-Factory's
 REFERENCES = ("copy", "adapters-off", "none")   # DPO's reference: a frozen copy, the LoRA base, or none in the step
 TRL_LOSS_TYPES = ("unset", "nll", "chunked_nll")   # TRL SFTConfig.loss_type as given (dft is nll's memory)
 ADAPTER_DTYPES = ("fp32", "bf16")
@@ -50,7 +51,7 @@ MAX_GPUS = 2**20              # world size (1,048,576; the largest clusters have
 MAX_GPUS_PER_NODE = 1024      # GPUs sharing one host (8 on most servers, 72 on an NVL72 rack)
 MIN_GIB, MAX_GIB = 2**-10, 2**20   # a capacity of 1 MiB to 1 PiB per GPU or per node (less rounds to no bytes)
 MAX_ELEMENTS = 2**40          # DeepSpeed bucket and sub-group sizes, in elements
-FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "reshard_after_forward", "hybrid_shard", "sync_each_batch", "vllm_sleep", "sync_ref", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
+FLAGS = ("offload_optimizer", "offload_params", "zero3_init", "save_16bit", "sharded_save", "use_orig_params", "reshard_after_forward", "hybrid_shard", "sync_each_batch", "vllm_sleep", "engine_sleep", "sync_ref", "entropy_kept", "checkpoint_saves", "sharded_load", "pin_memory", "fused_ce", "kv_expanded", "outputs_held", "resume")
 
 
 @dataclass(frozen=True)
@@ -161,16 +162,32 @@ class TrainSetup:
     'grpo', None is 'none' (GRPOConfig.beta 0.0: no reference loaded), and the reference scores completions before
     the step (`_generate_and_score_completions`), not in it."""
     dpo_logps: str = option("logsumexp", Face(
-        "--dpo-logps", "with --run dpo: how the log-probabilities are taken from the fp32 logits: logsumexp (TRL's "
-                       "selective_log_softmax: a logsumexp per sequence, the logits kept for backward) or "
-                       "log-softmax (LLaMA-Factory's get_batch_logps: the whole log_softmax kept for backward)",
-        choices=DPO_LOGPS, control=Control("menu", "DPO log-probs", options=DPO_LOGPS,
-                                           tooltip="dpo: TRL's per-sequence logsumexp or LLaMA-Factory's log_softmax"),
-        applies=lambda v: v["run"] == "dpo",
+        "--dpo-logps", "with --run dpo or grpo: how the log-probabilities are taken from the logits: logsumexp "
+                       "(TRL's selective_log_softmax: a logsumexp per sequence, the logits kept for backward), "
+                       "log-softmax (dpo: LLaMA-Factory's get_batch_logps: the whole log_softmax kept for backward) "
+                       "or openrlhf (grpo: OpenRLHF's Actor, train_ppo_ray: the whole sequence's logits copied to "
+                       "fp32 and held until the step is done, flash-attn's Triton cross-entropy with --attention "
+                       "flash, else gather less a chunked logsumexp)",
+        choices=DPO_LOGPS, control=Control("menu", "log-probs", options=DPO_LOGPS,
+                                           tooltip="TRL's per-sequence logsumexp, LLaMA-Factory's log_softmax or "
+                                                   "OpenRLHF's actor"),
+        applies=lambda v: v["run"] in ("dpo", "grpo"),
         no_time="the same log-probabilities taken another way: its kernel time is not modelled"))
     """With run 'dpo': 'logsumexp', TRL 1.10's `selective_log_softmax` on fp32 logits (the labels' logits gathered,
     less a logsumexp per sequence; the logits kept for backward); 'log-softmax', LLaMA-Factory's `get_batch_logps`
-    (`logits.log_softmax(-1)` gathered; its output kept for backward, the logits until the loss returns)."""
+    (`logits.log_softmax(-1)` gathered; its output kept for backward, the logits until the loss returns). With run
+    'grpo': 'logsumexp', TRL's GRPOTrainer; 'openrlhf', OpenRLHF's train_ppo_ray actor (helpers.estimate.
+    openrlhf_actor): every position's logits, not the completion's alone, copied to fp32 and kept referenced by the
+    output through backward and the optimizer step."""
+    entropy_kept: bool = option(False, Face(
+        "--entropy-kept", "with --dpo-logps openrlhf: OpenRLHF's --actor.entropy_coef given (0 included): the "
+                          "entropy of the whole logits computed with autograd, its softmax kept while the output "
+                          "lives (through backward and the step)",
+        applies=lambda v: v["run"] == "grpo" and v["dpo_logps"] == "openrlhf",
+        remedy=("no entropy logged (--actor.entropy_coef left unset)", False),
+        no_time="the entropy's kernels are not timed"))
+    """OpenRLHF's `return_entropy` (train_ppo_ray `--actor.entropy_coef` not None): `compute_entropy(logits)` with
+    autograd, its softmax (fp32, the logits' size) saved by the graph the output keeps."""
     rm_head: str = option("score", Face(
         "--rm-head", "with --run rm: the reward model's head: score (transformers' sequence classifier: TRL's "
                      "RewardTrainer, OpenRLHF, axolotl) or value-head (trl 0.x's AutoModelForCausalLMWithValueHead "
@@ -225,12 +242,40 @@ class TrainSetup:
     """vLLM's `gpu_memory_utilization`: the engine's budget is this fraction of the GPU's total memory (vLLM
     `gpu_worker.py` requested_memory); needs gpu_gib to become bytes."""
     vllm_sleep: bool = option(False, Face(
-        "--vllm-sleep", "with --generation vllm-colocate: vLLM sleeps (level 2) outside generation, releasing its "
-                        "weights and KV cache during the training step (vllm_enable_sleep_mode)",
+        "--vllm-sleep", "with --generation vllm-colocate: vLLM sleeps outside generation, releasing its weights and "
+                        "KV cache from the GPU during the training step (TRL's vllm_enable_sleep_mode: level 2, the "
+                        "weights dropped; OpenRLHF's --vllm.enable_sleep: level 1, the weights kept on the host)",
         applies=lambda v: v["run"] == "grpo" and v["generation"] == "vllm-colocate",
         remedy=("vLLM asleep during the step (vllm_enable_sleep_mode)", True),
         no_time="waking vLLM reloads its weights each generation: its time is not modelled"))
     """TRL's `vllm_enable_sleep_mode`: `llm.sleep(level=2)` after each generation, `wake_up` before the next."""
+    vllm_tp: int = option(1, Face(
+        "--vllm-tp", "with --generation vllm-colocate: vLLM's tensor_parallel_size (each worker, one per GPU, holds "
+                     "1/N of the weights; TRL's vllm_tensor_parallel_size, OpenRLHF's --vllm.tensor_parallel_size)",
+        metavar="N", applies=lambda v: v["run"] == "grpo" and v["generation"] == "vllm-colocate",
+        no_time="vLLM's parallelism changes generation's time, which is not modelled"))
+    """vLLM's tensor parallel degree: a worker's weights are 1/vllm_tp of the model's 16-bit weights (what an
+    OpenRLHF engine asleep at level 1 keeps on the host, and what must fit in its share)."""
+    score_batch: int | None = option(None, Face(
+        "--score-batch", "with --dpo-logps openrlhf: sequences per no-grad forward that scores the samples between "
+                         "generation and the step (OpenRLHF's --micro_rollout_batch_size, --rollout.micro_batch_size; "
+                         "default --batch)",
+        metavar="N", applies=lambda v: v["run"] == "grpo" and v["dpo_logps"] == "openrlhf",
+        no_time="scoring's forwards are not timed"))
+    """OpenRLHF's make_experience (trainer/ppo_utils/experience_maker.py): the actor's, then the reference's (another
+    process, after the actor's cache is emptied when colocated) no-grad forwards over `score_batch` sequences at a
+    time, each making the whole sequence's logits and their fp32 copy (helpers.estimate.generation). None: batch."""
+    engine_sleep: bool = option(False, Face(
+        "--engine-sleep", "with --run grpo under DeepSpeed: OpenRLHF's --ds.enable_sleep: between steps the "
+                          "optimizer states, fp32 master weights and gradient buffers wait on the host (DeepSpeed "
+                          "offload_states), the 16-bit parameters stay on the GPU",
+        applies=lambda v: v["run"] == "grpo" and strategies.get(v["strategy"]).deepspeed,
+        remedy=("the actor's states on the host while vLLM generates (--ds.enable_sleep)", True),
+        no_time="moving the states to the host and back each step is not timed"))
+    """OpenRLHF's `--ds.enable_sleep` (ppo_trainer.py ppo_train: reload_states, fit, offload_states;
+    utils/deepspeed/deepspeed_utils.py offload_deepspeed_states: optim_states, contiguous_grad_buffer, hp_params,
+    lp_grads to pinned host memory, lp_params kept): the generation phase holds the 16-bit parameters alone. No
+    effect with the optimizer offloaded (the function returns at once)."""
     seq: int = option(2048, Face("--seq", "sequence length in tokens", control=Control(
         "steps", "seq", options=(128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768), main=True)))
     """Sequence length (tokens)."""
@@ -668,10 +713,19 @@ class TrainSetup:
         if self.run != "grpo" and given:
             raise InputError(f"{given[0]} is a GRPO option: use it with run 'grpo', got run {self.run!r}")
         if self.generation != "vllm-colocate":
-            for f in ("vllm_share", "vllm_sleep"):
+            for f in ("vllm_share", "vllm_sleep", "vllm_tp"):
                 if getattr(self, f) != default[f]:
                     raise InputError(f"{f} is vLLM's colocated engine's option: use it with generation "
                                      f"'vllm-colocate', got generation {self.generation!r}")
+        _integer("vllm_tp", self.vllm_tp, MAX_GPUS)
+        if self.score_batch is not None:
+            _integer("score_batch", self.score_batch, MAX_TOKENS)
+            if self.dpo_logps != "openrlhf":
+                raise InputError(f"score_batch is OpenRLHF's rollout micro batch: use it with dpo_logps 'openrlhf', "
+                                 f"got dpo_logps {self.dpo_logps!r}")
+        if self.engine_sleep and not self.strat.deepspeed:
+            raise InputError(f"engine_sleep (OpenRLHF's --ds.enable_sleep) offloads DeepSpeed's states: use it with a "
+                             f"DeepSpeed strategy, got {self.strategy!r}")
         if self.run == "grpo" and self.completion is not None and self.completion >= self.seq:
             raise InputError(f"completion ({self.completion} tokens) must be shorter than seq ({self.seq}: prompt + "
                              f"completion)")
@@ -923,9 +977,15 @@ class TrainSetup:
         if self.rm_head != "score" and self.run != "rm":
             raise InputError(f"rm_head {self.rm_head!r} is a reward model's option: use it with run 'rm', got run "
                              f"{self.run!r}")
-        if self.dpo_logps != "logsumexp" and self.run != "dpo":
+        if self.dpo_logps == "log-softmax" and self.run != "dpo":
             raise InputError(f"dpo_logps {self.dpo_logps!r} is a DPO option: use it with run 'dpo', got run "
                              f"{self.run!r}")
+        if self.dpo_logps == "openrlhf" and self.run != "grpo":
+            raise InputError(f"dpo_logps {self.dpo_logps!r} is OpenRLHF's actor (train_ppo_ray): use it with run "
+                             f"'grpo', got run {self.run!r}")
+        if self.entropy_kept and self.dpo_logps != "openrlhf":
+            raise InputError("entropy_kept is OpenRLHF's actor option (--actor.entropy_coef): use it with run 'grpo' "
+                             f"and dpo_logps 'openrlhf', got dpo_logps {self.dpo_logps!r}")
 
         if self.sharded_load and st.deepspeed:
             raise InputError(f"sharded_load (built on the meta device, each rank reading its shards) is a torch "

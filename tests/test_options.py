@@ -36,6 +36,8 @@ GIVEN = {
     "completion": (["--completion", "256"], 256), "generation": (["--generation", "vllm-colocate"], "vllm-colocate"),
     "vllm_share": (["--vllm-share", "0.5"], 0.5), "steps_per_generation": (["--steps-per-generation", "2"], 2),
     "sync_ref": (["--sync-ref"], True), "vllm_sleep": (["--vllm-sleep"], True),
+    "entropy_kept": (["--entropy-kept"], True), "engine_sleep": (["--engine-sleep"], True),
+    "vllm_tp": (["--vllm-tp", "2"], 2), "score_batch": (["--score-batch", "4"], 4),
     "seq": (["--seq", "512"], 512), "precision": (["--precision", "bf16"], "bf16"),
     "adam_impl": (["--adam-impl", "fused"], "fused"), "optimizer": (["--optimizer", "adamw-8bit"], "adamw-8bit"),
     "lora_rank": (["--lora-rank", "8"], 8), "lora_targets": (["--lora-targets", "q,v"], "q,v"),
@@ -140,7 +142,8 @@ def test_fixes_takes_its_single_valued_ways_out_and_untimed_fields_from_the_face
              + fixes._candidates(None, TrainSetup(strategy="zero3", gpus=8, zero3_init=False, load_dtype="fp32"))
              + fixes._candidates(None, TrainSetup(strategy="fsdp1", gpus=8, reshard_after_forward=False,
                                                   hybrid_shard=True))
-             + fixes._candidates(None, TrainSetup(strategy="fsdp2", gpus=8, dp_replicate=2))]
+             + fixes._candidates(None, TrainSetup(strategy="fsdp2", gpus=8, dp_replicate=2))
+             + fixes._candidates(None, TrainSetup(run="grpo", dpo_logps="openrlhf", entropy_kept=True))]
     for field, f in FACES.items():
         if f.remedy:
             assert f.remedy[0] in names, field

@@ -344,6 +344,7 @@ def test_openrlhf_ppo_ray_actor(tmp_path):
            --runtime-env-json='{"working_dir": "/openrlhf"}' \
            -- python3 -m openrlhf.cli.train_ppo_ray \
            --ref_num_nodes 1 \
+           --vllm_num_engines 4 \
            --actor_num_nodes 2 \
            --actor_num_gpus_per_node 8 \
            --pretrain Qwen/Qwen2.5-72B-Instruct \
@@ -364,9 +365,14 @@ def test_openrlhf_ppo_ray_actor(tmp_path):
     s = i.setup
     assert (s.gpus, s.gpus_per_node, s.seq, s.strategy) == (16, 8, 4096, "zero3")
     nm = keyed(i.not_modelled)
-    assert nm["--zpg"].value == "8" and nm["--reward_pretrain"].value == "OpenRLHF/Llama-3-8b-rm-mixture"
+    assert nm["--zpg"].value == "8"
     assert "--use_liger_kernel" in nm and not s.fused_ce                # the Actor never calls the fused loss
-    assert "PPO reference model and vLLM engines" in nm
+    # the actor's step as OpenRLHF takes it; nothing else placed on its GPUs: the reference, the critic (gae: the
+    # reward model's), the reward model and vLLM each on GPUs of their own
+    assert (s.run, s.dpo_logps, s.ref, s.generation, s.completion) == ("grpo", "openrlhf", "none", "vllm-server", 3072)
+    sets = {x.key: x.sets for x in i.settings}
+    assert "own" in sets["--reward_pretrain"] and "own" in sets["--vllm_num_engines"]
+    assert "critic model (gae)" not in nm and "processes sharing each GPU" not in nm
     assert s.context_parallel == 1 and "under zero3 is not modelled" in nm["--ring_attn_size"].why   # ring attention over ZeRO
     assert "--load_in_4bit" in nm and s.base_weights is None      # a 4-bit base under ZeRO is not modelled
     assert "--ref_num_nodes" in keyed(i.ignored)

@@ -501,8 +501,8 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
               + _expanded_note(m, s))
         b.gpu("activations of the first layers, not yet freed", "activations", max(per_dense, per_moe), BWD_END,
               "backward frees each layer's saved tensors as it passes")
-        if no_full_logits(s):
-            what, nbytes = first_backward_working_set(m, s, width)
+        if no_full_logits(s) or s.dpo_logps == "openrlhf":    # (OpenRLHF's actor: its loss's backward buffers
+            what, nbytes = first_backward_working_set(m, s, width)  # freed, its held logits alive at the head's)
             b.gpu(f"the backward's first working set beside every saved activation: {what}", "temporaries", nbytes,
                   BWD_HEAD, "with no full logits the loss's backward is small, and the backward's peak comes in the "
                   "final norm's or the last layer's backward, before any layer's saved tensors are freed (with full "
@@ -601,9 +601,11 @@ def no_full_logits(s) -> bool:
 
 
 def last_layer_peak(s) -> bool:
-    """With no full logits and every layer checkpointed, the last layer's recomputation (every layer's input kept)
-    is the backward's peak: its items are counted at BWD_HEAD too."""
-    return no_full_logits(s) and s.checkpointing == "full" and s.checkpoint_every == 1
+    """With no full logits (or OpenRLHF's actor, whose loss's backward buffers are freed by then) and every layer
+    checkpointed, the last layer's recomputation (every layer's input kept) is the backward's peak: its items are
+    counted at BWD_HEAD too."""
+    return ((no_full_logits(s) or s.dpo_logps == "openrlhf") and s.checkpointing == "full"
+            and s.checkpoint_every == 1)
 
 
 def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:

@@ -38,7 +38,7 @@ MLA's compressed one are counted at full width (an upper bound); vLLM's own host
 
 from __future__ import annotations
 
-from helpers.estimate.items import ALWAYS, BETWEEN_STEPS, GENERATE, SYNC_REFERENCE, Item
+from helpers.estimate.items import ALWAYS, BETWEEN_STEPS, GENERATE, SCORE, SYNC_REFERENCE, Item
 from helpers.estimate.saving import PERSISTENT
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
@@ -46,6 +46,15 @@ from helpers.units import GiB, fmt
 
 TRL = "TRL 1.10 grpo_trainer.py _generate_single_turn, generation/vllm_generation.py"
 VLLM = "vLLM v1 gpu_worker.py init_device (requested_memory), determine_available_memory"
+SLEEPING = ("master_weights", "optimizer_states")      # offload_states' hp_params, optim_states (ZeRO-1/2 and 3)
+SLEEPING_ZERO3 = ("gradients", "comm_buffers")          # ZeRO-3's lp_grads (copied) and contiguous_grad_buffer (freed)
+SLEEP = ("OpenRLHF 3c3be623 utils/deepspeed/deepspeed_utils.py offload_deepspeed_states (optim_states, "
+         "contiguous_grad_buffer, hp_params, lp_grads; lp_params kept), trainer/ppo_trainer.py ppo_train")
+SCORE_SOURCE = ("OpenRLHF 3c3be623 trainer/ppo_utils/experience_maker.py make_experience, _dispatch_forward; "
+                "models/actor.py Actor.forward")
+OPENRLHF = ("OpenRLHF 3c3be623 cli/train_ppo_ray.py (--train.colocate_all: the engines in the actor's placement "
+            "group), trainer/ray/vllm_engine.py create_vllm_engines, trainer/ppo_utils/samples_generator.py (sleep "
+            "and wake_up around generation)")
 
 
 def sequences(setup) -> int:
@@ -55,12 +64,12 @@ def sequences(setup) -> int:
 
 
 def vllm_short(setup, m: ModelSpec) -> dict | None:
-    """Where a colocated vLLM's share cannot hold its own 16-bit weights (vLLM loads the whole model in each engine
-    at vllm_tensor_parallel_size 1, TRL's default): {'share', 'weights'} in bytes; vLLM then has no memory left for
+    """Where a colocated vLLM's share cannot hold its worker's 16-bit weights (1/vllm_tp of the model; the whole
+    model at TRL's default vllm_tensor_parallel_size 1): {'share', 'weights'} in bytes; vLLM then has no memory left for
     its KV cache and refuses to start (gpu_worker.py: available KV cache memory = requested_memory -
     non_kv_cache_memory). None where it can, or where no capacity is given."""
     share = share_bytes(setup) if setup.run == "grpo" and setup.generation == "vllm-colocate" else None
-    weights = m.params * 2
+    weights = m.params * 2 // setup.vllm_tp
     return {"share": share, "weights": weights} if share is not None and share <= weights else None
 
 
@@ -72,15 +81,29 @@ def share_bytes(setup) -> int | None:
 def add_generation(b: Builder, m: ModelSpec) -> None:
     """The generation moment: what outlives a step, and the generation engine's own buffers."""
     s = b.setup
+    asleep = s.engine_sleep and not s.offload_optimizer
+    sleeping = SLEEPING + (SLEEPING_ZERO3 if s.strat.family == "zero3" else ())
+    moved = 0
     for n, i in enumerate(b.items):     # alive between two steps (gradients: zero_grad after the step frees them)
-        if PERSISTENT <= i.moments and i.category != "gradients":
+        if asleep and i.device == "gpu" and i.category in sleeping and PERSISTENT <= i.moments:
+            moved += i.nbytes if i.category != "comm_buffers" else 0      # (the ipg bucket is freed, not copied)
+            b.items[n] = Item(i.name, i.category, i.device, i.nbytes, i.moments - BETWEEN_STEPS, i.why, i.blocks)
+        elif PERSISTENT <= i.moments and i.category != "gradients":
             b.items[n] = Item(i.name, i.category, i.device, i.nbytes, i.moments | BETWEEN_STEPS, i.why, i.blocks)
+    if moved:
+        b.host("the actor's states offloaded while it sleeps (--ds.enable_sleep)", "optimizer_states", moved,
+               BETWEEN_STEPS, f"offload_deepspeed_states moves the optimizer states and fp32 master weights"
+                              f"{' and the gradient partition' if s.strat.family == 'zero3' else ''}, {fmt(moved)} "
+                              f"per rank, to pinned host memory after each fit and reloads them before the next; the "
+                              f"16-bit parameters stay ({SLEEP}; DeepSpeed 0.19.8 offload_states)", pinned=True)
     compute = 4 if s.precision == "fp32" else 2
     zero3 = s.strat.family == "zero3"
     if s.generation == "generate":
         _generate(b, m, compute, zero3)
     else:
         _vllm(b, m, zero3)
+    if s.dpo_logps == "openrlhf":
+        _score(b, m, compute)
     if s.sync_ref and zero3:
         both = 2 * m.params * 2
         b.gpu("the policy and the reference gathered whole to mix them (sync_ref_model)", "generation", both,
@@ -100,13 +123,35 @@ def _vllm(b: Builder, m: ModelSpec, zero3: bool) -> None:
                   f"total x utilization and fills it with its weights, profiled activations, non-torch memory and the "
                   f"KV cache ({VLLM}); " + ("asleep (level 2) outside generation: counted while generating"
                                             if s.vllm_sleep else "held through the training step (no sleep mode)")
-                  + f" ({TRL})")
-    if zero3 and s.lora_rank is not None:
+                  + f" ({OPENRLHF if s.dpo_logps == 'openrlhf' else TRL})")
+        if s.vllm_sleep and s.dpo_logps == "openrlhf":
+            weights = m.params * 2 // s.vllm_tp
+            b.host("vLLM's weights kept on the host while it sleeps (level 1)", "generation", weights,
+                   ALWAYS - GENERATE, f"OpenRLHF sleeps its engines at level 1 (vllm_engine.py sleep(level=1), "
+                                      f"right after creating them and after each generation): vLLM's CuMemAllocator "
+                                      f"copies each worker's weights, {m.params:,} x 2 B / tensor_parallel_size "
+                                      f"{s.vllm_tp} = {fmt(weights)}, to pinned host memory and frees the KV cache "
+                                      f"({OPENRLHF})", pinned=True)
+    if zero3 and s.lora_rank is not None and s.dpo_logps != "openrlhf":   # (TRL's sync_weights)
         whole = m.params * 2
         b.gpu("the whole model gathered to merge the adapters for vLLM", "generation", whole, GENERATE,
               f"sync_weights: a PEFT model under ZeRO-3 gathers every parameter at once (gather_params(list("
               f"model.parameters()))), {m.params:,} x 2 B = {fmt(whole)}, merges the adapters and pushes the weights "
               f"({TRL})")
+
+
+def _score(b: Builder, m: ModelSpec, compute: int) -> None:
+    """OpenRLHF's make_experience: after generation (vLLM asleep, or still holding its share) the actor's no-grad
+    forward over `score_batch` sequences makes the whole sequence's logits and their fp32 copy at once; the
+    reference's forward (another process) comes after the actor's cache is emptied (colocated: `_dispatch_forward`
+    syncs and calls empty_cache), the same size. A layer's own working set under no_grad is below the logits and
+    not counted."""
+    s = b.setup
+    n = s.score_batch or s.batch
+    E = n * s.seq * m.vocab
+    b.gpu(f"scoring forward's logits and their fp32 copy ({n} sequences, no grad)", "generation", (compute + 4) * E,
+          SCORE, f"make_experience: Actor.forward over {n} x {s.seq} tokens returns {E:,} logits, copied to fp32 "
+                 f"(`.to(torch.float32)`) while the {compute}-byte ones are alive, then scored ({SCORE_SOURCE})")
 
 
 def _generate(b: Builder, m: ModelSpec, compute: int, zero3: bool) -> None:

@@ -13,7 +13,7 @@ from helpers.vocab import CATEGORIES, DEVICES, check
 MOMENTS = (                  # in the order a run passes them ("from X on" is a slice of it)
     "load", "setup", "resume", "forward_init", "forward_start", "forward_gather", "forward", "backward_start",
     "backward_head", "backward_end", "backward_post", "backward_done", "step_norm", "step_prepare", "step", "save_model",
-    "save_states", "sync_reference", "generate", "steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start",
+    "save_states", "sync_reference", "generate", "score", "steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start",
     "steady_backward_head", "steady_backward_end", "steady_backward_post", "steady_backward_done",
 )
 PHASE_MOMENTS = {
@@ -22,8 +22,9 @@ PHASE_MOMENTS = {
     "forward": ("forward_init", "forward_start", "forward_gather", "forward"),
     "backward": ("backward_start", "backward_head", "backward_end", "backward_post", "backward_done"),
     "step": ("step_norm", "step_prepare", "step", "save_model", "save_states"),   # a checkpoint saved after a step
-    "generation": ("sync_reference", "generate"),   # between two steps (GRPO: helpers.estimate.generation): the
-    #                                                 reference synced to the policy, then completions generated
+    "generation": ("sync_reference", "generate", "score"),   # between two steps (GRPO: helpers.estimate.generation):
+    #                                                 the reference synced to the policy, completions generated, then
+    #                                                 scored by no-grad forwards (OpenRLHF's make_experience)
     "steady": ("steady_forward_start", "steady_forward_gather", "steady_forward", "steady_backward_start", "steady_backward_head",
                "steady_backward_end", "steady_backward_post", "steady_backward_done"),
 }
@@ -47,7 +48,8 @@ STATES = frozenset({"step_norm", "step", "steady_forward_start", "steady_forward
 STEP = frozenset({"step"})
 GENERATE = frozenset({"generate"})
 SYNC_REFERENCE = frozenset({"sync_reference"})
-BETWEEN_STEPS = GENERATE | SYNC_REFERENCE
+SCORE = frozenset({"score"})                                # the samples scored (no-grad forwards) before the step
+BETWEEN_STEPS = GENERATE | SYNC_REFERENCE | SCORE
 STEP_NORM = frozenset({"step_norm"})                        # the step's gradient norm, before anything is flattened
 STEP_PREPARE = frozenset({"step_prepare"})                  # before the update: gradients flattened, cast to fp32
 FORWARD_INIT = frozenset({"forward_init"})                  # the first forward's start: an engine's lazy initialisation

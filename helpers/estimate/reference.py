@@ -59,7 +59,7 @@ saved activations and not counted on top.
 
 from __future__ import annotations
 
-from helpers.estimate import activations, loading
+from helpers.estimate import activations, loading, openrlhf_actor
 from helpers.estimate.items import ALWAYS, BWD_START, GATHER, LOAD, LOSS
 from helpers.estimate.states import Builder
 from helpers.models import ModelSpec
@@ -271,6 +271,9 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
     them (DPO; GRPO's reference scores before the step), or the policy's 16-bit output before its fp32 copy when no
     reference runs in the step, and the log-probabilities' backward."""
     s = b.setup
+    if s.dpo_logps == "openrlhf":
+        openrlhf_actor.add_logits(b, m)
+        return
     grpo = s.run == "grpo"
     E = s.batch * (s.completion_tokens + 1 if grpo else s.seq) * m.vocab
     c = 4 if s.precision == "fp32" else 2

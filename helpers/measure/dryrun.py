@@ -20,7 +20,7 @@ from helpers import versions as library_versions
 from helpers.degrees import ceil_div
 from helpers.errors import InputError
 from helpers.estimate import adapters, reference, reward
-from helpers.measure import allocator, engines, fakegpu, nf4, preference_loss, reserved, tensor_parallel
+from helpers.measure import allocator, engines, fakegpu, nf4, preference_loss, reserved, rl_loss, tensor_parallel
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
 from helpers.results import DeviceMemory, Result
@@ -207,6 +207,40 @@ class GRPOLoss:
 
 class GRPOStep(GRPOLoss, SingleStep):
     """GRPO on one GPU or under DDP (GRPOLoss), with the reference copy held."""
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
+        SingleStep.__init__(self, model, setup, tracker, mesh)
+        self._hold_reference(reference, tracker)
+
+
+class OpenRLHFActorLoss:
+    """OpenRLHF's actor step (train_ppo_ray, `helpers.measure.rl_loss.actor_loss`, re-enacted), the loss of a step
+    class: the whole sequence's logits from the module (bf16 under DeepSpeed: no autocast), copied to fp32, scored
+    with flash-attn's Triton cross-entropy (attention 'flash') or gather less a chunked logsumexp, the clipped policy
+    loss over the last `completion` tokens; what training_step keeps referenced (the fp32 logits, the entropy's
+    graph) is held until the next micro batch's forward begins: through backward and the optimizer step. The
+    reference (another Ray actor on the same GPU when colocated) scores before the step: held, not run."""
+
+    _hold_reference = GRPOLoss._hold_reference
+
+    def forward(self, ids):
+        s = self.setup
+        self.held = None                                # the previous training_step has returned
+
+        def logits_of(x):
+            with contextlib.nullcontext() if s.strat.deepspeed else self._autocast():
+                out = self.model(input_ids=x)
+                self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
+            return out.logits
+
+        loss, self.held = rl_loss.actor_loss(self.model, ids, s.completion_tokens, fp32_forward=logits_of,
+                                             triton=s.attention == "flash", entropy=s.entropy_kept,
+                                             kl=s.ref != "none", set_context=self.tracker.set_context)
+        return loss
+
+
+class OpenRLHFActorStep(OpenRLHFActorLoss, SingleStep):
+    """OpenRLHF's actor on one GPU or data-parallel (OpenRLHFActorLoss)."""
 
     def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
         SingleStep.__init__(self, model, setup, tracker, mesh)
@@ -629,6 +663,9 @@ def run(model, setup: TrainSetup, progress: bool = True, track: bool = True, gpu
                 engine = (DPOZeroStep if st.family == "zero12" else DPOStep)(net, setup, tracker, mesh, reference=ref)
             elif setup.run == "rm":
                 engine = (RewardZeroStep if st.family == "zero12" else RewardStep)(net, setup, tracker, mesh)
+            elif setup.run == "grpo" and setup.dpo_logps == "openrlhf":
+                engine = (OpenRLHFActorZeroStep if st.family == "zero12" else OpenRLHFActorStep)(
+                    net, setup, tracker, mesh, reference=ref)
             elif setup.run == "grpo":                   # (its reference scores between steps)
                 engine = (GRPOZeroStep if st.family == "zero12" else GRPOStep)(net, setup, tracker, mesh, reference=ref)
             else:
@@ -732,3 +769,12 @@ def recheck(model: str, setup, gpu: str | None = None, alloc_conf: str | None = 
             "device_total": (reserved_peak if reserved_peak is not None else allocated) + sum(parts.values()),
             "capacity": cap, "fits_allocated": fits_allocated, "fits_device": fits_device, "part": part,
             "flipped": fits_allocated != fits_device, "basis": basis, "result": r}
+
+
+class OpenRLHFActorZeroStep(OpenRLHFActorLoss, ZeroEquivalentStep):
+    """OpenRLHF's actor under DeepSpeed ZeRO-1/2 re-enacted (OpenRLHFActorLoss on ZeroEquivalentStep): bf16 logits
+    copied to fp32; a colocated reference whole in bf16 (get_eval_ds_config: stage 0 unless the actor's is 3)."""
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
+        ZeroEquivalentStep.__init__(self, model, setup, tracker, mesh)
+        self._hold_reference(reference, tracker)

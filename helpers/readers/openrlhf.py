@@ -78,9 +78,24 @@ FLAGS = {
     "actor_num_gpus_per_node": ("--actor_num_gpus_per_node", "--actor.num_gpus_per_node"),
     "critic_pretrain": ("--critic_pretrain", "--critic.model_name_or_path"),
     "reward_pretrain": ("--reward_pretrain", "--reward.model_name_or_path"),
+    "init_kl_coef": ("--init_kl_coef", "--algo.kl.init_coef"),
+    "advantage_estimator": ("--advantage_estimator", "--algo.advantage.estimator"),
+    "entropy_coef": ("--entropy_loss_coef", "--actor.entropy_coef"),
+    "vllm_num_engines": ("--vllm_num_engines", "--vllm.num_engines"),
+    "async_train": ("--async_train", "--train.async_enable"),
+    "max_new_tokens": (None, "--rollout.max_new_tokens"),
+    "rollout_micro_batch": ("--micro_rollout_batch_size", "--rollout.micro_batch_size"),
+    "rollout_max_tokens": (None, "--rollout.max_tokens_per_gpu"),
+    "vllm_tp": ("--vllm_tensor_parallel_size", "--vllm.tensor_parallel_size"),
+    "ref_reward_offload": ("--ref_reward_offload", None),
 }
+ROLLOUT_MICRO = {"classic": 8, "dotted": 1}   # --micro_rollout_batch_size (v0.8.5), --rollout.micro_batch_size (3c3be623)
+PLACEMENT = ("num_nodes", "num_gpus_per_node", "num_engines", "tensor_parallel_size", "sync_backend", "enforce_eager",
+             "enable_prefix_caching")      # the --critic./--ref./--reward./--vllm. flags that place a process
+ESTIMATORS = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo")   # train_ppo_ray's choices
 SWITCHES = {"bf16", "flash_attn", "gradient_checkpointing", "adam_offload", "load_in_4bit", "packing_samples",
-            "use_liger_kernel", "overlap_comm", "deepcompile", "load_checkpoint", "ref_offload"}
+            "use_liger_kernel", "overlap_comm", "deepcompile", "load_checkpoint", "ref_offload", "async_train",
+            "ref_reward_offload"}
 # flags that take no value in any module (store_true), so a following token is never taken as their value
 OTHER_SWITCHES = {"--save_hf_ckpt", "--disable_ds_ckpt", "--use_ds_universal_ckpt",
                   "--gradient_checkpointing_use_reentrant",
@@ -93,7 +108,8 @@ OTHER_SWITCHES = {"--save_hf_ckpt", "--disable_ds_ckpt", "--use_ds_universal_ckp
                   "--ds.use_universal_ckpt", "--actor.gradient_checkpointing_reentrant",
                   "--train.dynamic_batch_enable",
                   "--train.full_determinism_enable", "--model.ipo_enable", "--train.colocate_all",
-                  "--vllm.enable_sleep", "--ds.enable_sleep", "--vllm.enforce_eager"}
+                  "--vllm.enable_sleep", "--ds.enable_sleep", "--vllm.enforce_eager", "--async_train",
+                  "--train.async_enable", "--use_kl_loss", "--algo.kl.use_loss"}
 # per module: (micro batch default, max_len default) in the classic (v0.8.5) and dotted (3c3be623) sources
 MODULE_DEFAULTS = {
     "train_sft": {"classic": (8, 2048), "dotted": (8, 2048)},
@@ -442,13 +458,16 @@ class _Reader:
                    sets=f"batch={batch}{why}", batch=batch))
         if self.module == "train_ppo_ray" and style == "classic":
             prompt, gen = self.pair((("prompt_max_len", 1024), ("generate_max_len", 1024)),
-                                    lambda p, g: f"seq={p + g} (prompt + generated)", dashes="--")
+                                    lambda p, g: f"seq={p + g} (prompt + generated), completion={g}", dashes="--")
             d.fields["seq"] = prompt + gen
+            d.fields["completion"] = gen
         else:
             k, seq = self.get("max_len")
             seq = positive_int(f, k or "max_len", seq if k else len_default)
             (d.setting(f, self.line(k), k, seq, seq=seq) if k else
              d.default(self.tool, FLAGS["max_len"][style == "dotted"], len_default, self.source, seq=seq))
+            if self.module == "train_ppo_ray":
+                self.completion(seq)
         if self.module == "train_ppo_ray" and "--train.dynamic_batch_enable" in self.flags:
             self.dynamic_batch(tp, ring)
         k, total = self.get("train_batch")
@@ -460,9 +479,139 @@ class _Reader:
         (d.setting(f, self.line(k), k, total, sets=sets, grad_accum=accum) if k else
          d.default(self.tool, FLAGS["train_batch"][style == "dotted"], 128, self.source, sets=sets, grad_accum=accum))
 
-    def colocation(self):
+    def completion(self, seq: int):
+        """--rollout.max_new_tokens (dotted): the completion within --data.max_len (prompt + response); it sizes the
+        policy loss's per-token vectors alone (the Actor's logits cover the whole sequence)."""
+        d, f = self.d, self.path
+        k, new = self.get("max_new_tokens")
+        if k is None or new is None or str(new) == "None":
+            d.default(self.tool, FLAGS["max_new_tokens"][1], None, self.source + " (None: vLLM's max_tokens per "
+                      "prompt, up to --data.max_len; samples_generator.py)", completion=seq - 1,
+                      sets=f"completion={seq - 1} (at most the sequence less one prompt token: it sizes the policy "
+                           f"loss's per-token vectors alone)")
+            return
+        new = positive_int(f, k, new)
+        d.setting(f, self.line(k), k, new, completion=min(new, seq - 1),
+                  sets=f"completion={min(new, seq - 1)} (within seq {seq}: the policy loss's per-token vectors; "
+                       f"the logits cover every position)")
+
+    def reinforcement(self):
+        """train_ppo_ray's actor as run 'grpo' with OpenRLHF's log-probabilities (helpers.estimate.openrlhf_actor):
+        the advantage estimator changes what the advantages hold, not the actor step's memory; the reference that
+        shares the actor's GPUs, the vLLM engines that do, and what else shares them (train_ppo_ray.py @3c3be623
+        lines 38-125: the placement groups; ppo_trainer.py ppo_train)."""
+        d, f = self.d, self.path
+        dotted = self.style == "dotted"
+        k, est = self.get("advantage_estimator")
+        est = str(est) if k else "gae"
+        if est not in ESTIMATORS:
+            raise ConfigError(f, f"{k} must be one of {', '.join(ESTIMATORS)} (train_ppo_ray's choices), got {est!r}")
+        what = ("PPO (gae: a critic model)" if est == "gae" else
+                f"{est} (no critic: a baseline from the group of samples)" if est != "reinforce" else
+                "REINFORCE++ (no critic)")
+        sets = (f"run=grpo, dpo_logps=openrlhf: the actor's policy-gradient step on generated samples ({what}); "
+                f"its logits are every position's, copied to fp32 and held through the step (models/actor.py)")
+        (d.setting(f, self.line(k), k, est, sets=sets, run="grpo", dpo_logps="openrlhf") if k else
+         d.default(self.tool, FLAGS["advantage_estimator"][dotted], "gae", self.source, sets=sets, run="grpo",
+                   dpo_logps="openrlhf"))
+        ke, coef = self.get("entropy_coef")
+        if ke and coef is not None and str(coef) != "None":
+            try:
+                coef = float(coef)
+            except ValueError:
+                raise ConfigError(f, f"{ke} must be a number, got {coef!r}") from None
+            d.setting(f, self.line(ke), ke, coef, entropy_kept=True,
+                      sets="entropy_kept=True (compute_entropy with autograd over the whole logits: its softmax is "
+                           "kept with the output)")
+            if coef != 0:
+                d.unmodelled_at(f, self.line(ke), ke, coef, "a non-zero entropy coefficient puts the entropy in the "
+                                                            "loss: its own backward's gradients are not counted, so "
+                                                            "the real backward is higher")
+        k_all = next((n for n in ("--train.colocate_all", "--colocate_all_models") if n in self.flags), None)
+        k_ref = next((n for n in ("--train.colocate_actor_ref", "--colocate_actor_ref") if n in self.flags), None)
+        ka, asynch = self.get("async_train")
+        kk, kl = self.get("init_kl_coef")
+        try:
+            kl = float(kl) if kk else 0.01
+        except (TypeError, ValueError):
+            raise ConfigError(f, f"{kk} must be a number, got {kl!r}") from None
+        if kl > 0 and (k_all or k_ref):
+            colocated = k_ref or k_all
+            self.used.add(colocated)
+            d.setting(f, self.line(colocated), colocated, True, reference="copy",
+                      sets=f"reference=copy: KL coefficient {kl:g} > 0 loads a reference model, which shares the "
+                           f"actor's GPUs (ReferenceModelActor: get_eval_ds_config, stage 3 with the actor's stage 3, "
+                           f"else stage 0: whole, bf16)")
+            for name in ("ref_offload", "ref_reward_offload"):
+                ko, off = self.get(name)
+                if ko:
+                    d.unmodelled_at(f, self.line(ko), ko, off,
+                                    "the reference's (and reward model's) ZeRO-3 partitions on the host "
+                                    "(get_ds_eval_config offload_param, stage 3 only); the estimate keeps the "
+                                    "reference's on the GPU, so the real GPU figure is lower")
+        else:
+            own = "--ref.num_gpus_per_node" if dotted else "--ref_num_gpus_per_node"
+            why = ("no reference model is loaded" if kl <= 0 else
+                   f"the reference model runs on GPUs of its own ({own}): not the actor's")
+            for name in ("ref_offload", "ref_reward_offload"):
+                ko, off = self.get(name)
+                if ko:
+                    d.setting(f, self.line(ko), ko, off, sets="the reference (and reward model) offloaded: not on "
+                                                              "the actor's GPUs")
+            d.setting(f, self.line(kk) if kk else None, kk or FLAGS["init_kl_coef"][dotted], kl,
+                      sets=f"reference=none ({why})", reference="none")
+        kv, engines = self.get("vllm_num_engines")
+        try:
+            engines = int(engines) if kv and str(engines) != "None" else 0
+        except ValueError:
+            raise ConfigError(f, f"{kv} must be an integer, got {engines!r}") from None
+        if engines <= 0:
+            raise ConfigError(f, f"{FLAGS['vllm_num_engines'][dotted]} is "
+                                 f"{'not given' if kv is None else engines}: train_ppo_ray generates with vLLM "
+                                 f"engines alone (ppo_utils SamplesGenerator has no other way, v0.8.5 to 3c3be623); "
+                                 f"give the number of engines")
+        if k_all and not asynch:
+            d.setting(f, self.line(k_all), k_all, True, generation="vllm-colocate",
+                      sets="generation=vllm-colocate: every vLLM engine shares the actor's GPUs (one worker per GPU: "
+                           "num_engines x tensor_parallel_size = the actor's GPUs)")
+        else:
+            d.setting(f, self.line(kv), kv, engines, generation="vllm-server",
+                      sets="generation=vllm-server: the vLLM engines run on GPUs of their own" +
+                           (" (--async_train colocates the DeepSpeed models only)" if k_all else ""))
+        self.scoring()
+        self.colocation(bool(k_all and not asynch))
+
+    def scoring(self):
+        """make_experience's no-grad forwards (experience_maker.py @3c3be623): --rollout.micro_batch_size sequences
+        at a time (v0.8.5 --micro_rollout_batch_size, default 8; 3c3be623 default 1), or with dynamic batching bins of
+        --rollout.max_tokens_per_gpu tokens (default the training's) packed into one row."""
+        d, f = self.d, self.path
+        dotted = self.style == "dotted"
+        if "--train.dynamic_batch_enable" in self.flags and self.flags.get("--ds.packing_samples"):
+            k, tokens = self.get("rollout_max_tokens")
+            if k is None or str(tokens) == "None":
+                kt = "--train.max_tokens_per_gpu"
+                tokens, k = self.flags.get(kt, MAX_TOKENS_PER_GPU), None
+            tokens = positive_int(f, k or "--rollout.max_tokens_per_gpu", tokens)
+            n = max(1, -(-tokens // d.fields.get("seq", tokens)))
+            why = (f"score_batch={n} (scoring bins of {tokens} tokens, packed: counted as {n} sequence(s) of seq "
+                   f"tokens)")
+            (d.setting(f, self.line(k), k, tokens, sets=why, score_batch=n) if k else
+             d.default(self.tool, "--rollout.max_tokens_per_gpu", None, self.source + " (None: the training's "
+                       "--train.max_tokens_per_gpu)", sets=why, score_batch=n))
+            return
+        k, n = self.get("rollout_micro_batch")
+        style = "dotted" if dotted else "classic"
+        n = positive_int(f, k or FLAGS["rollout_micro_batch"][dotted], n if k else ROLLOUT_MICRO[style])
+        why = f"score_batch={n} (make_experience's no-grad forwards: the logits of {n} sequences and their fp32 copy)"
+        (d.setting(f, self.line(k), k, n, sets=why, score_batch=n) if k else
+         d.default(self.tool, FLAGS["rollout_micro_batch"][dotted], ROLLOUT_MICRO[style], self.source, sets=why,
+                   score_batch=n))
+
+    def colocation(self, vllm_colocated: bool):
         """train_ppo_ray's placement flags (@3c3be623 lines 207-251; v0.8.5's spellings): what shares the actor's GPUs.
-        None of it is in the estimate, which is the actor's training step alone; each is listed with what it adds."""
+        vLLM's share (colocated) and the reference (`reinforcement`) are in the estimate; the critic, the reward
+        model and each colocated process's CUDA context are listed with what they add."""
         d, f = self.d, self.path
 
         def flag(*names):
@@ -470,6 +619,7 @@ class _Reader:
 
         k_all, _ = flag("--train.colocate_all", "--colocate_all_models")
         k_sleep, _ = flag("--vllm.enable_sleep", "--vllm_enable_sleep")
+        k_ds_sleep, _ = flag("--ds.enable_sleep", "--deepspeed_enable_sleep")
         k_util, util = flag("--vllm.gpu_memory_utilization", "--vllm_gpu_memory_utilization")
         try:
             share = float(util) if k_util else 0.95
@@ -477,40 +627,86 @@ class _Reader:
             raise ConfigError(f, f"{k_util} must be a number between 0 and 1, got {util!r}") from None
         if not 0 < share <= 1:
             raise ConfigError(f, f"{k_util} must be a number between 0 and 1, got {util!r}")
-        if k_all:
-            why = ("every model, vLLM's engines included, shares the actor's GPUs: "
-                   + ("vLLM sleeps while the actor trains (its weights and KV cache released), but the reference, "
-                      "reward and critic models' weights stay: the real figure is higher by them" if k_sleep else
-                      f"without --vllm.enable_sleep vLLM keeps its gpu_memory_utilization share ({share:g} of each "
-                      f"GPU's memory) while the actor trains, so the real figure is higher by that share, and by "
-                      f"the reference, reward and critic models' weights; this run cannot fit unless the training "
-                      f"step fits in the other {1 - share:.0%}"))
-            d.unmodelled_at(f, self.line(k_all), k_all, True, why)
-        for k in (k_sleep, k_util):
-            if k:
-                self.used.add(k)
-                d.setting(f, self.line(k), k, self.flags[k], sets="read with the colocation listed above" if k_all
-                          else "vLLM on its own GPUs: not the actor's")
+        util_name = "--vllm.gpu_memory_utilization" if self.style == "dotted" else "--vllm_gpu_memory_utilization"
+        if k_util:
+            self.used.add(k_util)
+        if vllm_colocated:
+            why = (f"vllm_share={share:g} (each GPU's vLLM worker takes {share:g} of its total memory: "
+                   f"vllm_engine.py create_vllm_engines, vLLM's requested_memory)")
+            (d.setting(f, self.line(k_util), k_util, share, sets=why, vllm_share=share) if k_util else
+             d.default(self.tool, util_name, 0.95, self.source, sets=why, vllm_share=share))
+            kt, tp = self.get("vllm_tp")
+            if kt:
+                tp = positive_int(f, kt, tp)
+                d.setting(f, self.line(kt), kt, tp, vllm_tp=tp,
+                          sets=f"vllm_tp={tp} (each worker holds 1/{tp} of the weights)")
+            if k_sleep:
+                self.used.add(k_sleep)
+                d.setting(f, self.line(k_sleep), k_sleep, True, vllm_sleep=True,
+                          sets="vllm_sleep=True (the engines sleep at level 1 while the actor trains, their weights "
+                               "on the host: vllm_engine.py, samples_generator.py)")
+        else:
+            kt, _ = self.get("vllm_tp")
+            for k in (k_util, k_sleep, kt):
+                if k:
+                    self.used.add(k)
+                    d.setting(f, self.line(k), k, self.flags[k],
+                              sets="vLLM on GPUs of its own: not the actor's" + (
+                                  " (train_ppo_ray turns enable_sleep off without colocate_all)" if k == k_sleep
+                                  else ""))
         if k_all:
             self.used.add(k_all)
             for k in [k for k in self.flags if k.startswith(("--critic.", "--ref.", "--reward.", "--vllm."))
-                      and k not in self.used and not k.endswith(("model_name_or_path", "_path"))]:
+                      and k not in self.used and k.endswith(PLACEMENT)]:
                 self.used.add(k)
                 d.setting(f, self.line(k), k, self.flags[k], sets="placement of a model sharing the actor's GPUs "
-                                                                  "(the colocation listed above)")
-        for names, why in ((("--train.colocate_actor_ref", "--colocate_actor_ref"),
-                            "the reference model shares the actor's GPUs: the real figure is higher by its weights "
-                            "(ZeRO-3-sharded with the actor's stage 3, else whole)"),
-                           (("--ds.enable_sleep", "--deepspeed_enable_sleep"),
-                            "DeepSpeed offloads the actor's states while vLLM generates and reloads them to train: "
-                            "the training step's peak is unchanged, the host holds the states between"),
-                           (("--actor.freeze_visual_encoder",),
-                            "a vision-language actor with its vision encoder frozen: the vision tower is not counted, "
-                            "so the real figure is higher by its weights")):
-            k, v = flag(*names)
-            if k:
-                self.used.add(k)
-                d.unmodelled_at(f, self.line(k), k, v, why)
+                                                                  "(--train.colocate_all)")
+        kc, critic = self.get("critic_pretrain")
+        kr, rm = self.get("reward_pretrain")
+        k_est, est = self.get("advantage_estimator")
+        has_critic = (str(est) if k_est else "gae") == "gae"
+        if not critic:      # train_ppo_ray.py @3c3be623 lines 600-606: the reward model's, or with a remote reward
+            remote = any(k in self.flags for k in ("--reward.remote_url", "--remote_rm_url"))   # the actor's
+            critic = (self.d.fields.get("model") or self.d.fields.get("named") or "the actor's model") if remote \
+                else rm
+        if has_critic and k_all:
+            d.unmodelled_at(f, self.line(k_all), "critic model (gae)", critic or "(none named)",
+                            "the critic shares the actor's GPUs: " + (
+                                "with --ds.enable_sleep its optimizer states and master weights are offloaded "
+                                "while the actor trains (ppo_train: reload, fit, offload, the critic first), but its "
+                                "16-bit parameters stay (offload_deepspeed_states keeps lp_params): the real figure "
+                                "is higher by them, not counted" if k_ds_sleep else
+                                "without --ds.enable_sleep the critic and the actor train at the same time on the "
+                                "same GPUs (ppo_train starts both fits), so the real figure is higher by the critic's "
+                                "whole training step, which is not modelled: this estimate is too low"))
+        elif has_critic:
+            d.setting(f, self.line(kc) if kc else None, kc or "critic model (gae)", critic or "(none named)",
+                      sets="on GPUs of its own (--critic.num_gpus_per_node): not the actor's")
+        if kr and k_all:
+            d.unmodelled_at(f, self.line(kr), kr, rm,
+                            "the reward model shares the actor's GPUs: its weights (bf16; ZeRO-3-partitioned with "
+                            "stage 3) stay there while the actor trains, so the real figure is higher by them")
+        elif kr:
+            d.setting(f, self.line(kr), kr, rm, sets="on GPUs of its own: not the actor's")
+        others = [w for w, on in (("the reference's", self.d.fields.get("reference") == "copy"),
+                                  ("the reward model's", bool(kr and k_all)), ("the critic's", has_critic and k_all),
+                                  ("each vLLM worker's", vllm_colocated)) if on]
+        if others:
+            d.unmodelled_at(f, None, "processes sharing each GPU", ", ".join(others),
+                            "each Ray actor sharing the GPU is a process with its own CUDA context (and caching "
+                            "allocator): the real figure is higher by one context for each")
+        if k_ds_sleep:
+            self.used.add(k_ds_sleep)
+            d.setting(f, self.line(k_ds_sleep), k_ds_sleep, True, engine_sleep=True,
+                      sets="engine_sleep=True (ppo_train: reload_states, fit, offload_states: between steps the "
+                           "actor's optimizer states and fp32 master weights wait on the host; no effect with "
+                           "--adam_offload)")
+        k, v = flag("--actor.freeze_visual_encoder")
+        if k:
+            self.used.add(k)
+            d.unmodelled_at(f, self.line(k), k, v, "a vision-language actor with its vision encoder frozen: the "
+                                                   "vision tower is not counted, so the real figure is higher by "
+                                                   "its weights")
 
     def dynamic_batch(self, tp: int, ring: int):
         """--train.dynamic_batch_enable (train_ppo_ray.py @3c3be623): the actor's micro batches are bins of samples of
@@ -674,16 +870,7 @@ class _Reader:
                             "(openrlhf/models/utils.py): counted as TRL's per-sequence logsumexp (dpo_logps "
                             "logsumexp), not measured for OpenRLHF")
         if self.module == "train_ppo_ray":
-            for name in ("critic_pretrain", "reward_pretrain"):
-                k, v = self.get(name)
-                if k:
-                    d.unmodelled_at(f, self.line(k), k, v, "PPO's other models (critic, reward, reference, vLLM "
-                                                          "engines) run on their own GPUs or colocated: not modelled; "
-                                                          "the estimate is the actor's training")
-            self.colocation()
-            d.unmodelled_at(f, None, "PPO reference model and vLLM engines", "(always loaded)",
-                           "PPO's reference model and rollout engines are not modelled: the estimate is the actor's "
-                           "training step alone")
+            self.reinforcement()
 
 
 def read(path: Path, data, lines: dict, given: list[Path]) -> Imported:
