@@ -385,6 +385,18 @@ def world_caution(setup: dict, imported, overrides) -> str | None:
             f"nothing; pass --gpus N (and --gpus-per-node) for the run's world size")
 
 
+def _vllm_at_peak(r: Result) -> int:
+    """The bytes of a colocated vLLM's budget in the GPU's peak phase (0 where none is there)."""
+    from helpers.estimate import generation
+    from helpers.training import TrainSetup
+
+    s = r.setup
+    if s.get("run") != "grpo" or s.get("generation") != "vllm-colocate":
+        return 0
+    share = generation.share_bytes(TrainSetup(**s)) or 0
+    return min(share, r.gpu.breakdown[r.gpu.peak_phase].get("generation", 0))
+
+
 def reserve_caution(r: Result) -> str | None:
     """For an estimate that fits a GPU capacity with less headroom than the caching allocator took on the recorded
     dry-run grid: one line saying so, with the grid's median and largest reserve above the tensors, and how to see
@@ -401,12 +413,15 @@ def reserve_caution(r: Result) -> str | None:
     if device_total_oom(r):
         return None
     extra = sum(preset_parts(r).values())                                # a preset's CUDA context, cuBLAS and NCCL
-    room = (d.capacity_bytes - extra) / d.peak_bytes - 1
+    vllm = _vllm_at_peak(r)          # vLLM's budget is its own pools, not torch's caching allocator: no reserve on it
+    room = (d.capacity_bytes - extra - vllm) / (d.peak_bytes - vllm) - 1
     most, median = max(ratios) - 1, statistics.median(ratios) - 1
     if room >= most:
         return None
     risk = "likely" if room < median else "possible"
     counts = "tensors, the CUDA context and cuBLAS's workspaces" if extra else "tensors"
+    if vllm:
+        counts += f" (the headroom is taken on torch's share: vLLM's {fmt(vllm)} is a fixed budget of its own)"
     return (f"headroom {room:.0%}: OOM from the allocator's cache is {risk}. This estimate counts {counts}; on the "
             f"{len(ratios)} dry-run set-ups of data/results/{GRID_FILE} the caching allocator reserved a median "
             f"{median:.0%} (up to {most:.0%}) above them. `measure --mode dry-run` replays it on this set-up")

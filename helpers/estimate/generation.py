@@ -149,7 +149,7 @@ def _score(b: Builder, m: ModelSpec, compute: int) -> None:
     s = b.setup
     n = s.score_batch or s.batch
     E = n * s.seq * m.vocab
-    b.gpu(f"scoring forward's logits and their fp32 copy ({n} sequences, no grad)", "generation", (compute + 4) * E,
+    b.gpu(f"scoring forward's logits and their fp32 copy ({n} sequences, no grad)", "logits", (compute + 4) * E,
           SCORE, f"make_experience: Actor.forward over {n} x {s.seq} tokens returns {E:,} logits, copied to fp32 "
                  f"(`.to(torch.float32)`) while the {compute}-byte ones are alive, then scored ({SCORE_SOURCE})")
 

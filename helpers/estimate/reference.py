@@ -93,6 +93,8 @@ def words(setup) -> str | None:
     if setup.ref == "adapters-off":
         return "the policy's base with the LoRA adapters disabled (peft), no copy"
     if setup.ref == "none":
+        if setup.dpo_logps == "openrlhf":
+            return "none on the actor's GPUs (OpenRLHF: on GPUs of its own, or no KL term)"
         return ("none (beta 0.0: no KL term, no reference loaded)" if setup.run == "grpo"
                 else "none in the step (precomputed log-probs or a reference-free loss)")
     fam = setup.strat.family
