@@ -222,10 +222,12 @@ class OpenRLHFActorLoss:
     reference (another Ray actor on the same GPU when colocated) scores before the step: held, not run."""
 
     _hold_reference = GRPOLoss._hold_reference
+    _actor = None
 
     def forward(self, ids):
         s = self.setup
-        self.held = None                                # the previous training_step has returned
+        if self._actor is None:
+            self._actor = rl_loss.ActorStep(s, self.tracker.set_context)
 
         def logits_of(x):
             with contextlib.nullcontext() if s.strat.deepspeed else self._autocast():
@@ -233,10 +235,7 @@ class OpenRLHFActorLoss:
                 self.tracker.label(fakegpu.cached_weight_casts(), "temporaries")
             return out.logits
 
-        loss, self.held = rl_loss.actor_loss(self.model, ids, s.completion_tokens, fp32_forward=logits_of,
-                                             triton=s.attention == "flash", entropy=s.entropy_kept,
-                                             kl=s.ref != "none", set_context=self.tracker.set_context)
-        return loss
+        return self._actor(logits_of, ids)
 
 
 class OpenRLHFActorStep(OpenRLHFActorLoss, SingleStep):

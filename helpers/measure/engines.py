@@ -35,9 +35,13 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
         what = "a reward model's" if setup.run == "rm" else f"a {setup.run.upper()}"
         raise InputError(f"{what} scaled run trains in this process (single, ddp, DeepSpeed), not under torchrun: got "
                          f"strategy {setup.strategy!r}; `estimate` models it under every engine")
-    if setup.run not in (("sft",) + (SCALED_RUNS if mode == "scaled" else ())) and mode != "dry":
+    scaled_ok = SCALED_RUNS + (("grpo",) if setup.dpo_logps == "openrlhf" else ())   # (OpenRLHF's actor)
+    if setup.run in scaled_ok and mode == "scaled" and setup.strat.one_process_per_gpu and setup.run == "grpo":
+        raise InputError(f"OpenRLHF's actor scaled run trains in this process (single, ddp, DeepSpeed), not under "
+                         f"torchrun: got strategy {setup.strategy!r}; `estimate` models it under every engine")
+    if setup.run not in (("sft",) + (scaled_ok if mode == "scaled" else ())) and mode != "dry":
         raise InputError(f"run {setup.run!r} has no {mode} run here (the training loop trains SFT"
-                         f"{', a reward model, DPO and KTO' if mode == 'scaled' else ''}): a dry run re-enacts TRL's (and "
+                         f"{', a reward model, DPO, KTO and OpenRLHF actor (--dpo-logps openrlhf)' if mode == 'scaled' else ''}): a dry run re-enacts TRL's (and "
                          f"LLaMA-Factory's) {setup.run.upper()} step with its reference model (single, ddp, zero1, "
                          f"zero2), and `estimate` places the reference under every engine")
     if setup.resume:

@@ -45,8 +45,10 @@ class TritonCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         logits, lse, labels = ctx.saved_tensors
-        dlogits = torch.empty_like(logits)                     # cross_entropy_bwd_kernel writes the gradient here
-        return dlogits, None
+        dlogits = torch.empty_like(logits)                     # cross_entropy_bwd_kernel writes the gradient here:
+        dlogits.copy_(logits).sub_(lse.unsqueeze(-1)).exp_()   # softmax - one-hot, times the loss's gradient, in
+        dlogits.scatter_add_(-1, labels.unsqueeze(-1), -torch.ones_like(lse).unsqueeze(-1))   # place
+        return dlogits.mul_(grad.unsqueeze(-1)), None
 
 
 def log_probs_from_logits(logits, labels, triton: bool):
@@ -70,19 +72,20 @@ def compute_entropy(logits):
     return torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)
 
 
-def actor_loss(model, ids, completion: int, *, fp32_forward, triton: bool, entropy: bool, kl: bool,
+def actor_loss(ids, completion: int, *, forward, triton: bool, entropy: bool, kl: bool, old=None,
                set_context=lambda name: None):
-    """One micro batch of OpenRLHF's actor step: (loss, held), `held` what training_step keeps referenced until it
-    returns (the output's fp32 logits and, with the entropy, its graph). `fp32_forward(ids)` returns the model's
-    logits (the caller's precision context around the forward)."""
-    logits = fp32_forward(ids)
+    """One micro batch of OpenRLHF's actor step: (loss, held, action log-probs detached), `held` what training_step
+    keeps referenced until it returns (the output's fp32 logits and, with the entropy, its graph). `forward(ids)`
+    returns the model's logits (the caller's precision context around the forward); `old`: the log-probs the samples
+    were scored with (make_experience's), or None for these (the ratio starts at 1)."""
+    logits = forward(ids)
     set_context("logits")
     logits = logits.to(torch.float32)
     ent = compute_entropy(logits)[:, :-1] if entropy else None
     logps = log_probs_from_logits(logits, torch.roll(ids, shifts=-1, dims=1), triton)[:, :-1]
     mask = torch.ones(ids.shape[0], completion, device=ids.device)
     action = logps[:, -completion:] * mask
-    old, advantages = action.detach(), torch.ones_like(mask)
+    old, advantages = (action.detach() if old is None else old), torch.ones_like(mask)
     ratio = (action - old).exp()
     surr = torch.min(ratio * advantages, ratio.clamp(1 - EPSILON, 1 + EPSILON) * advantages)
     loss = (-surr * mask).sum() / mask.sum()
@@ -92,4 +95,23 @@ def actor_loss(model, ids, completion: int, *, fp32_forward, triton: bool, entro
     if ent is not None:                                        # entropy_coef 0: logged, not in the loss's graph
         ent[:, -completion:].mean()
     set_context(None)
-    return loss, (logits, ent)
+    return loss, (logits, ent), action.detach()
+
+
+class ActorStep:
+    """The actor's loss over a run's micro batches: the samples' old log-probs are the first forward's (one fixed
+    batch trained several times, as PPO's epochs over one experience: the clipped ratio rises, the loss falls), and
+    what training_step holds is dropped when the next micro batch begins."""
+
+    def __init__(self, setup, set_context=lambda name: None):
+        self.setup, self.set_context, self.old, self.held = setup, set_context, None, None
+
+    def __call__(self, forward, ids):
+        s = self.setup
+        self.held = None                                       # the previous training_step has returned
+        loss, self.held, action = actor_loss(ids, s.completion_tokens, forward=forward, triton=s.attention == "flash",
+                                             entropy=s.entropy_kept, kl=s.ref != "none", old=self.old,
+                                             set_context=self.set_context)
+        if self.old is None:
+            self.old = action
+        return loss

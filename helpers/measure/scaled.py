@@ -32,7 +32,7 @@ from helpers import deepspeed_ops, deepspeed_rules, estimate, models, provenance
 from helpers import versions as library_versions
 from helpers.errors import InputError, MeasurementError
 from helpers.estimate import adapters, reference
-from helpers.measure import children, engines, nf4, preference_loss, procgroup
+from helpers.measure import children, engines, nf4, preference_loss, procgroup, rl_loss
 from helpers.measure.fsdp_engines import FSDP1Engine, FSDP2Engine
 from helpers.measure.steps import Hooks, run_steps
 from helpers.measure.tracker import Tracker
@@ -107,7 +107,8 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
     ref = build_reference(twin, s)
     tracker = Tracker(default_device="gpu")
     with engines.torch_globals_restored(), tracker:
-        engine = engine_class(s)(net, s, tracker, **({"reference": ref} if s.run in PREFERENCE_RUNS else {}))
+        engine = engine_class(s)(net, s, tracker, **({"reference": ref} if s.run in PREFERENCE_RUNS + ("grpo",)
+                                                     else {}))
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad]
                       + nf4.state_tensors(net), "parameters")
         tracker.restart_peak("setup")
@@ -189,6 +190,7 @@ class TorchEngine:
         `reference`: DPO's frozen copy (`build_reference`), kept whole as accelerate's prepare_model(evaluation_mode)
         keeps it."""
         self.s, self.tracker, self.module, self.reference = s, tracker, net, reference
+        self.actor = rl_loss.ActorStep(s, tracker.set_context)        # (OpenRLHF's actor: dpo_logps 'openrlhf')
         self.params = list(net.parameters())
         tracker.label(self.params, "parameters")
         if reference is not None:
@@ -211,6 +213,8 @@ class TorchEngine:
                 else contextlib.nullcontext())
 
     def forward(self, ids):
+        if self.s.dpo_logps == "openrlhf":
+            return self.actor(lambda x: self._autocast_forward(self.model, x).logits, ids)
         if self.s.run in PREFERENCE_RUNS:
             return preference_loss.loss(lambda x: self._autocast_forward(self.model, x),
                                         None if self.s.ref == "none" else self._reference_forward, ids, self.s,
@@ -260,6 +264,7 @@ class DeepSpeedEngine:
         warnings.filterwarnings("ignore", category=FutureWarning,
                                 message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
         self.s, self.tracker, self.module = s, tracker, net
+        self.actor = rl_loss.ActorStep(s, tracker.set_context)        # (OpenRLHF's actor: dpo_logps 'openrlhf')
         engine, optimizer, config = initialize_deepspeed(net, s)
         self.engine, self.opt = engine, optimizer
         self.host = "host" if s.offload_optimizer else "gpu"
@@ -312,6 +317,8 @@ class DeepSpeedEngine:
             return self.engine(input_ids=ids)
 
     def forward(self, ids):
+        if self.s.dpo_logps == "openrlhf":
+            return self.actor(lambda x: self.engine(input_ids=x).logits, ids)
         if self.s.run == "rm":
             return engines.reward_loss(self.engine, ids, self.s)
         if self.s.run in PREFERENCE_RUNS:
