@@ -185,6 +185,8 @@ def words(setup) -> str | None:
                 f"cache between steps" + (", the whole model gathered (ds3_gather_for_generation)"
                                           if setup.strat.family == "zero3" else ""))
     if setup.generation == "vllm-server":
+        if setup.dpo_logps == "openrlhf":
+            return "vLLM engines on GPUs of their own (the actor's GPUs send them the weights)"
         return "a vLLM server on GPUs of its own (the training GPUs send it the weights)"
     share = share_bytes(setup)
     held = "while generating only (sleep mode)" if setup.vllm_sleep else "through the training step too"
