@@ -173,14 +173,21 @@ def largest(model, setup: TrainSetup, vary: str = "batch", gpu: str | None = Non
                          f"{'sequence' if vary == 'batch' else f'{step}-token step'} under {MAX_TOKENS:,} tokens")
     cache: dict[int, tuple[Result, bool, str]] = {}
 
+    # OpenRLHF's actor makes every position's logits: its sequence (prompt + generated) is searched whole, the
+    # completion (the loss's per-token vectors alone) kept within it
+    whole = vary == "seq" and setup.dpo_logps == "openrlhf" and setup.completion is not None
+
+    def changed(k: int) -> dict:
+        return {vary: k * step, **({"completion": min(setup.completion, k * step - 1)} if whole else {})}
+
     def at(k: int) -> tuple[Result, bool, str]:
         if k not in cache:
-            r = estimate.run(model, setup.replace(**{vary: k * step}))
+            r = estimate.run(model, setup.replace(**changed(k)))
             cache[k] = (r, *fits(r, gpu))
         return cache[k]
 
     low = 1                                            # GRPO: a sequence longer than its completion, the least
-    if vary == "seq" and setup.run == "grpo" and setup.completion is not None:
+    if vary == "seq" and setup.run == "grpo" and setup.completion is not None and not whole:
         low = setup.completion // step + 1
     first = at(low)
     if not first[1]:
@@ -191,10 +198,10 @@ def largest(model, setup: TrainSetup, vary: str = "batch", gpu: str | None = Non
         value_r = at(lo)[0]
         return Fit(vary, lo * step, value_r, None, None, step, len(cache), time.perf_counter() - started,
                    f"the limit: batch x seq at most {MAX_TOKENS:,} tokens per micro batch (TrainSetup.MAX_TOKENS)",
-                   setup.replace(**{vary: lo * step}), limits)
+                   setup.replace(**changed(lo)), limits)
     nxt = at(lo + 1)                                   # == hi here: the check that one more does not fit
     return Fit(vary, lo * step, at(lo)[0], (lo + 1) * step, nxt[0], step, len(cache), time.perf_counter() - started,
-               nxt[2], setup.replace(**{vary: lo * step}), limits)
+               nxt[2], setup.replace(**changed(lo)), limits)
 
 
 def show(found: dict, gpu: str | None = None) -> None:

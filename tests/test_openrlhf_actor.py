@@ -117,3 +117,13 @@ def test_the_twin_trained_for_real_agrees_with_the_estimate(scaled_agrees, optio
     it: every phase within 0.1% (ZeRO-3 up to 5.3% over: its gathered parameters, as for SFT). The loss is the same
     re-enactment the dry run takes (consistency with it); the engines' bytes are their own."""
     scaled_agrees("qwen2.5-0.5b", TrainSetup(**{**BASE, "seq": 256, "completion": 128, **options}), steps=3, rel=rel)
+
+
+def test_fit_searches_openrlhfs_whole_sequence():
+    """fit's longest sequence for OpenRLHF's actor is prompt + generated, searched whole (the completion kept within
+    it): it said "no sequence fits" when the completion alone left no room, as TRL's GRPO completion does."""
+    from helpers import fit
+
+    s = TrainSetup(**{**BASE, "seq": 4096, "completion": 3500}, strategy="zero2", gpus=8, gpu_gib=24)
+    found = fit.largest("qwen2.5-1.5b", s, "seq")
+    assert 0 < found.value < 3500 and found.setup.completion == found.value - 1
