@@ -261,6 +261,7 @@ class TrainSetup:
                          "generation and the step (OpenRLHF's --micro_rollout_batch_size, --rollout.micro_batch_size; "
                          "default --batch)",
         metavar="N", applies=lambda v: v["run"] == "grpo" and v["dpo_logps"] == "openrlhf",
+        remedy=("one sequence per scoring forward (--micro_rollout_batch_size / --rollout.micro_batch_size 1)", 1),
         no_time="scoring's forwards are not timed"))
     """OpenRLHF's make_experience (trainer/ppo_utils/experience_maker.py): the actor's, then the reference's (another
     process, after the actor's cache is emptied when colocated) no-grad forwards over `score_batch` sequences at a

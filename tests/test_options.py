@@ -143,7 +143,8 @@ def test_fixes_takes_its_single_valued_ways_out_and_untimed_fields_from_the_face
              + fixes._candidates(None, TrainSetup(strategy="fsdp1", gpus=8, reshard_after_forward=False,
                                                   hybrid_shard=True))
              + fixes._candidates(None, TrainSetup(strategy="fsdp2", gpus=8, dp_replicate=2))
-             + fixes._candidates(None, TrainSetup(run="grpo", dpo_logps="openrlhf", entropy_kept=True))]
+             + fixes._candidates(None, TrainSetup(run="grpo", dpo_logps="openrlhf", entropy_kept=True,
+                                                  score_batch=4))]
     for field, f in FACES.items():
         if f.remedy:
             assert f.remedy[0] in names, field

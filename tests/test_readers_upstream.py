@@ -207,7 +207,8 @@ def test_openrlhf_examples(name, want):
     got = reading(OR / name)
     assert {k: got[k] for k in want} == want
     assert not got["ignored"] & {"--actor.gradient_checkpointing_enable", "--train.dynamic_batch_enable",
-                                 "--train.max_tokens_per_gpu"}
+                                 "--train.max_tokens_per_gpu", "--critic.num_nodes", "--critic.num_gpus_per_node",
+                                 "--rollout.micro_batch_size", "--vllm.tensor_parallel_size"}
 
 
 def test_openrlhf_dynamic_batch_without_packing_is_listed_not_binned(tmp_path):

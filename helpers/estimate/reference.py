@@ -68,6 +68,9 @@ from helpers.units import fmt
 
 SOURCE = ("TRL 1.10 dpo_trainer.py DPOTrainer.__init__ (grpo_trainer.py GRPOTrainer.__init__ alike) and "
           "models/utils.py prepare_deepspeed, prepare_fsdp")
+OPENRLHF_SOURCE = ("OpenRLHF 3c3be623 trainer/ray/launcher.py ReferenceModelActor (another process on the actor's GPU "
+                   "when colocated), utils/deepspeed/deepspeed.py get_ds_eval_config: stage 3 with the actor's stage "
+                   "3, else 0")
 ENTROPY_CHUNK = 128      # TRL 1.10 utils.py entropy_from_logits(chunk_size=128): rows per chunk
 
 
@@ -124,16 +127,18 @@ def add_reference(b: Builder, m: ModelSpec, lifecycle: bool = True) -> None:
     loaded = loading.loaded_dtype(s, m) or compute
     n = s.degrees.shard
     name = f"reference model (frozen, {s.run.upper()})"
+    openrlhf = s.dpo_logps == "openrlhf"
+    src, prep = (OPENRLHF_SOURCE, "get_ds_eval_config") if openrlhf else (SOURCE, "prepare_deepspeed")
     if fam == "zero12":
         nbytes = m.params * loading.BYTES[compute]
         b.gpu(name, "parameters", nbytes, ALWAYS,
-              f"prepare_deepspeed sets ZeRO stage 0 for a reference under stage 1/2: the engine casts it to {compute} "
-              f"and keeps all of it on every GPU: {m.params:,} x {loading.BYTES[compute]} B = {fmt(nbytes)} ({SOURCE}; "
+              f"{prep} sets ZeRO stage 0 for a reference under stage 1/2: the engine casts it to {compute} "
+              f"and keeps all of it on every GPU: {m.params:,} x {loading.BYTES[compute]} B = {fmt(nbytes)} ({src}; "
               f"DeepSpeed 0.19.8 engine.py _configure_distributed_model)")
     elif fam == "zero3":
         nbytes = _sharded(m, n) * loading.BYTES[compute]
-        why = (f"prepare_deepspeed keeps stage 3 for the reference: each tensor partitioned 1/{n} per rank in "
-               f"{compute}, {fmt(nbytes)} per rank ({SOURCE})")
+        why = (f"{prep} keeps stage 3 for the reference: each tensor partitioned 1/{n} per rank in "
+               f"{compute}, {fmt(nbytes)} per rank ({src})")
         if s.offload_params:
             b.host(f"{name}, partitions offloaded", "parameters", nbytes, ALWAYS,
                    why + "; the policy's offload_param puts them on the host", pinned=s.pin_memory)
@@ -143,19 +148,22 @@ def add_reference(b: Builder, m: ModelSpec, lifecycle: bool = True) -> None:
         nbytes = _sharded(m, n) * loading.BYTES[loaded]
         b.gpu(name, "parameters", nbytes, ALWAYS,
               f"prepare_fsdp wraps the reference with the policy's FSDP plugin: sharded {n} ways in the dtype it was "
-              f"loaded in ({loaded}), {fmt(nbytes)} per GPU ({SOURCE})")
+              f"loaded in ({loaded}), {fmt(nbytes)} per GPU ({src})")
     else:
         nbytes = m.params * loading.BYTES[loaded]
         b.gpu(name, "parameters", nbytes, ALWAYS,
               f"accelerator.prepare_model(evaluation_mode=True): the whole reference on every GPU as loaded "
               f"({loaded}, create_model_from_path with the policy's model_init_kwargs): {m.params:,} x "
-              f"{loading.BYTES[loaded]} B = {fmt(nbytes)} ({SOURCE})")
+              f"{loading.BYTES[loaded]} B = {fmt(nbytes)} ({src})")
     if lifecycle and (s.strat.deepspeed or fam in ("fsdp1", "fsdp2")):
         copy = loading.host_copy(s, m)
         b.host("the reference model converted as it loads, beside the policy's", "parameters", copy, LOAD,
-               f"{s.run.upper()}Trainer.__init__ loads the reference while the policy is still on the host (the "
-               f"engine takes it in train()): a second conversion of {fmt(copy)} per rank ({SOURCE}; the conversion rule of "
-               f"helpers.estimate.loading)")
+               ("the ReferenceModelActor (another process on the same node) loads its copy as the actor loads "
+                "its own" if openrlhf else
+                f"{s.run.upper()}Trainer.__init__ loads the reference while the policy is still on the host (the "
+                f"engine takes it in train())")
+               + f": a second conversion of {fmt(copy)} per rank ({src}; the conversion rule of "
+                 f"helpers.estimate.loading)")
 
 
 def _log_softmax_logits(b: Builder, m: ModelSpec, E: int) -> None:

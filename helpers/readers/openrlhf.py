@@ -90,8 +90,8 @@ FLAGS = {
     "ref_reward_offload": ("--ref_reward_offload", None),
 }
 ROLLOUT_MICRO = {"classic": 8, "dotted": 1}   # --micro_rollout_batch_size (v0.8.5), --rollout.micro_batch_size (3c3be623)
-PLACEMENT = ("num_nodes", "num_gpus_per_node", "num_engines", "tensor_parallel_size", "sync_backend", "enforce_eager",
-             "enable_prefix_caching")      # the --critic./--ref./--reward./--vllm. flags that place a process
+PLACEMENT = ("num_nodes", "num_gpus_per_node", "num_engines", "tensor_parallel_size")   # the --critic./--ref./
+#                                            --reward./--vllm. flags that place a process
 ESTIMATORS = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo")   # train_ppo_ray's choices
 SWITCHES = {"bf16", "flash_attn", "gradient_checkpointing", "adam_offload", "load_in_4bit", "packing_samples",
             "use_liger_kernel", "overlap_comm", "deepcompile", "load_checkpoint", "ref_offload", "async_train",
@@ -680,8 +680,14 @@ class _Reader:
                                 "same GPUs (ppo_train starts both fits), so the real figure is higher by the critic's "
                                 "whole training step, which is not modelled: this estimate is too low"))
         elif has_critic:
+            own = "--critic.num_gpus_per_node" if self.style == "dotted" else "--critic_num_gpus_per_node"
             d.setting(f, self.line(kc) if kc else None, kc or "critic model (gae)", critic or "(none named)",
-                      sets="on GPUs of its own (--critic.num_gpus_per_node): not the actor's")
+                      sets=f"on GPUs of its own ({own}): not the actor's; those GPUs are not estimated here")
+            for k in [k for k in self.flags if k in ("--colocate_critic_reward", "--train.colocate_critic_reward")
+                      or k.startswith(("--critic_num_", "--critic.num_", "--reward_num_", "--reward.num_"))]:
+                self.used.add(k)
+                d.setting(f, self.line(k), k, self.flags[k],
+                          sets="the critic's and reward model's GPUs (not the actor's): not estimated here")
         if kr and k_all:
             d.unmodelled_at(f, self.line(kr), kr, rm,
                             "the reward model shares the actor's GPUs: its weights (bf16; ZeRO-3-partitioned with "
