@@ -599,6 +599,9 @@ class _Reader:
             (d.setting(f, self.line(k), k, tokens, sets=why, score_batch=n) if k else
              d.default(self.tool, "--rollout.max_tokens_per_gpu", None, self.source + " (None: the training's "
                        "--train.max_tokens_per_gpu)", sets=why, score_batch=n))
+            km, micro = self.get("rollout_micro_batch")
+            if km:
+                d.setting(f, self.line(km), km, micro, sets="not used: dynamic batching scores token bins")
             return
         k, n = self.get("rollout_micro_batch")
         style = "dotted" if dotted else "classic"
