@@ -121,8 +121,8 @@ def _vllm(b: Builder, m: ModelSpec, zero3: bool) -> None:
                   "generation", share, GENERATE if s.vllm_sleep else ALWAYS,
                   f"gpu_memory_utilization {s.vllm_share:g} x {s.gpu_gib:g} GiB: vLLM takes requested_memory = "
                   f"total x utilization and fills it with its weights, profiled activations, non-torch memory and the "
-                  f"KV cache ({VLLM}); " + (f"asleep (level {1 if s.dpo_logps == 'openrlhf' else 2}) outside generation: "
-                                                            f"counted while generating"
+                  f"KV cache ({VLLM}); " + (f"asleep (level {1 if s.dpo_logps == 'openrlhf' else 2}) outside "
+                                            f"generation: counted while generating"
                                             if s.vllm_sleep else "held through the training step (no sleep mode)")
                   + f" ({OPENRLHF if s.dpo_logps == 'openrlhf' else TRL})")
         if s.vllm_sleep and s.dpo_logps == "openrlhf":

@@ -52,12 +52,10 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
           f"{s.batch} sequences x {s.seq} positions x {m.vocab:,} = {E:,} elements x 4 B = {fmt(4 * E)}: the "
           f"output's logits replaced by their fp32 copy, referenced through backward and the optimizer step "
           f"({SOURCE}; {MEASURED})")
-    entropy = s.entropy_kept
-    if entropy:
+    if s.entropy_kept:
         b.gpu("the entropy's softmax (kept by the graph the output holds)", "logits", 4 * E, HELD,
               f"compute_entropy with autograd (--actor.entropy_coef given): softmax of the fp32 logits, "
               f"{fmt(4 * E)}, saved by its graph, which the output keeps ({SOURCE}; {MEASURED})")
-    if entropy:
         b.gpu("the entropy's product of its softmax and the logits (computed, then summed)", "logits", 4 * E, LOSS,
               f"`pd * logits` in compute_entropy, {fmt(4 * E)}, beside the softmax and the logits: more than the "
               f"16-bit logits beside their copy, which come before it ({SOURCE})")

@@ -734,6 +734,15 @@ class GRPOZeroStep(GRPOLoss, ZeroEquivalentStep):
         self._hold_reference(reference, tracker)
 
 
+class OpenRLHFActorZeroStep(OpenRLHFActorLoss, ZeroEquivalentStep):
+    """OpenRLHF's actor under DeepSpeed ZeRO-1/2 re-enacted (OpenRLHFActorLoss on ZeroEquivalentStep): bf16 logits
+    copied to fp32; a colocated reference whole in bf16 (get_eval_ds_config: stage 0 unless the actor's is 3)."""
+
+    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
+        ZeroEquivalentStep.__init__(self, model, setup, tracker, mesh)
+        self._hold_reference(reference, tracker)
+
+
 STEPS = {"replicated": SingleStep, "zero12": ZeroEquivalentStep, "fsdp2": FSDP2Step, "fsdp1": FSDP1Step}
 """The dry-run step of each strategy's `states` key (helpers.strategies); a strategy with no dry run has none."""
 TP_STEPS = {"replicated": TensorParallelReplicatedStep, "fsdp2": TensorParallelFSDP2Step}
@@ -769,11 +778,3 @@ def recheck(model: str, setup, gpu: str | None = None, alloc_conf: str | None = 
             "capacity": cap, "fits_allocated": fits_allocated, "fits_device": fits_device, "part": part,
             "flipped": fits_allocated != fits_device, "basis": basis, "result": r}
 
-
-class OpenRLHFActorZeroStep(OpenRLHFActorLoss, ZeroEquivalentStep):
-    """OpenRLHF's actor under DeepSpeed ZeRO-1/2 re-enacted (OpenRLHFActorLoss on ZeroEquivalentStep): bf16 logits
-    copied to fp32; a colocated reference whole in bf16 (get_eval_ds_config: stage 0 unless the actor's is 3)."""
-
-    def __init__(self, model, setup: TrainSetup, tracker: Tracker, mesh=None, reference=None):
-        ZeroEquivalentStep.__init__(self, model, setup, tracker, mesh)
-        self._hold_reference(reference, tracker)

@@ -31,17 +31,14 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
         raise InputError(f"trl_loss_type {setup.trl_loss_type!r} at this TRL release ({sft_loss.mechanism(setup)} "
                          f"loss) has no {mode} run here (the training loop computes the model's own loss): a dry run "
                          f"re-enacts TRL's loss, or measure with trl_loss_type unset")
-    if setup.run in SCALED_RUNS and mode == "scaled" and setup.strat.one_process_per_gpu:
-        what = "a reward model's" if setup.run == "rm" else f"a {setup.run.upper()}"
+    scaled_ok = SCALED_RUNS + (("grpo",) if setup.dpo_logps == "openrlhf" else ())   # (OpenRLHF's actor)
+    if setup.run in scaled_ok and mode == "scaled" and setup.strat.one_process_per_gpu:
+        what = {"rm": "a reward model's", "grpo": "OpenRLHF's actor"}.get(setup.run, f"a {setup.run.upper()}")
         raise InputError(f"{what} scaled run trains in this process (single, ddp, DeepSpeed), not under torchrun: got "
                          f"strategy {setup.strategy!r}; `estimate` models it under every engine")
-    scaled_ok = SCALED_RUNS + (("grpo",) if setup.dpo_logps == "openrlhf" else ())   # (OpenRLHF's actor)
-    if setup.run in scaled_ok and mode == "scaled" and setup.strat.one_process_per_gpu and setup.run == "grpo":
-        raise InputError(f"OpenRLHF's actor scaled run trains in this process (single, ddp, DeepSpeed), not under "
-                         f"torchrun: got strategy {setup.strategy!r}; `estimate` models it under every engine")
     if setup.run not in (("sft",) + (scaled_ok if mode == "scaled" else ())) and mode != "dry":
         raise InputError(f"run {setup.run!r} has no {mode} run here (the training loop trains SFT"
-                         f"{', a reward model, DPO, KTO and OpenRLHF actor (--dpo-logps openrlhf)' if mode == 'scaled' else ''}): a dry run re-enacts TRL's (and "
+                         f"{', a reward model, DPO, KTO and OpenRLHF' + chr(39) + 's actor (--dpo-logps openrlhf)' if mode == 'scaled' else ''}): a dry run re-enacts TRL's (and "
                          f"LLaMA-Factory's) {setup.run.upper()} step with its reference model (single, ddp, zero1, "
                          f"zero2), and `estimate` places the reference under every engine")
     if setup.resume:

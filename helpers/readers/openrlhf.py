@@ -542,24 +542,22 @@ class _Reader:
                       sets=f"reference=copy: KL coefficient {kl:g} > 0 loads a reference model, which shares the "
                            f"actor's GPUs (ReferenceModelActor: get_eval_ds_config, stage 3 with the actor's stage 3, "
                            f"else stage 0: whole, bf16)")
-            for name in ("ref_offload", "ref_reward_offload"):
-                ko, off = self.get(name)
-                if ko:
-                    d.unmodelled_at(f, self.line(ko), ko, off,
-                                    "the reference's (and reward model's) ZeRO-3 partitions on the host "
-                                    "(get_ds_eval_config offload_param, stage 3 only); the estimate keeps the "
-                                    "reference's on the GPU, so the real GPU figure is lower")
         else:
             own = "--ref.num_gpus_per_node" if dotted else "--ref_num_gpus_per_node"
             why = ("no reference model is loaded" if kl <= 0 else
                    f"the reference model runs on GPUs of its own ({own}): not the actor's")
-            for name in ("ref_offload", "ref_reward_offload"):
-                ko, off = self.get(name)
-                if ko:
-                    d.setting(f, self.line(ko), ko, off, sets="the reference (and reward model) offloaded: not on "
-                                                              "the actor's GPUs")
             d.setting(f, self.line(kk) if kk else None, kk or FLAGS["init_kl_coef"][dotted], kl,
                       sets=f"reference=none ({why})", reference="none")
+        for name in ("ref_offload", "ref_reward_offload"):
+            ko, off = self.get(name)
+            if ko and d.fields["reference"] == "copy":
+                d.unmodelled_at(f, self.line(ko), ko, off,
+                                "the reference's (and reward model's) ZeRO-3 partitions on the host "
+                                "(get_ds_eval_config offload_param, stage 3 only); the estimate keeps the "
+                                "reference's on the GPU, so the real GPU figure is lower")
+            elif ko:
+                d.setting(f, self.line(ko), ko, off, sets="the reference (and reward model) offloaded: not on "
+                                                          "the actor's GPUs")
         kv, engines = self.get("vllm_num_engines")
         try:
             engines = int(engines) if kv and str(engines) != "None" else 0
@@ -579,7 +577,7 @@ class _Reader:
                       sets="generation=vllm-server: the vLLM engines run on GPUs of their own" +
                            (" (--async_train colocates the DeepSpeed models only)" if k_all else ""))
         self.scoring()
-        self.colocation(bool(k_all and not asynch))
+        self.colocation(k_all, vllm_colocated=bool(k_all and not asynch), has_critic=est == "gae")
 
     def scoring(self):
         """make_experience's no-grad forwards (experience_maker.py @3c3be623): --rollout.micro_batch_size sequences
@@ -611,16 +609,16 @@ class _Reader:
          d.default(self.tool, FLAGS["rollout_micro_batch"][dotted], ROLLOUT_MICRO[style], self.source, sets=why,
                    score_batch=n))
 
-    def colocation(self, vllm_colocated: bool):
-        """train_ppo_ray's placement flags (@3c3be623 lines 207-251; v0.8.5's spellings): what shares the actor's GPUs.
-        vLLM's share (colocated) and the reference (`reinforcement`) are in the estimate; the critic, the reward
-        model and each colocated process's CUDA context are listed with what they add."""
+    def colocation(self, k_all: str | None, vllm_colocated: bool, has_critic: bool):
+        """train_ppo_ray's placement flags (@3c3be623 lines 207-251; v0.8.5's spellings): what shares the actor's GPUs
+        (`k_all`: the colocate-all flag as written, or None). vLLM's share (colocated) and the reference
+        (`reinforcement`) are in the estimate; the critic (`has_critic`: gae), the reward model and each colocated
+        process's CUDA context are listed with what they add."""
         d, f = self.d, self.path
 
         def flag(*names):
             return next(((n, self.flags[n]) for n in names if n in self.flags), (None, None))
 
-        k_all, _ = flag("--train.colocate_all", "--colocate_all_models")
         k_sleep, _ = flag("--vllm.enable_sleep", "--vllm_enable_sleep")
         k_ds_sleep, _ = flag("--ds.enable_sleep", "--deepspeed_enable_sleep")
         k_util, util = flag("--vllm.gpu_memory_utilization", "--vllm_gpu_memory_utilization")
@@ -666,8 +664,6 @@ class _Reader:
                                                                   "(--train.colocate_all)")
         kc, critic = self.get("critic_pretrain")
         kr, rm = self.get("reward_pretrain")
-        k_est, est = self.get("advantage_estimator")
-        has_critic = (str(est) if k_est else "gae") == "gae"
         if not critic:      # train_ppo_ray.py @3c3be623 lines 600-606: the reward model's, or with a remote reward
             remote = any(k in self.flags for k in ("--reward.remote_url", "--remote_rm_url"))   # the actor's
             critic = (self.d.fields.get("model") or self.d.fields.get("named") or "the actor's model") if remote \
