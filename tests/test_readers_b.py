@@ -393,6 +393,49 @@ def test_openrlhf_bad_values(tmp_path, command, words):
     one_line_error(e, p, *words)
 
 
+@pytest.mark.parametrize("flags, words", [
+    ("--actor_num_nodes 1 --actor_num_gpus_per_node 8 --micro_train_batch_size 2 --train_batch_size 8",
+     ("--train_batch_size 8", "micro batch 2 on 8 GPU(s)", "DeepSpeed refuses it", "= 0 steps", "multiple of 16")),
+    ("--actor_num_nodes 1 --actor_num_gpus_per_node 8 --micro_train_batch_size 1 --train_batch_size 12",
+     ("--train_batch_size 12", "with a remainder", "multiple of 8")),
+    ("--actor_num_nodes 1 --actor_num_gpus_per_node 3 --micro_train_batch_size 1",
+     ("--train_batch_size (default) 128", "on 3 GPU(s)", "multiple of 3")),
+])
+def test_openrlhf_train_batch_deepspeed_refuses(tmp_path, flags, words):
+    """A train batch that is not micro batch x GPUs x whole accumulation steps stops at DeepSpeed's _batch_assertion
+    before training: refused with DeepSpeed's reason, never read as one accumulation step."""
+    p = write(tmp_path, "grpo.sh", f"python -m openrlhf.cli.train_ppo_ray --pretrain Qwen/Qwen2.5-7B "
+                                   f"--vllm_num_engines 1 --zero_stage 3 {flags}\n")
+    with pytest.raises(ConfigError) as e:
+        read(p)
+    one_line_error(e, p, *words)
+
+
+def test_openrlhf_train_batch_not_refused_where_the_world_is_unknown_or_batches_are_bins(tmp_path):
+    """Where the launcher does not say the world size (deepspeed without --num_gpus: every local GPU) or dynamic
+    batching sets DeepSpeed's micro batch to 1 and accumulation to 1 (OpenRLHF 3c3be623 get_ds_train_config), the train
+    batch is read as before."""
+    i = read(write(tmp_path, "sft.sh", "deepspeed --module openrlhf.cli.train_sft --pretrain Qwen/Qwen2.5-7B "
+                                       "--micro_train_batch_size 3 --train_batch_size 8\n"))
+    assert i.setup.grad_accum == 2
+    i = read(write(tmp_path, "dyn.sh", "python -m openrlhf.cli.train_ppo_ray --actor.model_name_or_path "
+                                       "Qwen/Qwen2.5-7B --vllm.num_engines 1 --train.dynamic_batch_enable "
+                                       "--train.micro_batch_size 3 --train.batch_size 8\n"))
+    assert i.setup.strategy is not None
+
+
+def test_model_beside_the_files_wins_over_a_path_on_another_machine(tmp_path):
+    """--model beside --from names the model where the file gives a path that exists only on the user's machine: the
+    path is kept as the file's name for it, not refused."""
+    p = write(tmp_path, "grpo.sh", "python -m openrlhf.cli.train_ppo_ray --pretrain /data/models/Qwen/Qwen2.5-7B-Instruct "
+                                   "--vllm_num_engines 1\n")
+    with pytest.raises(ConfigError) as e:
+        read(p)
+    one_line_error(e, p, "/data/models/Qwen/Qwen2.5-7B-Instruct", "no model config.json")
+    i = read(p, model="Qwen/Qwen2.5-7B-Instruct")
+    assert i.model is None and i.model_named == "/data/models/Qwen/Qwen2.5-7B-Instruct"
+
+
 def test_openrlhf_unknown_model_is_named_not_guessed():
     i = openrlhf.read_command("python -m openrlhf.cli.train_sft --pretrain my-org/my-private-13b")
     assert i.model is None and i.model_named == "my-org/my-private-13b"
@@ -627,6 +670,28 @@ def test_case_config_gives_the_case_estimate(n):
     assert differs <= {"gpus_per_node", "grad_checkpointing", "checkpointing", "overlap_comm", "adam_impl",
                        "sync_each_batch"}, differs
     assert got.checkpointing == want.checkpointing and got.ranks_per_node == want.ranks_per_node and got.overlap == want.overlap  # in effect
+
+
+def test_case7_script_is_the_threads_run_and_micro_batch_2_the_case(tmp_path):
+    """Case 7's script (OpenRLHF issue #908's own command, micro batch 1) reads to the case's fixed set-up; with micro
+    batch 2 and train batch 16 (the smallest DeepSpeed accepts, as the header says) to the case's set-up."""
+    f = CONFIGS / cases.case(7)["config"]
+    head = f.read_text()[:2000]
+    assert "Case 7" in head and "this project" in head and "issues/908" in head
+    i = read(f, model="Qwen/Qwen2.5-7B-Instruct")
+    assert i.format == "openrlhf"
+    fixed = cases.setup(7, fixed=True)
+    assert i.setup.replace(gpu_gib=fixed.gpu_gib) == fixed
+    flag = "   --micro_train_batch_size 1 \\\n"
+    assert f.read_text().count(flag) == 1
+    text = f.read_text().replace(flag, flag.replace("1", "2"))
+    p = write(tmp_path, "micro2.sh", "")
+    p.write_text(text)
+    with pytest.raises(ConfigError):                      # train batch 8: DeepSpeed's assertion, not an OOM
+        read(p, model="Qwen/Qwen2.5-7B-Instruct")
+    p.write_text(text.replace("   --train_batch_size 8 \\\n", "   --train_batch_size 16 \\\n"))
+    want = cases.setup(7)
+    assert read(p, model="Qwen/Qwen2.5-7B-Instruct").setup.replace(gpu_gib=want.gpu_gib) == want
 
 
 def test_case_files_cannot_write_what_the_test_gives():

@@ -18,7 +18,8 @@ from helpers.readers.base import ConfigError
 
 def resolve(named, referring: Path, key: str = "model_name_or_path") -> tuple[str | None, str | None]:
     """(model for the estimator or None, the model as the file names it). ConfigError when the value is not a string,
-    or looks like a local path (starts with '/', './', '../' or '~', or ends in .json) that holds no model config."""
+    or looks like a local path (starts with '/', './', '../' or '~', or ends in .json) that holds no model config and
+    no model is named beside the files (--model: a path on the machine the run was on is then only the file's name)."""
     if named is None:
         return None, None
     if not isinstance(named, str) or not named.strip():
@@ -45,7 +46,7 @@ def resolve(named, referring: Path, key: str = "model_name_or_path") -> tuple[st
             found = None
         if found is not None:
             return str(found), text
-    if text.startswith(("/", "./", "../", "~")) or text.endswith(".json"):
+    if (text.startswith(("/", "./", "../", "~")) or text.endswith(".json")) and MODEL_GIVEN.get() is None:
         raise ConfigError(referring, f"{key} {text!r} is a path with no model config.json there: give a hub id the "
                                      f"catalogue knows (python -m helpers models) or a local config.json")
     return None, text

@@ -392,6 +392,7 @@ class _Reader:
 
     def world(self) -> int:
         d, f = self.d, self.path
+        self.world_known = True
         if self.module == "train_ppo_ray":
             nodes, per = self.pair((("actor_num_nodes", 1), ("actor_num_gpus_per_node", 8)),
                                    lambda n, p: f"gpus={n * p}, gpus_per_node={p} (actor)",
@@ -403,6 +404,7 @@ class _Reader:
                 key, value, why = how
                 d.unmodelled_at(f, self.line(key), key, value, f"{why}: estimated on gpus=1; give --gpus")
             d.gpus_unknown()
+            self.world_known = False
             return 1
         d.setting(f, None, "launcher", how, gpus=gpus)
         return gpus
@@ -473,6 +475,14 @@ class _Reader:
         k, total = self.get("train_batch")
         total = positive_int(f, k or "train batch", total if k else 128)
         dp_micro = micro * max(world // (tp * ring), 1)
+        if (total % dp_micro and tp == ring == 1 and self.world_known
+                and "--train.dynamic_batch_enable" not in self.flags and "--use_dynamic_batch" not in self.flags):
+            written = k or f"{FLAGS['train_batch'][style == 'dotted']} (default)"
+            raise ConfigError(f, f"{written} {total} with micro batch {micro} on {world} GPU(s): DeepSpeed refuses it "
+                                 f"before training (deepspeed/runtime/config.py _batch_assertion: the train batch must "
+                                 f"be micro batch x GPUs x accumulation steps, and {total} // ({micro} x {world}) = "
+                                 f"{total // dp_micro} steps{' with a remainder' if total // dp_micro else ''}): give a "
+                                 f"train batch that is a multiple of {dp_micro}")
         accum = max(total // dp_micro, 1)
         sets = (f"grad_accum={accum} (train batch {total} // (micro batch {micro} x data-parallel "
                 f"{max(world // (tp * ring), 1)}))")
