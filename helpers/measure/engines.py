@@ -37,10 +37,11 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
         raise InputError(f"{what} scaled run trains in this process (single, ddp, DeepSpeed), not under torchrun: got "
                          f"strategy {setup.strategy!r}; `estimate` models it under every engine")
     if setup.run not in (("sft",) + (scaled_ok if mode == "scaled" else ())) and mode != "dry":
+        whose = ("OpenRLHF's actor step" if setup.dpo_logps == "openrlhf" else
+                 f"TRL's (and LLaMA-Factory's) {setup.run.upper()} step with its reference model")
         raise InputError(f"run {setup.run!r} has no {mode} run here (the training loop trains SFT"
-                         f"{', a reward model, DPO, KTO and OpenRLHF' + chr(39) + 's actor (--dpo-logps openrlhf)' if mode == 'scaled' else ''}): a dry run re-enacts TRL's (and "
-                         f"LLaMA-Factory's) {setup.run.upper()} step with its reference model (single, ddp, zero1, "
-                         f"zero2), and `estimate` places the reference under every engine")
+                         f"{', a reward model, DPO, KTO and OpenRLHF' + chr(39) + 's actor (--dpo-logps openrlhf)' if mode == 'scaled' else ''}): a dry run re-enacts {whose} "
+                         f"(single, ddp, zero1, zero2), and `estimate` places it under every engine")
     if setup.resume:
         raise InputError(f"resume is modelled by the estimate (the loaded checkpoint beside the live buffers) but a "
                          f"{mode} run does not load a checkpoint; measure without --resume: the resume transient is "
