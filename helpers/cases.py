@@ -1,4 +1,5 @@
-"""The six cases: each one's model, reported set-up, fix and reported figures, read from data/cases.json."""
+"""The cases: each one's model, reported set-up, fix and reported figures, read from data/cases.json (cases 1-6 from a
+write-up and the upstream thread it summarises, case 7 from its upstream thread alone)."""
 
 from __future__ import annotations
 
@@ -44,20 +45,21 @@ def checklist() -> list[dict]:
 
 
 def citation(number: int | str) -> str:
-    """The case's sources in one line of plain ASCII (figure titles have no CJK font): upstream issue(s), write-up."""
+    """The case's sources in one line of plain ASCII (figure titles have no CJK font): upstream issue(s), write-up
+    (where there is one)."""
     src = case(number)["source"]
-    w = src["write_up"]
     upstream = "; ".join(u["short"] for u in src["upstream"])
-    return f"{upstream}; write-up by {w['author_latin']}, {w['published']}, {w['date']}"
+    w = src.get("write_up")
+    return f"{upstream}; write-up by {w['author_latin']}, {w['published']}, {w['date']}" if w else upstream
 
 
 def sources_markdown(number: int | str) -> str:
-    """The case's sources as a Markdown list with links: the write-up (title in its language, with a gloss), the
-    upstream threads it summarises, and the docs or code it rests on."""
+    """The case's sources as a Markdown list with links: the write-up where there is one (title in its language, with
+    a gloss), the upstream threads, and the docs or code it rests on."""
     src = case(number)["source"]
-    w = src["write_up"]
+    w = src.get("write_up")
     lines = [f"- Write-up: {w['author']}, [{w['title']}]({w['url']}) (\"{w['title_en']}\"), {w['published']}, "
-             f"{w['date']} (in Chinese)"]
+             f"{w['date']} (in Chinese)"] if w else []
     lines += [f"- Upstream: [{u['what']}]({u['url']})" for u in src["upstream"]]
     lines += [f"- Docs and code: [{u['what']}]({u['url']})" for u in src["docs"]]
     return "\n".join(lines)

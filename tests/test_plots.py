@@ -151,7 +151,7 @@ def test_explorer_keeps_the_options_it_has_no_control_for():
     assert {i["applies_to"] for i in e.reported_here()} >= {"reported", "machine"}
 
 
-@pytest.mark.parametrize("number", range(1, 7))
+@pytest.mark.parametrize("number", range(1, 8))
 def test_case_figures_fit_a_laptop_with_their_legend_inside(number):
     """880 px at most; the one legend under the plot lies inside the figure and names only what is drawn."""
     c = cases.case(number)
