@@ -424,6 +424,21 @@ def test_openrlhf_train_batch_not_refused_where_the_world_is_unknown_or_batches_
     assert i.setup.strategy is not None
 
 
+def test_openrlhf_packing_samples_turns_flash_attention_on(tmp_path):
+    """OpenRLHF's classic CLIs set args.flash_attn = True when --packing_samples is given without it (8ff73978): read
+    as flash attention from that default, not as eager."""
+    for module, command in (
+            ("train_sft", "deepspeed --num_gpus 8 --module openrlhf.cli.train_sft --micro_train_batch_size 1"),
+            ("train_ppo_ray", "python -m openrlhf.cli.train_ppo_ray --vllm_num_engines 1 --micro_train_batch_size 1")):
+        i = read(write(tmp_path, f"{module}.sh", f"{command} --pretrain Qwen/Qwen2.5-7B --packing_samples "
+                                                  f"--train_batch_size 8\n"))
+        assert i.setup.attention == "flash", module
+        assert "--packing_samples" in keyed(i.defaults)["--flash_attn"].source
+    i = read(write(tmp_path, "eager.sh", "python -m openrlhf.cli.train_ppo_ray --pretrain Qwen/Qwen2.5-7B "
+                                         "--vllm_num_engines 1 --train_batch_size 32\n"))
+    assert i.setup.attention == "eager"
+
+
 def test_model_beside_the_files_wins_over_a_path_on_another_machine(tmp_path):
     """--model beside --from names the model where the file gives a path that exists only on the user's machine: the
     path is kept as the file's name for it, not refused."""

@@ -782,6 +782,10 @@ class _Reader:
             d.setting(f, self.line(ka), ka, impl, attention=ATTENTION.get(impl, "flash"))
         elif kf:
             d.setting(f, self.line(kf), kf, True, attention="flash")
+        elif self.tool == CLASSIC and self.get("packing_samples")[0]:
+            d.default(self.tool, "--flash_attn", True, "openrlhf/cli/train_*.py (8ff73978, the classic flags' "
+                      "releases): --packing_samples without --flash_attn sets args.flash_attn = True",
+                      attention="flash")
         elif self.tool == CLASSIC:
             d.default(self.tool, "--flash_attn", False, self.source + " (openrlhf/models/actor.py: eager unless "
                       "--flash_attn)", attention="eager")
