@@ -12,19 +12,31 @@ from helpers.degrees import ceil_div
 
 
 def zero3_sub_groups(m, setup) -> list[int]:
-    """Element counts of DeepSpeed ZeRO-3's optimizer sub-groups on one rank (`_create_fp16_sub_groups`): the
-    partitions of `m`'s tensors (a helpers.models.ModelSpec) in order, a group closed once it reaches
-    `setup.sub_group_size` elements (a helpers.training.TrainSetup)."""
-    groups, current = [], 0
+    """Element counts of DeepSpeed ZeRO-3's optimizer sub-groups on one rank, in order: each of the optimizer's
+    parameter groups (`optimizer_param_groups`) split by `_create_fp16_sub_groups` (DeepSpeed 0.19.8 stage3.py): the
+    partitions of its tensors in order, a sub-group closed once it reaches `setup.sub_group_size` elements or at the
+    group's last tensor (`m`: a helpers.models.ModelSpec; `setup`: a helpers.training.TrainSetup)."""
     G = setup.degrees.shard
-    for t in m.tensors:
-        current += ceil_div(t.numel, G)
-        if current >= setup.sub_group_size:
+    groups = []
+    for tensors in optimizer_param_groups(m, setup):
+        current = 0
+        for t in tensors:
+            current += ceil_div(t.numel, G)
+            if current >= setup.sub_group_size:
+                groups.append(current)
+                current = 0
+        if current:
             groups.append(current)
-            current = 0
-    if current:
-        groups.append(current)
     return groups
+
+
+def optimizer_param_groups(m, setup) -> list[list]:
+    """The optimizer's parameter groups as lists of `m`'s tensors, in the order DeepSpeed receives them: 'decay' (the
+    HF Trainer's create_optimizer, OpenRLHF's get_optimizer_grouped_parameters) the matrices first, then the 1-D
+    tensors (biases and norm weights, weight decay 0) where there are any; 'one' every tensor in one group."""
+    if getattr(setup, "optimizer_groups", "one") == "one":
+        return [list(m.tensors)]
+    return [g for g in ([t for t in m.tensors if t.ndim >= 2], [t for t in m.tensors if t.ndim < 2]) if g]
 
 
 def first_host_group(n_groups: int, ratio: float) -> int:

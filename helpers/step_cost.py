@@ -112,6 +112,22 @@ def _trainable(m: models.ModelSpec, setup: TrainSetup) -> int:
     return trained_params(m, setup)
 
 
+def host_share(m: models.ModelSpec, setup: TrainSetup) -> float:
+    """The fraction of the optimizer's elements whose Adam runs on the host: under ZeRO-3 with an offload ratio, the
+    elements of the sub-groups DeepSpeed's rule puts there (whole sub-groups: helpers.deepspeed_rules, as the
+    estimate places them), not the ratio itself; else all of them (1.0)."""
+    if setup.strategy != "zero3" or setup.offload_ratio is None:
+        return setup.ratio
+    from helpers.deepspeed_rules import first_host_group, zero3_sub_groups
+    from helpers.estimate import adapters
+    from helpers.estimate.states import lora_adapters
+
+    trained = lora_adapters(m, setup.lora_rank, setup.lora_targets, adapters.converted(m, setup)) \
+        if setup.lora_rank else m
+    groups = zero3_sub_groups(trained, setup)
+    return sum(groups[first_host_group(len(groups), setup.offload_ratio):]) / sum(groups)
+
+
 def offload_traffic(model, setup: TrainSetup) -> tuple[float, float]:
     """(bytes over PCIe per optimizer step per GPU, parameters the host's Adam updates per step per GPU)."""
     m = models.spec(model)
@@ -122,10 +138,11 @@ def offload_traffic(model, setup: TrainSetup) -> tuple[float, float]:
     param_shard = ceil_div(m.params, ways) if "parameters" in setup.strat.shards else m.params
     moved, adam = 0.0, 0.0
     if setup.offload_optimizer:
-        moved += setup.ratio * opt_shard * 2 * word
+        share = host_share(m, setup)
+        moved += share * opt_shard * 2 * word
         if setup.strat.family == "zero12":
             moved += (setup.grad_accum - 1) * opt_shard * word       # accumulated_grads_in_cpu, per micro batch
-        adam = setup.ratio * opt_shard
+        adam = share * opt_shard
     if setup.offload_params:
         moved += 2 * param_shard * word * setup.grad_accum
     return moved, adam

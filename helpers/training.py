@@ -650,6 +650,20 @@ class TrainSetup:
     sub_group_size: int = option(1_000_000_000, Face("--sub-group-size", "DeepSpeed ZeRO-3 sub_group_size in elements",
                                                      metavar="N"))
     """DeepSpeed ZeRO-3 sub_group_size (elements); DeepSpeed's default."""
+    optimizer_groups: str = option("decay", Face(
+        "--optimizer-groups", "DeepSpeed ZeRO-3: the optimizer's parameter groups, which DeepSpeed splits into "
+                              "sub-groups one group at a time (so which sub-groups an offload ratio moves): decay (the "
+                              "weights, then the biases and norm weights without weight decay, as the HF Trainer's "
+                              "create_optimizer and OpenRLHF build them) or one (every parameter in one group: a "
+                              "DeepSpeed JSON's own optimizer block under the HF Trainer)",
+        choices=("decay", "one"), applies=lambda v: v["strategy"] == "zero3", no_time="the same parameters either way"))
+    """DeepSpeed 0.19.8 stage3.py `_create_fp16_partitions_with_defragmentation` makes each parameter group's
+    sub-groups (`_create_fp16_sub_groups`) in the optimizer's group order, and `_create_fp32_partitions` puts sub-group
+    i on the host when i >= int((1 - ratio) x n). 'decay': transformers 5.23 Trainer.create_optimizer (decay
+    parameters, then the rest at weight_decay 0: biases and norm weights) and OpenRLHF 3c3be623
+    get_optimizer_grouped_parameters (no_decay_name_list: bias, norm weights) both make two groups, the second a small
+    last sub-group; 'one': transformers' deepspeed_optim_sched hands DeepSpeed `DummyOptim(model_parameters)` when the
+    JSON names an optimizer, one group."""
     prefetch_bucket_size: int = option(50_000_000, Face("--prefetch-bucket-size", "DeepSpeed ZeRO-3 "
                                                         "stage3_prefetch_bucket_size in elements", metavar="N"))
     """DeepSpeed ZeRO-3 stage3_prefetch_bucket_size (elements); DeepSpeed's default."""

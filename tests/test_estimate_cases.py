@@ -3,7 +3,6 @@
 import pytest
 
 from helpers import cases, deepspeed_rules, estimate
-from helpers.cases import setup
 from helpers.units import GB, GiB
 
 
@@ -81,12 +80,15 @@ def test_case3_resume_exceeds_steady_and_ooms():
 
 
 def test_case3_ratio_is_a_step_function_of_sub_groups():
-    # DeepSpeed: sub-group i is on the host when i >= int((1 - ratio) * n). With 8 ranks Qwen2.5-72B has n = 9
-    # sub-groups of about 1e9 elements and int((1 - 0.9) * 9) == int(0.8999999999999999) == 0: ratio 0.9 moves nothing.
+    # DeepSpeed: sub-group i is on the host when i >= int((1 - ratio) * n). With 8 ranks Qwen2.5-72B has n = 10
+    # sub-groups: 9 of about 1e9 elements from OpenRLHF's weight-decay group, then one of the biases and norm weights
+    # (its no-decay group); int((1 - 0.9) * 10) == int(0.9999999999999998) == 0: ratio 0.9 moves nothing.
     from helpers import models
 
-    groups = deepspeed_rules.zero3_sub_groups(models.spec("qwen2.5-72b"), setup(3))
-    assert len(groups) == 9 and deepspeed_rules.first_host_group(len(groups), 0.9) == 0
+    groups = deepspeed_rules.zero3_sub_groups(models.spec("qwen2.5-72b"), cases.setup(3))
+    assert len(groups) == 10 and deepspeed_rules.first_host_group(len(groups), 0.9) == 0
+    assert groups[-1] == 267_264 and len(deepspeed_rules.zero3_sub_groups(models.spec("qwen2.5-72b"),
+                                                                        cases.setup(3, optimizer_groups="one"))) == 9
     default = run(3, offload_ratio=0.9).host.phases["steady"]
     assert default == run(3).host.phases["steady"]
     small = dict(sub_group_size=100_000_000)

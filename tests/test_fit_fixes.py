@@ -367,3 +367,23 @@ def test_a_way_out_restates_what_it_makes_inapplicable():
     moved = s.replace(base_weights="fp32").changed(strategy="zero2", gpus=8)
     assert (moved.base_weights, moved.load_dtype, moved.trl_loss_type) == (None, "fp32", "unset")
     assert s.changed(fused_ce=True).trl_loss_type is None
+
+
+def test_a_small_offload_ratio_moves_only_the_last_sub_groups_and_is_priced_so():
+    """Case 7 (8 ranks of Qwen2.5-7B): each rank's partition is two ZeRO-3 sub-groups, the weights and (OpenRLHF's
+    no-decay group) the biases and norm weights; ratio 0.05 moves only the second, so it does not fit, where one
+    parameter group (every sub-group moved) did: the under-estimate helper-66 found. A ratio is priced by the
+    sub-groups it moves, not by its value."""
+    from helpers import deepspeed_rules, models, step_cost
+
+    m, s = models.spec("qwen2.5-7b"), cases.setup(7).replace(offload_optimizer=True, offload_ratio=0.05)
+    groups = deepspeed_rules.zero3_sub_groups(m, s)
+    assert len(groups) == 2 and deepspeed_rules.first_host_group(2, 0.05) == 1 and groups[1] < 0.001 * groups[0]
+    assert estimate.run("qwen2.5-7b", s).oom["device"] == "gpu"
+    assert estimate.run("qwen2.5-7b", s.replace(optimizer_groups="one")).oom["device"] is None
+    assert step_cost.host_share(m, s) == groups[1] / sum(groups)
+    assert step_cost.host_share(m, s.replace(offload_ratio=0.55)) == 1.0      # int(0.45 x 2) = 0: both sub-groups
+    ways = fixes.ways_out("qwen2.5-7b", cases.setup(7))
+    for w in ways:
+        if w.change.get("offload_ratio") is not None:
+            assert w.step_seconds_added == next(v.step_seconds_added for v in ways if v.change == {"offload_optimizer": True})

@@ -62,6 +62,7 @@ GIVEN = {
     "attention": (["--attention", "flash"], "flash"),
     "gpu_gib": (["--gpu-gib", "40"], 40.0), "host_gib": (["--host-gib", "512"], 512.0), "resume": (["--resume"], True),
     "reduce_bucket_size": (["--reduce-bucket-size", "1000"], 1000), "sub_group_size": (["--sub-group-size", "1000"], 1000),
+    "optimizer_groups": (["--optimizer-groups", "one"], "one"),
     "prefetch_bucket_size": (["--prefetch-bucket-size", "1000"], 1000), "overlap_comm": (["--no-overlap-comm"], False),
 }
 

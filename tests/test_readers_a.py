@@ -91,6 +91,19 @@ def test_deepspeed_defaults_and_auto_alone(tmp_path):
     assert z3.setup.pin_memory is True and by_key(z3.defaults)["zero_optimization.overlap_comm"].value is True
 
 
+def test_deepspeed_optimizer_block_under_zero3_is_one_parameter_group(tmp_path):
+    """A ZeRO-3 JSON that names an optimizer is run by the HF Trainer with DummyOptim(model_parameters): one parameter
+    group, so its sub-groups (and what an offload ratio moves) follow the whole model; without the block the Trainer's
+    own optimizer hands over two groups (decay, then biases and norm weights): TrainSetup's default."""
+    zero3 = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}}
+    named = read(write(tmp_path, "named.json", json.dumps(zero3 | {"optimizer": {"type": "AdamW"}})))
+    assert named.setup.optimizer_groups == "one"
+    assert "DummyOptim" in next(x.sets for x in named.settings if x.key == "optimizer.type")
+    assert read(write(tmp_path, "none.json", json.dumps(zero3))).setup.optimizer_groups == "decay"
+    zero2 = {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}}
+    assert read(write(tmp_path, "z2.json", json.dumps(zero2))).setup.optimizer_groups == "decay"   # (ZeRO-3 only)
+
+
 def test_deepspeed_not_modelled(tmp_path):
     imp = read(ds_file(tmp_path, {"fp16": {"enabled": True}, "optimizer": {"type": "Lamb"},
                                   "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}))

@@ -66,16 +66,23 @@ def test_deepspeed_zero2(offload):
 
 @pytest.mark.skipif(deepspeed_ops.status("cpu_adam") == "no compiler",
                     reason="a partial offload needs DeepSpeedCPUAdam, a C++ build, and no compiler is here")
-def test_deepspeed_zero3_ratio_keeps_the_first_sub_groups_on_the_gpu():
+@pytest.mark.parametrize("groups_kind", ["decay", "one"])
+def test_deepspeed_zero3_ratio_keeps_the_first_sub_groups_on_the_gpu(groups_kind):
+    """DeepSpeed ZeRO-3 itself makes the sub-groups the rule counts: each of the optimizer's parameter groups split on
+    its own ('decay': the matrices, then the biases and norm weights, as the HF Trainer and OpenRLHF hand them over;
+    'one': one group), the ratio moving whole sub-groups from the end."""
     model = "qwen2.5-72b"
     setup = TrainSetup(strategy="zero3", batch=2, seq=64, offload_optimizer=True, offload_ratio=0.9,
-                       sub_group_size=50_000_000)
+                       sub_group_size=50_000_000, optimizer_groups=groups_kind)
     twin, s = scaled.scaled_setup(model, setup)
     from helpers import deepspeed_rules
     groups = deepspeed_rules.zero3_sub_groups(models.spec(str(twin)), s)
     on_gpu = int((1 - 0.9) * len(groups))
     assert on_gpu >= 1                                            # enough sub-groups for the ratio to move one
+    one = deepspeed_rules.zero3_sub_groups(models.spec(str(twin)), s.replace(optimizer_groups="one"))
+    assert (len(groups) == len(one) + 1) == (groups_kind == "decay")     # the no-decay group: one sub-group more
     r = scaled.run(model, setup)
+    assert len(r.meta["deepspeed_subgroup_to_device"]) == len(groups)   # the engine's own sub-groups
     assert falls(r.meta["losses"]) and "DeepSpeedCPUAdam" in r.meta["engine"]
     assert r.gpu.breakdown["step"]["master_weights"] == 4 * sum(groups[:on_gpu])
     assert r.host.breakdown["step"]["master_weights"] == 4 * sum(groups[on_gpu:])

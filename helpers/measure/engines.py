@@ -286,9 +286,23 @@ def _recreate_to(module, *args, **kwargs):
     return module
 
 
-def optimizer(params, setup: TrainSetup, lr: float = 1e-3):
-    """The set-up's torch-side optimizer over the trainable parameters: AdamW (its implementation) or AdamW8bit."""
+def param_groups(params, setup: TrainSetup) -> list:
+    """The trainable parameters as the optimizer's groups (TrainSetup.optimizer_groups, which the estimate's ZeRO-3
+    sub-groups follow: helpers.deepspeed_rules.optimizer_param_groups): under ZeRO-3 with 'decay', the matrices, then
+    the 1-D tensors (biases, norm weights) at weight decay 0, as the HF Trainer and OpenRLHF group them; else one list."""
     params = [p for p in params if p.requires_grad]
+    if setup.strategy != "zero3" or setup.optimizer_groups == "one":
+        return params
+    decay, rest = [p for p in params if p.ndim >= 2], [p for p in params if p.ndim < 2]
+    return [g for g in ({"params": decay}, {"params": rest, "weight_decay": 0.0}) if g["params"]]
+
+
+def optimizer(params, setup: TrainSetup, lr: float = 1e-3):
+    """The set-up's torch-side optimizer over the trainable parameters (or over `param_groups`' groups): AdamW (its
+    implementation) or AdamW8bit."""
+    params = list(params)
+    if not params or not isinstance(params[0], dict):
+        params = [p for p in params if p.requires_grad]
     if setup.optimizer == "adamw-8bit":
         import bitsandbytes as bnb
 

@@ -451,10 +451,12 @@ def initialize_deepspeed(net, s: TrainSetup):
     comm = importlib.import_module("deepspeed.comm.torch")
     comm.build_shm_op = lambda: None          # the shared-memory op only speeds up multi-process CPU runs
     config = deepspeed_config(s)
-    client = engines.optimizer(net.parameters(), s) if s.client_optimizer else None
+    groups = engines.param_groups(net.parameters(), s)       # the optimizer's groups, as the HF Trainer or OpenRLHF
+    client = engines.optimizer(groups, s) if s.client_optimizer else None
     if client is None and not config["optimizer"]["params"].get("torch_adam"):
         deepspeed_ops.ensure(deepspeed_ops.op_for(s.offload_optimizer))
-    engine, optimizer, _, _ = deepspeed.initialize(model=net, optimizer=client, config=config)
+    engine, optimizer, _, _ = deepspeed.initialize(model=net, optimizer=client, config=config,
+                                                   model_parameters=None if client is not None else groups)
     return engine, optimizer, config
 
 
