@@ -198,7 +198,7 @@ class _Reader:
         model = model_from(config, f, "base_model_config") if isinstance(config, str) else None
         model = model or model_from(named, f, "base_model")
         d.setting(f, self.line("base_model"), "base_model", named,
-                  sets=f"model={model!r}" if model else "model=None (not in the catalogue: pass a config.json)")
+                  sets=model_ref.sets_words(model))
         if config is not None:
             d.setting(f, self.line("base_model_config"), "base_model_config", config, sets=f"model={model!r}")
         return model, named

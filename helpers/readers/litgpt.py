@@ -163,9 +163,9 @@ class _Reader:
         hub = text if local or len(parts) < 2 else "/".join(parts[-2:])
         if model is None and not local:
             model, _ = model_ref.resolve(hub, self.path, "checkpoint_dir")
-        self.d.set("checkpoint_dir", named, sets=f"model={model!r}" if model else
-                   f"model=None ({hub!r}: no such local directory: pass --model)" if local else
-                   f"model=None ({hub!r} is not in the catalogue or the local cache: pass --model)")
+        self.d.set("checkpoint_dir", named, sets=model_ref.sets_words(
+            model, f"{hub!r}: no such local directory: pass --model" if local else
+            f"{hub!r} is not in the catalogue or the local cache: pass --model"))
         return model, hub
 
     def world(self) -> int:

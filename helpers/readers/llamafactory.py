@@ -145,7 +145,7 @@ class _Reader(collect.TrainerYaml):
         if named is None:
             raise ConfigError(path, "model_name_or_path is missing (LLaMA-Factory requires it)")
         self.model, self.named = model, named = model_ref.resolve(named, path)
-        c.set("model_name_or_path", named, f"model={model}" if model else "model not in the catalogue: pass --model")
+        c.set("model_name_or_path", named, model_ref.sets_words(model))
 
     def stage_method(self) -> None:
         """Stage and fine-tuning method."""

@@ -48,12 +48,22 @@ def resolve(named, referring: Path, key: str = "model_name_or_path") -> tuple[st
             return str(found), text
     if (text.startswith(("/", "./", "../", "~")) or text.endswith(".json")) and MODEL_GIVEN.get() is None:
         raise ConfigError(referring, f"{key} {text!r} is a path with no model config.json there: give a hub id the "
-                                     f"catalogue knows (python -m helpers models) or a local config.json")
+                                     f"catalogue knows (python -m helpers models) or a local config.json, or name the "
+                                     f"model beside the file (--model NAME_OR_HUB_ID)")
     return None, text
 
 
 MODEL_GIVEN: contextvars.ContextVar = contextvars.ContextVar("model_given", default=None)
 """The model the user names beside the files (--model), which replaces the files' own: `readers.read` sets it."""
+
+
+def sets_words(model: str | None, unresolved: str = "not in the catalogue: pass --model or a config.json") -> str:
+    """What a file's model setting sets, in words: 'model=NAME'; where the file's model is not resolved, the model
+    named beside the files (--model) when there is one, else `unresolved` (why not, and what to do)."""
+    if model:
+        return f"model={model!r}"
+    given = MODEL_GIVEN.get()
+    return f"replaced by --model {given}" if given else f"model=None ({unresolved})"
 
 
 def hidden_size(model: str | None) -> int | None:

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 from helpers.models import DATA_DIR
-from helpers.readers import hf_names, launchers, shell
+from helpers.readers import hf_names, launchers, model_ref, shell
 from helpers.readers.base import ConfigError, Imported, did_you_mean, peft_names, probability
 from helpers.readers.provenance import Record, model_from
 from helpers.readers.provenance import argparse_int as positive_int
@@ -370,8 +370,7 @@ class _Reader:
             raise ConfigError(f, f"the command names no model: give {flag} HUB_ID_OR_PATH (or --model beside "
                                  f"--from)")
         model = model_from(str(v), f, k)
-        d.setting(f, self.line(k), k, v, sets=f"model={model!r}" if model else
-                  "model=None (not in the catalogue: pass a config.json)")
+        d.setting(f, self.line(k), k, v, sets=model_ref.sets_words(model))
         return model, str(v)
 
     def pair(self, flags, sets, dashes: str = "", fields=None):
