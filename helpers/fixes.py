@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from helpers import estimate, fit, step_cost, strategies, versions
+from helpers import estimate, fit, models, step_cost, strategies, versions
 from helpers.errors import InputError
 from helpers.results import Result
 from helpers.training import FACES, MAX_GRAD_ACCUM, TrainSetup, checked
@@ -265,8 +265,16 @@ def _offload_ratio(model, setup, base, gpu, skipped):
         skipped.append((name, f"offload_ratio is honoured by {strategies.listing(lambda x: 'offload_ratio' in x.offload)}"
                               f" only, not {setup.strategy!r}"))
         return None
-    changes = [{"offload_optimizer": True, "offload_ratio": r} for r in RATIOS
-               if not setup.offload_optimizer or r != setup.ratio]
+    m = models.spec(model)
+    try:                             # the smallest ratio of each split DeepSpeed can make; none that is the current one
+        split = lambda r: step_cost.host_sub_groups(m, setup.replace(offload_optimizer=True, offload_ratio=r))[1]
+        changes, seen = [], {split(setup.ratio) if setup.offload_optimizer else None}
+        for r in RATIOS:
+            if split(r) not in seen:
+                seen.add(split(r))
+                changes.append({"offload_optimizer": True, "offload_ratio": r})
+    except InputError:               # a set-up that takes no ratio: said below
+        changes = [{"offload_optimizer": True, "offload_ratio": r} for r in RATIOS]
     got = _first_fitting(model, setup, changes, gpu)
     if got is None:                  # every ratio refused by the set-up (e.g. the Trainer's own optimizer under ZeRO)
         try:

@@ -269,6 +269,25 @@ def lora_words(s) -> str:
     return f", LoRA r{s.lora_rank} ({adapters} adapters" + (f", {s.base_weights} base)" if s.base_weights else ")")
 
 
+def offload_ratio_lines(r: Result) -> list[str]:
+    """ZeRO-3's partial offload in words: the sub-groups the ratio puts on the host (DeepSpeed moves whole ones), and
+    the ratios that would move one more or one fewer."""
+    s = r.train_setup
+    if s.strategy != "zero3" or not s.offload_optimizer or s.offload_ratio is None:
+        return []
+    from helpers import models, step_cost
+
+    groups, first = step_cost.host_sub_groups(models.spec(r.model), s)
+    n = len(groups)
+    host = sum(groups[first:])
+    moved = (f"sub-groups {first}..{n - 1} of {n} on the host, {host:,} of each rank's {sum(groups):,} optimizer "
+             f"elements ({host / sum(groups):.2%})" if first < n else f"none of the {n} sub-groups on the host")
+    return ["", f"offload ratio {s.offload_ratio:g}: {moved} (DeepSpeed 0.19.8 stage3.py moves whole sub-groups: "
+                f"sub-group i is on the host when i >= int((1 - ratio) x {n}); each rank's {n} come from its "
+                f"partition in sub_group_size {s.sub_group_size:.0e} pieces, per optimizer parameter group: "
+                f"optimizer_groups '{s.optimizer_groups}')"]
+
+
 def table(r: Result) -> str:
     """The result as text, in GiB (2**30 bytes), or MiB (2**20) when everything is under 1 GiB (a scaled twin)."""
     unit, div = scale([r.gpu.peak_bytes, r.host.peak_bytes])
@@ -308,6 +327,7 @@ def table(r: Result) -> str:
     lines += reference_lines(r)
     lines += loss_lines(r)
     lines += accumulation_lines(r)
+    lines += offload_ratio_lines(r)
     lines += saving_lines(r)
     if not any(r.host.phases.values()):
         lines += ["", "host: nothing offloaded (the processes' own RAM, data loaders and the CUDA context are not counted)"]

@@ -112,12 +112,9 @@ def _trainable(m: models.ModelSpec, setup: TrainSetup) -> int:
     return trained_params(m, setup)
 
 
-def host_share(m: models.ModelSpec, setup: TrainSetup) -> float:
-    """The fraction of the optimizer's elements whose Adam runs on the host: under ZeRO-3 with an offload ratio, the
-    elements of the sub-groups DeepSpeed's rule puts there (whole sub-groups: helpers.deepspeed_rules, as the
-    estimate places them), not the ratio itself; else all of them (1.0)."""
-    if setup.strategy != "zero3" or setup.offload_ratio is None:
-        return setup.ratio
+def host_sub_groups(m: models.ModelSpec, setup: TrainSetup) -> tuple[list[int], int]:
+    """ZeRO-3's optimizer sub-groups of one rank (element counts, helpers.deepspeed_rules: LoRA's adapters where they
+    are what trains) and the first index DeepSpeed's rule puts on the host for the set-up's offload ratio."""
     from helpers.deepspeed_rules import first_host_group, zero3_sub_groups
     from helpers.estimate import adapters
     from helpers.estimate.states import lora_adapters
@@ -125,7 +122,17 @@ def host_share(m: models.ModelSpec, setup: TrainSetup) -> float:
     trained = lora_adapters(m, setup.lora_rank, setup.lora_targets, adapters.converted(m, setup)) \
         if setup.lora_rank else m
     groups = zero3_sub_groups(trained, setup)
-    return sum(groups[first_host_group(len(groups), setup.offload_ratio):]) / sum(groups)
+    return groups, first_host_group(len(groups), setup.ratio)
+
+
+def host_share(m: models.ModelSpec, setup: TrainSetup) -> float:
+    """The fraction of the optimizer's elements whose Adam runs on the host: under ZeRO-3 with an offload ratio, the
+    elements of the sub-groups DeepSpeed's rule puts there (whole sub-groups, as the estimate places them), not the
+    ratio itself; else all of them (1.0), or none without offload."""
+    if setup.strategy != "zero3" or setup.offload_ratio is None or not setup.offload_optimizer:
+        return setup.ratio
+    groups, first = host_sub_groups(m, setup)
+    return sum(groups[first:]) / sum(groups)
 
 
 def offload_traffic(model, setup: TrainSetup) -> tuple[float, float]:

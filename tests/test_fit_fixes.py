@@ -387,3 +387,20 @@ def test_a_small_offload_ratio_moves_only_the_last_sub_groups_and_is_priced_so()
     for w in ways:
         if w.change.get("offload_ratio") is not None:
             assert w.step_seconds_added == next(v.step_seconds_added for v in ways if v.change == {"offload_optimizer": True})
+
+
+def test_the_ratio_is_said_in_sub_groups_and_no_way_out_repeats_the_current_split():
+    """The estimate says which sub-groups a ratio puts on the host (DeepSpeed moves whole ones, from the end), and
+    `fixes` offers the smallest ratio of each other split, never one that moves what the set-up already moves."""
+    from helpers import models, step_cost
+
+    s = cases.setup(7).replace(offload_optimizer=True, offload_ratio=0.3)
+    text = report.table(estimate.run("qwen2.5-7b", s))
+    assert "offload ratio 0.3: sub-groups 1..1 of 2 on the host" in text and "optimizer_groups 'decay'" in text
+    one = report.table(estimate.run("qwen2.5-7b", s.replace(optimizer_groups="one")))
+    assert "offload ratio 0.3: sub-groups 0..0 of 1 on the host" in one and "(100.00%)" in one
+    m = models.spec("qwen2.5-7b")
+    now = step_cost.host_sub_groups(m, s)[1]
+    for w in fixes.ways_out("qwen2.5-7b", s.replace(batch=2)):
+        if w.change.get("offload_ratio") is not None:
+            assert step_cost.host_sub_groups(m, w.setup)[1] != now, w.change

@@ -576,6 +576,13 @@ class _Reader:
         """Optimizer."""
         out, f, line, data, setting = self.out, self.f, self.out.lines.get, self.data, self.setting
         opt = data.get("optimizer")
+        if self.stage == 3 and not (isinstance(opt, dict) and "type" in opt):
+            out.default(self.hf, "optimizer (no block in the JSON)", "Trainer.create_optimizer",
+                        "transformers Trainer.create_optimizer (deepspeed_optim_sched hands it over when the JSON "
+                        "names no optimizer): two parameter groups, the weights, then the biases and norm weights "
+                        "without weight decay; a script that hands DeepSpeed model.parameters() has one "
+                        "(--optimizer-groups one)", "optimizer_groups='decay' (ZeRO-3 sub-groups per group)",
+                        optimizer_groups="decay")
         if isinstance(opt, dict) and "type" in opt:
             kind = str(opt["type"])
             out.engine_optimizer = kind

@@ -442,6 +442,10 @@ class _Reader:
             d.default("OpenRLHF get_train_ds_config", "stage3_gather_16bit_weights_on_model_save", False,
                       f"{DS_UTILS}: not written, so DeepSpeed's default (false) applies; OpenRLHF's checkpoints are "
                       f"engine.save_checkpoint's sharded files (save_ckpt)", save_16bit=False)
+            d.default("OpenRLHF create_optimizer", "optimizer parameter groups", "weights, then no-decay",
+                      "openrlhf/models/utils.py get_optimizer_grouped_parameters (3c3be623): the weights, then the "
+                      "biases and norm weights at weight decay 0, handed to deepspeed.initialize",
+                      sets="optimizer_groups='decay' (ZeRO-3 sub-groups per group)", optimizer_groups="decay")
         self.zero = stage
 
     def sizes(self, world: int, tp: int, ring: int):
