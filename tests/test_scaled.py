@@ -144,3 +144,41 @@ def test_a_deepspeed_zero3_run_leaves_torch_as_it_found_it():
     linear = F.linear
     scaled.run("qwen2.5-72b", cases.setup(3, resume=False, gpus=1, offload_ratio=None), steps=1, progress=False)
     assert F.linear is linear
+
+
+@pytest.mark.skipif(deepspeed_ops.status("cpu_adam") == "no compiler",
+                    reason="a partial offload needs DeepSpeedCPUAdam, a C++ build, and no compiler is here")
+def test_zero3_partial_offload_pins_the_gpu_sub_groups_gradient_buffers_on_the_host_first(monkeypatch):
+    """DeepSpeed 0.19.8 initialize_optimizer_states, with offload_optimizer.pin_memory: every sub-group's fp32 gradient
+    buffer is made on the host and pinned before it goes to its device, the GPU-side ones too, whose pinned blocks then
+    stay in torch's pinned cache. Recorded through DeepSpeed's own accelerator here (a CPU pins nothing, so the calls
+    are what is checked): a pin_memory call of each GPU-side sub-group's size, as the estimate's setup item says."""
+    from deepspeed.accelerator import get_accelerator
+
+    from helpers import deepspeed_rules
+    from helpers.measure import scaled as scaled_module
+
+    seen = []
+    accelerator = type(get_accelerator())
+    pin = accelerator.pin_memory
+    monkeypatch.setattr(accelerator, "pin_memory", lambda self, t, *a, **k: (seen.append(t.numel()), pin(self, t, *a, **k))[1])
+    config = scaled_module.deepspeed_config
+
+    def pinned(s):
+        c = config(s)
+        c["zero_optimization"]["offload_optimizer"]["pin_memory"] = True      # as on a GPU machine
+        return c
+    monkeypatch.setattr(scaled_module, "deepspeed_config", pinned)
+    model = "qwen2.5-72b"
+    setup = TrainSetup(strategy="zero3", batch=1, seq=64, offload_optimizer=True, offload_ratio=0.5,
+                       sub_group_size=50_000_000)
+    twin, s = scaled.scaled_setup(model, setup)
+    groups = deepspeed_rules.zero3_sub_groups(models.spec(str(twin)), s)
+    first = deepspeed_rules.first_host_group(len(groups), 0.5)
+    assert 0 < first < len(groups)
+    scaled.run(model, setup, steps=1, progress=False)
+    assert seen[:len(groups)] == groups, (groups, seen)      # one pinned buffer per sub-group, in order, GPU-side too
+    e = estimate.run(str(twin), s.replace(pin_memory=True))
+    item = next(i for i in e.items if i["name"].startswith("fp32 gradient buffers of GPU sub-groups, first made pinned"))
+    assert item["bytes"] == 4 * sum(groups[:first]) and item["phases"] == ["setup"]
+    assert any(i["name"].startswith("cached pinned blocks of fp32 gradient buffers of GPU sub-groups") for i in e.items)

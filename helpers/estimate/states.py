@@ -793,6 +793,12 @@ def _zero3(b: Builder, m: ModelSpec) -> None:
                "initialize_optimizer_states: one per sub-group" + ("; pinned" if opt_pin else ""),
                pinned=opt_pin, blocks=[g * 4 for g in groups[first_cpu:]])
         b.gpu("fp32 gradient buffers of GPU sub-groups", "gradients", gpu_elems * 4, ALWAYS, split)
+        if opt_pin and first_cpu:
+            b.host("fp32 gradient buffers of GPU sub-groups, first made pinned on the host", "gradients",
+                   gpu_elems * 4, {"setup"}, "DeepSpeed 0.19.8 stage3.py initialize_optimizer_states: every "
+                   "sub-group's buffer is made on the host and pinned, then copied to its device "
+                   "(.to(subgroup_to_device[i])); the host copy is freed into the pinned cache",
+                   pinned=True, blocks=[g * 4 for g in groups[:first_cpu]])
     else:
         _norm_copy(b, max(ceil_div(t.numel, G) for t in m.tensors), "one parameter's gradient partition (the "
                    "largest)", "stage3.py step: _get_norm_groups, get_grad_norm_direct over averaged_gradients")
