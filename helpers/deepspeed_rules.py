@@ -34,9 +34,16 @@ def optimizer_param_groups(m, setup) -> list[list]:
     """The optimizer's parameter groups as lists of `m`'s tensors, in the order DeepSpeed receives them: 'decay' (the
     HF Trainer's create_optimizer, OpenRLHF's get_optimizer_grouped_parameters) the matrices first, then the 1-D
     tensors (biases and norm weights, weight decay 0) where there are any; 'one' every tensor in one group."""
-    if getattr(setup, "optimizer_groups", "one") == "one":
+    if setup.optimizer_groups == "one":
         return [list(m.tensors)]
-    return [g for g in ([t for t in m.tensors if t.ndim >= 2], [t for t in m.tensors if t.ndim < 2]) if g]
+    return [g for g in ([t for t in m.tensors if decays(t.ndim)], [t for t in m.tensors if not decays(t.ndim)]) if g]
+
+
+def decays(ndim: int) -> bool:
+    """Whether a parameter of `ndim` dimensions is in the weight-decay group: the matrices (embeddings, linears, MoE
+    routers); the 1-D biases and norm weights are in the no-decay group (the HF Trainer's get_decay_parameter_names,
+    OpenRLHF's no_decay_name_list). The one place the split is written (the scaled runs group torch's parameters by it)."""
+    return ndim >= 2
 
 
 def first_host_group(n_groups: int, ratio: float) -> int:

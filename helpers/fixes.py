@@ -270,8 +270,9 @@ def _offload_ratio(model, setup, base, gpu, skipped):
         split = lambda r: step_cost.host_sub_groups(m, setup.replace(offload_optimizer=True, offload_ratio=r))[1]
         changes, seen = [], {split(setup.ratio) if setup.offload_optimizer else None}
         for r in RATIOS:
-            if split(r) not in seen:
-                seen.add(split(r))
+            first = split(r)
+            if first not in seen:
+                seen.add(first)
                 changes.append({"offload_optimizer": True, "offload_ratio": r})
     except InputError:               # a set-up that takes no ratio: said below
         changes = [{"offload_optimizer": True, "offload_ratio": r} for r in RATIOS]

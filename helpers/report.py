@@ -270,8 +270,8 @@ def lora_words(s) -> str:
 
 
 def offload_ratio_lines(r: Result) -> list[str]:
-    """ZeRO-3's partial offload in words: the sub-groups the ratio puts on the host (DeepSpeed moves whole ones), and
-    the ratios that would move one more or one fewer."""
+    """ZeRO-3's partial offload in words: the sub-groups the ratio puts on the host (DeepSpeed moves whole ones) and
+    their elements."""
     s = r.train_setup
     if s.strategy != "zero3" or not s.offload_optimizer or s.offload_ratio is None:
         return []

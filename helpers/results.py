@@ -94,6 +94,11 @@ class Result:
         known = {f.name for f in dataclasses.fields(TrainSetup)}
         return TrainSetup(**{k: v for k, v in self.setup.items() if k in known})
 
+    def item_bytes(self, name_starts: str, device: str = "gpu") -> int:
+        """The bytes of the items on `device` whose names start with `name_starts` (an item named by the estimate,
+        e.g. "fp32 logits of every position"); 0 where none is."""
+        return sum(i["bytes"] for i in self.items if i["device"] == device and i["name"].startswith(name_starts))
+
     def device(self, name: str) -> DeviceMemory:
         if name not in DEVICES:
             from helpers.errors import InputError

@@ -102,6 +102,10 @@ def test_deepspeed_optimizer_block_under_zero3_is_one_parameter_group(tmp_path):
     assert read(write(tmp_path, "none.json", json.dumps(zero3))).setup.optimizer_groups == "decay"
     zero2 = {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}}
     assert read(write(tmp_path, "z2.json", json.dumps(zero2))).setup.optimizer_groups == "decay"   # (ZeRO-3 only)
+    torch_adam = {"zero_optimization": {"stage": 3},
+                  "optimizer": {"type": "AdamW", "params": {"torch_adam": True, "fused": True}}}
+    both = read(write(tmp_path, "ta.json", json.dumps(torch_adam))).setup
+    assert (both.optimizer_groups, both.adam_impl) == ("one", "fused")     # torch_adam read under ZeRO-3 too
 
 
 def test_deepspeed_not_modelled(tmp_path):

@@ -293,7 +293,9 @@ def param_groups(params, setup: TrainSetup) -> list:
     params = [p for p in params if p.requires_grad]
     if setup.strategy != "zero3" or setup.optimizer_groups == "one":
         return params
-    decay, rest = [p for p in params if p.ndim >= 2], [p for p in params if p.ndim < 2]
+    from helpers.deepspeed_rules import decays
+
+    decay, rest = [p for p in params if decays(p.ndim)], [p for p in params if not decays(p.ndim)]
     return [g for g in ({"params": decay}, {"params": rest, "weight_decay": 0.0}) if g["params"]]
 
 

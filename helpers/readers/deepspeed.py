@@ -587,13 +587,14 @@ class _Reader:
             kind = str(opt["type"])
             out.engine_optimizer = kind
             params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
-            if kind.lower() in ("adam", "adamw", "fusedadam", "cpuadam") and self.stage == 3:
-                setting("optimizer.type", kind, "optimizer=adamw, optimizer_groups='one' (the HF Trainer hands "
-                        "DeepSpeed DummyOptim(model_parameters) when the JSON names an optimizer: one parameter group, "
-                        "split into ZeRO-3 sub-groups whole; transformers integrations/deepspeed.py "
-                        "deepspeed_optim_sched)", optimizer_groups="one")
-            elif kind.lower() in ("adam", "adamw", "fusedadam", "cpuadam"):
-                setting("optimizer.type", kind, "optimizer=adamw")
+            if kind.lower() in ("adam", "adamw", "fusedadam", "cpuadam"):
+                if self.stage == 3:
+                    setting("optimizer.type", kind, "optimizer=adamw, optimizer_groups='one' (the HF Trainer hands "
+                            "DeepSpeed DummyOptim(model_parameters) when the JSON names an optimizer: one parameter "
+                            "group, split into ZeRO-3 sub-groups whole; transformers integrations/deepspeed.py "
+                            "deepspeed_optim_sched)", optimizer_groups="one")
+                else:
+                    setting("optimizer.type", kind, "optimizer=adamw")
                 if "torch_adam" in params:
                     self.torch_adam(params)
             else:
