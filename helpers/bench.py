@@ -563,13 +563,48 @@ GPU_GRID = [          # one process each, in this order (the cheap and the telli
     ("qwen3-8b", T(precision="bf16", adam_impl="fused", batch=2, seq=4096, checkpointing="full", attention="flash"),
      None),
     ("llama-3.2-3b", T(precision="bf16-mixed", adam_impl="for-loop", batch=2, seq=2048, checkpointing="full"), None),
+    # QLoRA on bitsandbytes' CUDA kernels, the preference and reward runs with their reference, OpenRLHF's actor at
+    # case 7's 26,048 tokens (its per-GPU logits: the sharding does not change them), fp16 with its GradScaler
+    ("llama-3-8b", T(lora_rank=16, base_weights="nf4-dq", seq=2048, checkpointing="full"), None),
+    ("llama-3-8b", T(lora_rank=64, base_weights="nf4", batch=2, seq=1024), None),
+    ("llama-3.2-1b", T(run="dpo", batch=2, seq=1024), None),
+    ("llama-3-8b", T(run="dpo", lora_rank=16, batch=2, seq=1024, checkpointing="full"), None),
+    ("llama-3.2-1b", T(run="kto", precision="bf16", adam_impl="fused", batch=4, seq=1024), None),
+    ("qwen2.5-1.5b", T(run="rm", batch=4, seq=1024), None),
+    ("qwen2.5-7b", T(run="grpo", dpo_logps="openrlhf", precision="bf16", adam_impl="fused", seq=26048, completion=13024,
+                     attention="flash", checkpointing="full"), None),
+    ("qwen2.5-1.5b", T(run="grpo", dpo_logps="openrlhf", precision="bf16", adam_impl="fused", batch=2, seq=26048,
+                       completion=13024, attention="flash", checkpointing="full"), None),
+    ("llama-3.2-1b", T(precision="fp16-mixed", batch=4, seq=2048), None),
 ]
 
 
-def bench_gpu(out: str | None = None, row_timeout: int = 120) -> int:
-    """Each GPU_GRID set-up for real on this CUDA GPU (`helpers.measure.gpu`: torch.cuda's peaks per phase, the
-    device's used bytes, the tracker's census, an OOM caught), one process per set-up so each starts from an empty
-    device; the rows are written after each run to `out` (default data/results/gpu_runs.json). 2 without CUDA."""
+def grid_rows(spec: str | None) -> list[int]:
+    """GPU_GRID's row numbers from '13-21,0-12' (ranges and single numbers, in the order given); None: all, in order.
+    InputError naming the part that is not a row number of the grid."""
+    from helpers.errors import InputError
+
+    if spec is None:
+        return list(range(len(GPU_GRID)))
+    out = []
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            got = range(int(lo), int(hi or lo) + 1)
+        except ValueError:
+            got = range(0)
+        if not got or got[0] < 0 or got[-1] >= len(GPU_GRID):
+            raise InputError(f"--rows: {part.strip()!r} is not a row or range of rows of the GPU grid (0 to "
+                             f"{len(GPU_GRID) - 1}, e.g. '13-21,0-12')")
+        out.extend(got)
+    return out
+
+
+def bench_gpu(out: str | None = None, rows: str | None = None, row_timeout: int = 240) -> int:
+    """The GPU_GRID set-ups `rows` names (grid_rows; all by default) for real on this CUDA GPU (`helpers.measure.gpu`:
+    torch.cuda's peaks per phase, the device's used bytes, the tracker's census, an OOM caught), one process per
+    set-up so each starts from an empty device; the rows are written after each run to `out` (default
+    data/results/gpu_runs_<preset>.json, gpus.runs_file), each with its grid row. 2 without CUDA."""
     import json
     import os
     import subprocess
@@ -581,16 +616,18 @@ def bench_gpu(out: str | None = None, row_timeout: int = 120) -> int:
     from helpers.files import write_text_atomically
     from helpers.measure.fakegpu import CUDA_PROCESS_ENV
 
+    order = grid_rows(rows)
     if not torch.cuda.is_available():
         print(f"bench gpu: needs a CUDA GPU and this machine has none (torch {torch.__version__}); the recorded runs "
               f"are compared here with `python -m helpers.bench gpu-compare`")
         return 2
-    path = models.DATA_DIR / "results" / gpus.GPU_RUNS if out is None else Path(out)
+    path = models.DATA_DIR / "results" / gpus.runs_file(torch.cuda.get_device_name()) if out is None else Path(out)
     doc = {"about": "python -m helpers.bench gpu: full-size training steps for real on one GPU (helpers.measure.gpu), "
                     "one process per set-up; bytes (GiB = 2^30 bytes)",
            "date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
            "versions": _versions(), "rows": []}
-    for i, (name, setup, conf) in enumerate(GPU_GRID):
+    for i in order:
+        name, setup, conf = GPU_GRID[i]
         env = dict(os.environ, **{CUDA_PROCESS_ENV: "1"}, **({"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}))
         started = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
@@ -599,11 +636,12 @@ def bench_gpu(out: str | None = None, row_timeout: int = 120) -> int:
                 proc = subprocess.run([sys.executable, "-m", "helpers.bench", "gpu-row", "--row", str(i), "--out",
                                        str(got)], env=env, capture_output=True, text=True, timeout=row_timeout)
                 err = None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+                tail = None if proc.returncode == 0 else proc.stderr.strip().splitlines()[-40:]
             except subprocess.TimeoutExpired:
-                err = f"timed out after {row_timeout} s"
+                err, tail = f"timed out after {row_timeout} s", None
             result = json.loads(got.read_text()) if got.exists() else None
-        row = {"model": name, "setup": dataclasses.asdict(setup), "alloc_conf": conf, "result": result, "error": err,
-               "process_s": round(time.perf_counter() - started, 1)}
+        row = {"grid_row": i, "model": name, "setup": dataclasses.asdict(setup), "alloc_conf": conf, "result": result,
+               "error": err, "process_s": round(time.perf_counter() - started, 1)} | ({"stderr_tail": tail} if tail else {})
         doc["rows"].append(row)
         write_text_atomically(path, json.dumps(doc, indent=1))
         if result is None:
@@ -652,26 +690,36 @@ def gpu_row(i: int, out: str) -> None:
 
 
 def gpu_measured(result: dict) -> dict:
-    """What a recorded GPU run measured (bytes): torch.cuda's peak allocated and reserved over its phases, the bytes
-    outside the allocator (CUDA context and the rest), the device's capacity, and the phase an OOM happened in (None:
-    it ran)."""
+    """What a recorded GPU run measured (bytes): torch.cuda's peak allocated over its training phases (setup's apart:
+    the model built from its config on the GPU, whose transients are the builder's, not a user's loading: see
+    helpers.measure.gpu._build) and reserved over all, the bytes outside the allocator (CUDA context and the rest), the
+    device's capacity, the phase an OOM happened in (None: it ran), and 'builder_peak': setup's peak above every
+    training phase's, so that the reserved bytes hold the builder's cached segments."""
     stats = result["meta"]["cuda_stats"]
     oom = result["meta"].get("oom_observed")
-    return {"allocated": max(v.get("max_allocated", 0) for v in stats.values()),
+    training = [v for p, v in stats.items() if p != "setup"] or list(stats.values())
+    allocated = max(v.get("max_allocated", 0) for v in training)
+    setup = stats.get("setup", {}).get("max_allocated", 0)
+    return {"allocated": allocated, "setup_allocated": setup, "builder_peak": setup > allocated,
             "reserved": max(v.get("max_reserved", 0) for v in stats.values()),
             "outside_allocator": max(v.get("outside_allocator", 0) for v in stats.values()),
             "oom_phase": oom["phase"] if oom else None, "capacity": result["gpu"]["capacity_bytes"]}
 
 
 def bench_gpu_compare() -> None:
-    """The recorded GPU runs (data/results/gpu_runs.json) beside the estimate and the dry run of the same set-ups on
-    the same GPU preset: allocated, reserved, the device total (what nvidia-smi shows) and the verdicts, GiB."""
+    """Each GPU's recorded runs (data/results/gpu_runs*.json) beside the estimate and the dry run of the same set-ups
+    on the same GPU preset: allocated, reserved, the device total (what nvidia-smi shows) and the verdicts, GiB."""
     import json
 
+    for path in gpus.run_files():
+        compare_gpu_runs(json.loads(path.read_text()))
+
+
+def compare_gpu_runs(doc: dict) -> None:
+    """One GPU's recorded runs (a gpu_runs*.json document) beside the estimate and the dry run (bench_gpu_compare)."""
     from helpers.measure import dryrun
     from helpers.units import GiB
 
-    doc = json.loads((models.DATA_DIR / "results" / gpus.GPU_RUNS).read_text())
     preset = {v: k for k, v in gpus.PRESETS.items()}.get(doc["device"])
     cap_gib = gpus.preset(preset)["gib"]
     print(f"GPU runs on {doc['device']} ({doc['date']}, torch {doc['versions']['torch']}; preset {preset}, "
@@ -696,18 +744,25 @@ def bench_gpu_compare() -> None:
                  (total, x["device_total"], "total")]
         line = ""
         for got, ours, key in cells:
-            if m["oom_phase"]:
+            if m["oom_phase"] or (m["builder_peak"] and key != "allocated"):
                 line += f"{to_gib(got):7.2f}{to_gib(ours):7.2f}{'-':>7s}"
                 continue
             diffs[key].append(ours / got - 1)
             line += f"{to_gib(got):7.2f}{to_gib(ours):7.2f}{ours / got - 1:+7.1%}"
         print(f"   {label:64s}{line}  {ran} / {dry}")
-    print("   columns: alloc/rsvd/total = the GPU's allocated peak, reserved peak and device total; est = the estimate; "
-          "dry = the dry run (allocator model; its total adds the context and cuBLAS's workspaces); diff = ours / "
-          "the GPU's - 1")
+        if m["builder_peak"]:
+            print(f"      setup peaked at {to_gib(m['setup_allocated']):.2f} GiB: the model made whole in 16 bits on the "
+                  f"GPU before bitsandbytes quantised it (the builder's, not a user's loading); the reserved bytes "
+                  f"keep its segments, so reserved and total are not compared")
+    print("   columns: alloc/rsvd/total = the GPU's allocated peak over the training phases, reserved peak and device "
+          "total; est = the estimate; dry = the dry run (allocator model; its total adds the context and cuBLAS's "
+          "workspaces); diff = ours / the GPU's - 1")
+    died = sum(1 for r in doc["rows"] if r["result"] and gpu_measured(r["result"])["oom_phase"])
     for key, v in diffs.items():
         if v:
-            print(f"   {key}: ours against the GPU's, the {len(v)} runs that ran (the one that died left out): median "
+            left = ("the one that died left out" if died == 1 else f"{died} that died left out" if died else
+                    "none died")
+            print(f"   {key}: ours against the GPU's, {len(v)} runs ({left}): median "
                   f"{statistics.median(v):+.2%}, lowest {min(v):+.2%}, highest {max(v):+.2%}")
     print(f"   context outside the allocator: {gpus.cuda_context(preset)['mib']:.0f} MiB, the largest these same runs "
           f"measured (so the totals' agreement is partly built in: the reserved column is the independent check); "
@@ -726,14 +781,22 @@ def main() -> int:
                    help="dryrun, scaled: only the grid rows with a word of their label starting so (e.g. tp, fsdp1); "
                         "dryrun's rows replace their own in data/results/ (--no-save: not at all)")
     p.add_argument("--out", default=None, metavar="PATH",
-                   help="gpu: where the runs are written (default data/results/gpu_runs.json); gpu-row: its result")
+                   help="gpu: where the runs are written (default data/results/gpu_runs_<preset>.json); gpu-row: its "
+                        "result")
+    p.add_argument("--rows", default=None, metavar="SPEC",
+                   help="gpu: the grid rows to run, in this order (e.g. '13-21,0-12'; default all)")
     p.add_argument("--row", type=int, default=None, help=argparse.SUPPRESS)      # gpu-row: which GPU_GRID row
     a = p.parse_args()
     if a.which == "gpu-row":
         gpu_row(a.row, a.out)
         return 0
     if a.which == "gpu":
-        return bench_gpu(a.out)
+        from helpers.errors import InputError
+        try:
+            return bench_gpu(a.out, a.rows)
+        except InputError as e:
+            print(f"bench gpu: {e}")
+            return 2
     {"estimate": bench_estimate, "scaled": lambda: bench_scaled(a.only), "explorer": bench_explorer,
      "allocator": bench_allocator, "published": lambda: bench_published(save=not a.no_save), "fit": bench_fit,
      "gpu-compare": bench_gpu_compare}.get(a.which, lambda: bench_dryrun(save=not a.no_save, only=a.only))()

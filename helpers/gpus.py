@@ -101,34 +101,53 @@ def preset(name: str) -> dict:
     return row | {"name": name, "bytes": round(gib * GiB), "gib": gib, "cuda_total": seen}
 
 
-GPU_RUNS = "gpu_runs.json"       # data/results/: `python -m helpers.bench gpu`, full-size steps on a real GPU
+GPU_RUNS = "gpu_runs.json"       # data/results/: `python -m helpers.bench gpu`, full-size steps on a real GPU (H100)
+
+
+def runs_file(device: str) -> str:
+    """The file in data/results/ that `python -m helpers.bench gpu` writes on the GPU nvidia-smi calls `device`:
+    gpu_runs.json for the H100 (the first recorded), else gpu_runs_<preset>.json (the name in lower case, its
+    non-alphanumerics as '-', for a GPU without a preset)."""
+    import re
+
+    if device == PRESETS["h100-80gb"]:
+        return GPU_RUNS
+    name = {v: k for k, v in PRESETS.items()}.get(device) or re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    return f"gpu_runs_{name}.json"
+
+
+def run_files() -> list:
+    """The recorded GPU runs in data/results/ (gpu_runs.json and every gpu_runs_<preset>.json), by name."""
+    return sorted((published.DATA_DIR / "results").glob("gpu_runs*.json"))
 
 
 @functools.lru_cache(maxsize=1)
 def measured_contexts() -> dict[str, dict]:
     """The bytes outside PyTorch's allocator that a training process held, per GPU this project ran on (nvidia-smi's
     name -> {'mib', 'source', 'url', 'note', 'applies_to', 'gpu'}): torch.cuda.mem_get_info's used bytes less
-    memory_reserved at each phase's end, the largest over every recorded run and phase (data/results/gpu_runs.json)."""
+    memory_reserved at each phase's end, the largest over every recorded run and phase of that GPU's file
+    (data/results/gpu_runs*.json)."""
     import json
 
-    path = published.DATA_DIR / "results" / GPU_RUNS
-    if not path.exists():
-        return {}
-    doc = json.loads(path.read_text())
-    seen = [v["outside_allocator"] for r in doc["rows"] if r["result"]
-            for v in r["result"]["meta"]["cuda_stats"].values() if "outside_allocator" in v]
-    if not seen:
-        return {}
-    v = doc["versions"]
-    return {doc["device"]: {
-        "gpu": doc["device"], "mib": max(seen) / MiB,
-        "applies_to": f"{doc['device']}, torch {v['torch']} (CUDA {v['cuda']}, driver {v['driver']}), after a "
-                      f"training step (forward, backward, AdamW)",
-        "source": f"measured by this project: python -m helpers.bench gpu on {doc['date'][:10]}, {len(doc['rows'])} "
-                  f"set-ups, torch.cuda.mem_get_info used bytes less memory_reserved, the largest at any phase's end",
-        "url": f"data/results/{GPU_RUNS}",
-        "note": "the driver's state and every kernel a training step loads (cuBLAS, attention, optimizer): more than a "
-                "bare context"}}
+    out = {}
+    for path in run_files():
+        doc = json.loads(path.read_text())
+        seen = [v["outside_allocator"] for r in doc["rows"] if r["result"]
+                for v in r["result"]["meta"]["cuda_stats"].values() if "outside_allocator" in v]
+        if not seen:
+            continue
+        v = doc["versions"]
+        out[doc["device"]] = {
+            "gpu": doc["device"], "mib": max(seen) / MiB,
+            "applies_to": f"{doc['device']}, torch {v['torch']} (CUDA {v['cuda']}, driver {v['driver']}), after a "
+                          f"training step (forward, backward, AdamW)",
+            "source": f"measured by this project: python -m helpers.bench gpu on {doc['date'][:10]}, "
+                      f"{len(doc['rows'])} set-ups, torch.cuda.mem_get_info used bytes less memory_reserved, the "
+                      f"largest at any phase's end",
+            "url": f"data/results/{path.name}",
+            "note": "the driver's state and every kernel a training step loads (cuBLAS, attention, optimizer): more "
+                    "than a bare context"}
+    return out
 
 
 def cuda_context(gpu: str | None = None) -> dict:

@@ -1,5 +1,6 @@
-"""The GPU mode's own process, and the estimate and the dry run held against full-size runs on a real GPU
-(data/results/gpu_runs.json, recorded by `python -m helpers.bench gpu` on an H100: torch.cuda's own figures)."""
+"""The GPU mode's own process, and the estimate and the dry run held against full-size runs on real GPUs
+(data/results/gpu_runs.json on an H100, gpu_runs_h200.json on an H200, recorded by `python -m helpers.bench gpu`:
+torch.cuda's own figures)."""
 
 import json
 import os
@@ -14,6 +15,9 @@ from helpers.training import TrainSetup as T
 
 RUNS = json.loads((models.DATA_DIR / "results" / gpus.GPU_RUNS).read_text())
 RAN = [r for r in RUNS["rows"] if r["result"] and not r["result"]["meta"]["oom_observed"]]
+H200 = json.loads((models.DATA_DIR / "results" / gpus.runs_file("NVIDIA H200")).read_text())
+H200_BY_ROW = {r["grid_row"]: r for r in H200["rows"]}
+EVERY_RUN = RAN + [r for r in H200["rows"] if not r["result"]["meta"]["oom_observed"]]
 
 
 @pytest.mark.parametrize("env,name", [({}, "gpu"), ({"OOM_CASEBOOK_CUDA_PROCESS": "1"}, "privateuseone")])
@@ -33,18 +37,69 @@ def test_a_gpu_run_from_a_process_with_the_fake_gpu_runs_in_one_of_its_own():
         gpu._in_own_process("qwen2.5-0.5b", T(seq=64), None, 2)
 
 
-def test_the_record_is_a_real_gpu_run_of_every_grid_row():
+def test_the_records_are_real_gpu_runs_of_the_grid_rows():
     assert RUNS["device"] == "NVIDIA H100 80GB HBM3" and RUNS["versions"]["torch"].startswith("2.")
-    assert [(r["model"], T(**r["setup"]), r["alloc_conf"]) for r in RUNS["rows"]] == bench.GPU_GRID
+    assert [(r["model"], T(**r["setup"]), r["alloc_conf"]) for r in RUNS["rows"]] == bench.GPU_GRID[:13]
     assert all(r["error"] is None and r["result"]["mode"] == "gpu" for r in RUNS["rows"])
     assert len(RAN) == len(RUNS["rows"]) - 1
+    assert H200["device"] == "NVIDIA H200" and H200["versions"]["bitsandbytes"] == "0.50.2"
+    assert sorted(H200_BY_ROW) == list(range(len(bench.GPU_GRID)))          # every row, each once
+    assert all((r["model"], T(**r["setup"]), r["alloc_conf"]) == bench.GPU_GRID[r["grid_row"]] and r["error"] is None
+               and r["result"]["meta"]["device"] == "NVIDIA H200" for r in H200["rows"])
 
 
-@pytest.mark.parametrize("row", RAN, ids=lambda r: bench._label(r["model"], T(**r["setup"])))
+@pytest.mark.parametrize("row", EVERY_RUN, ids=lambda r: r["result"]["meta"]["device"].split()[1] + " "
+                         + bench._label(r["model"], T(**r["setup"])))
 def test_the_estimate_is_within_1_percent_under_and_10_over_torch_cudas_allocated_peak(row):
+    # the training phases' peak: setup's is the builder's (the model made from its config on the GPU)
     measured = bench.gpu_measured(row["result"])["allocated"]
     ours = estimate.run(row["model"], T(**row["setup"])).gpu.peak_bytes
     assert -0.01 <= ours / measured - 1 <= 0.10
+
+
+def test_the_same_set_up_allocates_the_same_bytes_on_an_h100_and_an_h200():
+    # torch 2.11 and driver 580.159.04 on both: every phase's allocated and reserved peak equal to the byte, so a
+    # set-up's bytes do not depend on which Hopper GPU runs it, only whether they fit does
+    for i, row in enumerate(RUNS["rows"]):
+        h100, h200 = row["result"]["meta"]["cuda_stats"], H200_BY_ROW[i]["result"]["meta"]["cuda_stats"]
+        assert all(h100[p]["max_allocated"] == h200[p]["max_allocated"] for p in h100)
+        if not row["result"]["meta"]["oom_observed"]:
+            assert all(h100[p]["max_reserved"] == h200[p]["max_reserved"] for p in h100)
+
+
+def test_the_run_the_h100_could_not_hold_ran_on_the_h200_as_the_estimate_said():
+    row = next(r for r in RUNS["rows"] if r["result"]["meta"]["oom_observed"])
+    i = RUNS["rows"].index(row)
+    setup = T(**row["setup"])
+    on = {g: estimate.run(row["model"], setup.replace(gpu_gib=gpus.preset(g)["gib"])) for g in ("h100-80gb", "h200")}
+    assert on["h100-80gb"].oom["device"] == "gpu" and on["h200"].oom["device"] is None
+    assert not H200_BY_ROW[i]["result"]["meta"]["oom_observed"]
+    assert abs(on["h200"].gpu.peak_bytes / bench.gpu_measured(H200_BY_ROW[i]["result"])["allocated"] - 1) < 0.001
+
+
+def test_the_qlora_builders_setup_peak_is_set_apart_and_the_training_phases_agree():
+    # the 4-bit base made whole in bf16 on the GPU before quantising (helpers.measure.gpu._build): setup's peak is
+    # the builder's; forward, backward, step and steady agree with the census to cuBLAS's workspaces (64 MiB)
+    row = H200_BY_ROW[13]
+    assert T(**row["setup"]).base_weights == "nf4-dq"
+    m = bench.gpu_measured(row["result"])
+    assert m["builder_peak"] and m["setup_allocated"] > 1.9 * m["allocated"]
+    census = row["result"]["gpu"]["phases"]
+    for phase, v in row["result"]["meta"]["cuda_stats"].items():
+        if phase != "setup":
+            assert 0 <= v["max_allocated"] - census[phase] <= 64 * 2**20 + 2**20, phase
+
+
+@pytest.mark.parametrize("i", [15, 16, 17, 18, 19, 20])
+def test_the_reference_reward_and_actor_runs_agree_with_the_census_phase_by_phase_on_the_gpu(i):
+    # DPO and KTO with their reference, a reward model, OpenRLHF's actor at 26,048 tokens: every training phase's
+    # torch.cuda peak above the tracker's census by cuBLAS's workspaces and kernel temporaries, under 200 MiB
+    row = H200_BY_ROW[i]
+    census = row["result"]["gpu"]["phases"]
+    assert T(**row["setup"]).run in ("dpo", "kto", "rm", "grpo")
+    for phase, v in row["result"]["meta"]["cuda_stats"].items():
+        if phase != "setup":
+            assert 0 <= v["max_allocated"] - census[phase] < 200 * 2**20, phase
 
 
 def test_the_run_that_died_is_judged_out_of_memory():
@@ -77,3 +132,59 @@ def test_the_readme_quotes_the_recorded_allocated_peaks():
              for r in RAN]
     readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
     assert f"median {statistics.median(diffs):+.2%} (lowest {min(diffs):+.2%}, Gemma-2-2B)" in readme
+
+
+def test_the_readme_quotes_the_h200_record():
+    import statistics
+    from pathlib import Path
+
+    ran = [r for r in H200["rows"] if not r["result"]["meta"]["oom_observed"]]
+    diffs = [estimate.run(r["model"], T(**r["setup"])).gpu.peak_bytes / bench.gpu_measured(r["result"])["allocated"] - 1
+             for r in ran]
+    actor = H200_BY_ROW[19]
+    assert actor["model"] == "qwen2.5-7b" and T(**actor["setup"]).seq == 26048
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
+    assert f"runs {len(bench.GPU_GRID)} full-size set-ups" in readme and f"all {len(ran)}:" in readme
+    assert (f"(Qwen2.5-7B, {bench.gpu_measured(actor['result'])['allocated'] / 2**30:.2f} GiB allocated, the estimate "
+            f"{estimate.run(actor['model'], T(**actor['setup'])).gpu.peak_bytes / 2**30:.2f})") in readme
+    assert (f"median {statistics.median(diffs):+.2%}, lowest {min(diffs):+.2%}, none over {max(diffs):+.1%}"
+            in readme)
+
+
+@pytest.mark.parametrize("setup", [
+    T(run="dpo", batch=2, seq=64), T(run="dpo", lora_rank=8, seq=64, checkpointing="full"),
+    T(run="kto", precision="bf16", adam_impl="fused", batch=2, seq=64), T(run="rm", batch=2, seq=64),
+    T(run="grpo", dpo_logps="openrlhf", precision="bf16", seq=64, completion=32, attention="flash",
+      checkpointing="full"),
+    T(lora_rank=8, base_weights="nf4-dq", seq=64, checkpointing="full")], ids=lambda s: s.run + str(s.base_weights))
+def test_the_gpu_modes_loop_trains_each_run_type_as_the_scaled_run_does(setup):
+    # the same control flow on this CPU (gpu.measure on another device): the reference copy built, the pairs'
+    # batch doubled, the 4-bit base's states labelled as parameters; the census against the estimate, every phase
+    import torch
+
+    from helpers.measure import gpu, scaled
+
+    twin, s = scaled.scaled_setup("llama-3.2-1b", setup)
+    r = gpu.measure(models.spec(str(twin)), s, torch.device("cpu"), steps=2)
+    e = estimate.run(str(twin), s)
+    for phase, got in r.host.phases.items():
+        assert abs(e.gpu.phases[phase] / got - 1) < 0.015, (phase, got, e.gpu.phases[phase])
+    assert r.meta["oom_observed"] is None
+
+
+def test_the_grid_rows_are_read_and_a_bad_spec_refused_in_one_line():
+    from helpers.errors import InputError
+
+    assert bench.grid_rows("13-14,0") == [13, 14, 0] and bench.grid_rows(None) == list(range(len(bench.GPU_GRID)))
+    for bad in ("13-99", "x", "5-3", "-1"):
+        with pytest.raises(InputError, match="is not a row or range of rows of the GPU grid") as err:
+            bench.grid_rows(bad)
+        assert "\n" not in str(err.value)
+
+
+def test_each_gpu_writes_its_own_record_and_its_context_is_its_own():
+    assert gpus.runs_file("NVIDIA H100 80GB HBM3") == "gpu_runs.json"
+    assert gpus.runs_file("NVIDIA H200") == "gpu_runs_h200.json"
+    assert gpus.runs_file("NVIDIA B200") == "gpu_runs_nvidia-b200.json"
+    assert gpus.cuda_context("h200")["url"] == "data/results/gpu_runs_h200.json"
+    assert "assumed for" in gpus.cuda_context("a100-80gb")["note"]

@@ -94,14 +94,17 @@ def test_dpo_estimate_agrees_with_a_dry_run_of_trls_step_per_phase(model, option
         assert abs(d.gpu.breakdown["forward"]["logits"] / (16 * E) - 1) < 0.01
 
 
-def test_a_dpo_gpu_run_or_a_torchrun_scaled_run_is_refused_rather_than_measured_as_sft():
+def test_a_sharded_dpo_gpu_run_or_a_torchrun_scaled_run_is_refused_rather_than_measured_as_sft():
     from helpers.measure import engines
 
-    with pytest.raises(InputError, match="run 'dpo' has no gpu run here"):
-        engines.refuse_unsupported(TrainSetup(run="dpo"), "gpu")
+    with pytest.raises(InputError, match="a DPO gpu run trains one GPU in one process .strategy 'single'., got "
+                                         "strategy 'zero2'"):
+        engines.refuse_unsupported(TrainSetup(run="dpo", strategy="zero2", gpus=2), "gpu")
+    with pytest.raises(InputError, match="run 'grpo' has no gpu run here"):      # TRL's GRPO: its loss not re-enacted
+        engines.refuse_unsupported(TrainSetup(run="grpo"), "gpu")
     with pytest.raises(InputError, match="a DPO scaled run trains in this process"):
         engines.refuse_unsupported(TrainSetup(run="dpo", strategy="fsdp2", gpus=2), "scaled")
-    for mode in ("dry", "scaled"):
+    for mode in ("dry", "scaled", "gpu"):
         engines.refuse_unsupported(TrainSetup(run="dpo"), mode)
 
 

@@ -32,15 +32,19 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
                          f"loss) has no {mode} run here (the training loop computes the model's own loss): a dry run "
                          f"re-enacts TRL's loss, or measure with trl_loss_type unset")
     scaled_ok = SCALED_RUNS + (("grpo",) if setup.dpo_logps == "openrlhf" else ())   # (OpenRLHF's actor)
+    what = {"rm": "a reward model's", "grpo": "OpenRLHF's actor"}.get(setup.run, f"a {setup.run.upper()}")
     if setup.run in scaled_ok and mode == "scaled" and setup.strat.one_process_per_gpu:
-        what = {"rm": "a reward model's", "grpo": "OpenRLHF's actor"}.get(setup.run, f"a {setup.run.upper()}")
         raise InputError(f"{what} scaled run trains in this process (single, ddp, DeepSpeed), not under torchrun: got "
                          f"strategy {setup.strategy!r}; `estimate` models it under every engine")
-    if setup.run not in (("sft",) + (scaled_ok if mode == "scaled" else ())) and mode != "dry":
+    if setup.run in scaled_ok and mode == "gpu" and setup.strategy != "single":
+        raise InputError(f"{what} gpu run trains one GPU in one process (strategy 'single'), got strategy "
+                         f"{setup.strategy!r}: measure the per-GPU logits and activations with strategy 'single' (they "
+                         f"do not depend on the sharding); `estimate` places the run under every engine")
+    if setup.run not in (("sft",) + (scaled_ok if mode in ("scaled", "gpu") else ())) and mode != "dry":
         whose = ("OpenRLHF's actor step" if setup.dpo_logps == "openrlhf" else
                  f"TRL's (and LLaMA-Factory's) {setup.run.upper()} step with its reference model")
-        raise InputError(f"run {setup.run!r} has no {mode} run here (the training loop trains SFT"
-                         f"{', a reward model, DPO, KTO and OpenRLHF' + chr(39) + 's actor (--dpo-logps openrlhf)' if mode == 'scaled' else ''}): a dry run re-enacts {whose} "
+        raise InputError(f"run {setup.run!r} has no {mode} run here (the training loop trains SFT, a reward model, "
+                         f"DPO, KTO and OpenRLHF's actor (--dpo-logps openrlhf)): a dry run re-enacts {whose} "
                          f"(single, ddp, zero1, zero2), and `estimate` places it under every engine")
     if setup.resume:
         raise InputError(f"resume is modelled by the estimate (the loaded checkpoint beside the live buffers) but a "

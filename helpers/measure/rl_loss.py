@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 
 LOGSUMEXP_CHUNK = 1024       # openrlhf/models/utils.py _logsumexp_by_chunk(chunk_size=1024)
+TRITON_ROWS = 64             # rows per logsumexp in the Triton kernel's stand-in: its temporary, 64 x vocab fp32 (38
+                             # MiB at Qwen2.5's vocabulary), is the stand-in's own (the kernel has none)
 EPSILON = 0.2                # --actor.eps_clip's default (train_ppo_ray.py)
 SOURCE = "OpenRLHF 3c3be623 models/actor.py Actor.forward, models/utils.py log_probs_from_logits"
 FLASH_CE = "flash-attn 058ad35 flash_attn/ops/triton/cross_entropy.py CrossEntropyLoss"
@@ -36,7 +38,10 @@ class TritonCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, labels):
-        lse = torch.logsumexp(logits, dim=-1)                  # (the kernel writes it into torch.empty(n_rows))
+        lse = torch.empty(logits.shape[0], device=logits.device, dtype=logits.dtype)   # (the kernel's torch.empty)
+        for start in range(0, logits.shape[0], TRITON_ROWS):   # the kernel reads the logits in place; torch's
+            lse[start:start + TRITON_ROWS] = torch.logsumexp(logits[start:start + TRITON_ROWS], dim=-1)   # logsumexp
+        # makes a temporary of its input's size: a block of rows at a time keeps it to TRITON_ROWS x vocab
         losses = lse - logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         torch.empty_like(lse)                                  # z_losses (for logging; freed unless returned)
         ctx.save_for_backward(logits, lse, labels)

@@ -48,6 +48,9 @@ TORCHRUN_TIMEOUT_S = 600   # an FSDP2 twin run takes well under a minute
 MAX_STEPS = 1000            # a memory measurement needs a few steps; more only takes longer
 
 
+REFERENCE_RUNS = PREFERENCE_RUNS + ("grpo",)   # the runs whose engine takes a `reference` (None where none is loaded)
+
+
 def check_steps(steps) -> None:
     """InputError unless `steps` is an integer in [1, MAX_STEPS] (forward, backward and step each need one)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
@@ -107,8 +110,7 @@ def run(model, setup: TrainSetup, steps: int = STEPS, progress: bool = True) -> 
     ref = build_reference(twin, s)
     tracker = Tracker(default_device="gpu")
     with engines.torch_globals_restored(), tracker:
-        engine = engine_class(s)(net, s, tracker, **({"reference": ref} if s.run in PREFERENCE_RUNS + ("grpo",)
-                                                     else {}))
+        engine = engine_class(s)(net, s, tracker, **({"reference": ref} if s.run in REFERENCE_RUNS else {}))
         tracker.label(list(net.buffers()) + [p for p in net.parameters() if not p.requires_grad]
                       + nf4.state_tensors(net), "parameters")
         tracker.restart_peak("setup")
