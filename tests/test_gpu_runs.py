@@ -149,6 +149,11 @@ def test_the_readme_quotes_the_h200_record():
             f"{estimate.run(actor['model'], T(**actor['setup'])).gpu.peak_bytes / 2**30:.2f})") in readme
     assert (f"median {statistics.median(diffs):+.2%}, lowest {min(diffs):+.2%}, none over {max(diffs):+.1%}"
             in readme)
+    dpo = H200_BY_ROW[15]
+    replayed = dpo["result"]["meta"]["allocator_model"]["phases"]["steady"]["reserved"]
+    assert T(**dpo["setup"]).run == "dpo" and T(**dpo["setup"]).ref == "copy"
+    assert (f"gives {replayed / 2**30:.2f} GiB against the GPU's "
+            f"{bench.gpu_measured(dpo['result'])['reserved'] / 2**30:.2f}") in readme
 
 
 @pytest.mark.parametrize("setup", [
