@@ -336,6 +336,8 @@ class ModelSpec:
     fused_gate_up: bool = False   # one gate_up_proj linear in the dense MLP (Phi-3)
     checkpoint_dtype: str | None = None   # the weights' dtype on disk, as config.json states it ('bf16', 'fp16',
     #                                       'fp32'; None where it states none or another): what from_pretrained reads
+    rope: tuple = (0, 0)  # the rotary tables the decoder makes once per forward, per token: (elements in the hidden
+    #                       states' dtype, bytes in a dtype of their own): rope_tables
 
     @property
     def params(self) -> int:
@@ -612,7 +614,37 @@ def _spec_from_path(path: str) -> ModelSpec:
         fused_qkv=any(t.name.endswith("qkv_proj.weight") for t in first),
         fused_gate_up=any(t.name.endswith("mlp.gate_up_proj.weight") and t.linear for t in first),
         checkpoint_dtype=checkpoint_dtype(read_config_dict(path)),
+        rope=rope_tables(model, cfg),
     )
+
+
+def rope_tables(model, cfg) -> tuple[int, int]:
+    """What the decoder's rotary embedding returns per token, read by calling it on the meta device (the model's own
+    `model.rotary_emb`, once per attention layer type where it takes one: Gemma 3's local and global tables): (elements
+    in the dtype of the hidden states it is given, bytes of tables in a dtype of their own: DeepSeek-V2's complex64
+    freqs_cis). transformers builds them once per forward (position_ids of batch 1 unless given) and every layer's
+    attention saves them for backward. (0, 0) for a model without one."""
+    import inspect
+
+    import torch
+
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rotary is None:
+        return 0, 0
+    kinds = [None]
+    if "layer_type" in inspect.signature(rotary.forward).parameters:
+        kinds = sorted(set(getattr(cfg, "layer_types", None) or [None]), key=str)
+    follow = fixed = 0
+    x = torch.empty(1, 4, cfg.hidden_size, dtype=torch.bfloat16, device="meta")
+    position = torch.arange(4, device="meta").unsqueeze(0)
+    for kind in kinds:
+        out = rotary(x, position) if kind is None else rotary(x, position, kind)
+        for t in out if isinstance(out, tuple) else (out,):
+            if t.dtype == x.dtype:
+                follow += t.numel() // 4
+            else:
+                fixed += t.numel() * t.element_size() // 4
+    return follow, fixed
 
 
 CHECKPOINT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}

@@ -1,8 +1,9 @@
 """Activations saved for backward, and the logits / cross-entropy, per GPU.
 
 Counted tensor by tensor from what autograd saves in Hugging Face's Llama/Qwen2 decoder layer (transformers 5):
-RMSNorm saves its fp32 upcast, its normalised output and (through the projections) its weighted output; q/k/v/o and MLP projections save their inputs; rotary saves
-cos/sin once; SDPA/flash save q, k, v, the output and the fp32 logsumexp, while eager attention saves the fp32 softmax
+RMSNorm saves its fp32 upcast, its fp32 reciprocal root (one value per token), its normalised output and (through the
+projections) its weighted output; q/k/v/o and MLP projections save their inputs; the rotary cos/sin tables, made once
+per forward, are saved once (read from each model's own rotary_emb: models.rope_tables); SDPA/flash save q, k, v, the output and the fp32 logsumexp, while eager attention saves the fp32 softmax
 and its low-precision copy (batch x heads x seq^2 each); SiLU-gated MLPs save four intermediate-width tensors. The
 loss follows transformers' ForCausalLMLoss (logits upcast to fp32, log_softmax). Cf. Korthikanti et al. 2022,
 "Reducing Activation Recomputation in Large Transformer Models", section 4, for the same method on GPT.
@@ -47,8 +48,13 @@ def compute_mode(setup) -> str:
     return "low"
 
 
+RSTD = 4     # per token per RMSNorm: transformers' `hidden_states * torch.rsqrt(variance + eps)` saves the fp32
+#              rsqrt, one value per token (per head for the query and key norms), beside its input
+
+
 def norm_bytes(m: ModelSpec, setup, consumers: int) -> int:
-    """Bytes per token one RMSNorm leaves saved: its fp32 input, the normalised tensor, what the next matmuls keep.
+    """Bytes per token one RMSNorm leaves saved: its fp32 input, the normalised tensor, what the next matmuls keep,
+    and its fp32 reciprocal root (RSTD).
 
     bf16 weights: fp32 upcast 4h + normalised bf16 2h + weighted output 2h (saved by the projections); Gemma's norm
     keeps its normalised tensor in fp32 (4h: `x * (1 + w)` runs in fp32, cast back after).
@@ -59,10 +65,10 @@ def norm_bytes(m: ModelSpec, setup, consumers: int) -> int:
     """
     h, mode = m.hidden, compute_mode(setup)
     if mode == "autocast":
-        return (4 + 4 + 2 * consumers) * h
+        return (4 + 4 + 2 * consumers) * h + RSTD
     if mode == "fp32":
-        return (8 + 4 * bool(consumers)) * h
-    return (4 + (4 if m.gemma_norm else 2) + 2 * bool(consumers)) * h
+        return (8 + 4 * bool(consumers)) * h + RSTD
+    return (4 + (4 if m.gemma_norm else 2) + 2 * bool(consumers)) * h + RSTD
 
 
 def qk_norm_bytes(m: ModelSpec, setup) -> int:
@@ -71,7 +77,7 @@ def qk_norm_bytes(m: ModelSpec, setup) -> int:
     if not m.qk_norm:
         return 0
     normalised = 4 if compute_mode(setup) == "fp32" or m.gemma_norm else 2
-    return (4 + normalised) * (m.q_width + m.k_width)
+    return (4 + normalised) * (m.q_width + m.k_width) + RSTD * (m.heads + m.kv_heads)
 
 
 def adapted_names(m: ModelSpec, setup) -> set[str]:
@@ -194,8 +200,8 @@ def lora_saves(m: ModelSpec, setup, first: bool = False) -> tuple[int, int, int]
 
     h = m.hidden
     norms = (4 + kept({"q_proj", "k_proj", "v_proj", "qkv_proj"})) * h \
-        + (4 + kept({"gate_proj", "up_proj", "gate_up_proj"})) * h + (m.norms - 2) * 4 * h
-    norms += 4 * (m.q_width + m.k_width) if m.qk_norm else 0
+        + (4 + kept({"gate_proj", "up_proj", "gate_up_proj"})) * h + (m.norms - 2) * 4 * h + m.norms * RSTD
+    norms += 4 * (m.q_width + m.k_width) + RSTD * (m.heads + m.kv_heads) if m.qk_norm else 0
     o_input = kept({"o_proj"}) * m.q_width if own or dropped else 0    # else: the attention output, saved anyway
     down_input = kept({"down_proj"}) * m.intermediate
     return norms, o_input, down_input
@@ -350,7 +356,7 @@ def layer_bytes(m: ModelSpec, setup, moe: bool, first: bool = False) -> int:
     if m.fused_qkv and not (setup.attention != "flash" and mode == "fp32" and m.kv_heads < m.heads) \
             and not ((setup.attention == "eager" or setup.kv_expanded) and m.kv_heads < m.heads):
         attn += a * T * (m.q_width + m.k_width)      # saved values are a view: the whole qkv output stays alive
-    latent = (4 + 2 * a) * T * m.kv_latent                         # the latent's RMSNorm
+    latent = ((4 + 2 * a) * m.kv_latent + RSTD) * T if m.kv_latent else 0     # the latent's RMSNorm
     if moe:  # routed pairs keep input, gate/up output, SiLU output, product, output; shared experts as dense
         e = 4 if mode != "low" else 2       # experts' grouped_mm is not on autocast's list: fp32 weights, fp32 pairs
         routed = e * T * m.experts_active * (2 * m.hidden + 4 * m.expert_width)
@@ -512,6 +518,13 @@ def add_activations(b: Builder, m: ModelSpec) -> None:
             b.gpu(f"the last layer's forward beside every saved activation: {what}", "activations", nbytes, GATHER,
                   "with no full logits after it the last MLP's forward is the forward's peak: its outputs not saved "
                   "for backward are alive beside everything saved (mlp_forward_working_set less what the layer saves)")
+    follow, fixed = m.rope
+    if follow or fixed:
+        c = 2 if compute_mode(s) == "low" else 4
+        b.gpu("rotary cos and sin, made once and saved by every layer's attention", "activations",
+              s.seq * (follow * c + fixed), FORWARDS | BWD_START | BWD_HEAD | BWD_END,
+              f"transformers' {m.model_type} rotary_emb (models.rope_tables): {follow} values per token in the hidden "
+              f"states' dtype" + (f" and {fixed} bytes of its own" if fixed else "") + ", position_ids of batch 1")
     if not s.lora_rank:
         b.gpu("the gradient reaching the embedding's output", "temporaries", stream,
               BWD_DONE, "batch x seq x hidden (the residual stream's dtype): the first layer's input gradient, summed "
