@@ -663,6 +663,11 @@ def add_logits(b: Builder, m: ModelSpec) -> None:
                   "DeepSpeed its reduce hook takes it into a bucket then)")
         return
     upcast = 4 * E if c == 2 else 0
+    if s.run == "sft" and compute_mode(s) == "autocast":
+        b.gpu("the final norm's fp32 output, alive while the loss runs", "activations", 4 * T * m.hidden, LOSS,
+              "an fp32 model under autocast: the decoder returns the final norm's fp32 output as its last hidden "
+              "state, which the causal LM's forward holds through the head and the loss (the head saves its bf16 "
+              "cast, counted with the norm)")
     if s.outputs_held:
         returned = 4 if c == 2 and versions.older(s, "logits_upcast_in_forward") else c
         b.gpu("logits the loop holds until the next forward returns", "logits", returned * E, held_moments(s),
