@@ -91,18 +91,20 @@ def test_fsdp2_shards_are_numel_times_element_size():
 
 # The tiny model's peaks are 0.3-3 MiB, so the tolerance is relative only, plus 1 KiB for AdamW's scalar step counters
 # (host tensors of a few bytes the estimate does not count). The tiny checkpointed bf16-mixed run is the one
-# exception, stated rather than hidden: its backward peak is 7.9% under the estimate (1.55 vs 1.67 MiB) because at
+# exception, stated rather than hidden: its backward peak is 8.9% under the estimate (1.55 vs 1.69 MiB; 7.9% before the
+# rotary tables, 16 KiB here, and the norms' reciprocal roots were counted, which dry runs at full size confirm) because at
 # hidden 64 autocast's recomputed weight casts outweigh the recomputed layer's activations, and the estimate counts
 # the whole layer at once, beside every gradient; at full size the same rule lands within 3% (the llama-3-8b rows).
 # (It was 5.6% while the fake GPU decomposed silu_backward, whose extra temporaries filled part of the gap.)
 @pytest.mark.parametrize("model,setup,rel", [
     (TINY, TrainSetup(precision="bf16", adam_impl="foreach", batch=2, seq=64), 0.03),
     (TINY, TrainSetup(precision="bf16", adam_impl="for-loop", seq=128), 0.03),
-    (TINY, TrainSetup(precision="bf16-mixed", adam_impl="for-loop", seq=128, grad_checkpointing=True), 0.085),
+    (TINY, TrainSetup(precision="bf16-mixed", adam_impl="for-loop", seq=128, grad_checkpointing=True), 0.095),
     # FSDP2's backward start takes the larger of the head's backward and the last block's post-backward; on this
     # twin (blocks larger than its tiny vocabulary's head) that is the block's, counted with every activation saved
-    # though the block's own are freed by then: 7.7% over the dry run, the safe direction
-    (TINY, TrainSetup(strategy="fsdp2", gpus=2, gpus_per_node=2, seq=64), 0.08),
+    # though the block's own are freed by then: 8.2% over the dry run (7.7% before the rotary tables were counted),
+    # the safe direction
+    (TINY, TrainSetup(strategy="fsdp2", gpus=2, gpus_per_node=2, seq=64), 0.09),
     ("llama-3-8b", TrainSetup(strategy="zero2", seq=128, attention="flash", grad_checkpointing=True), 0.03),
     ("llama-3-8b", TrainSetup(precision="bf16", adam_impl="fused", seq=1024, attention="eager"), 0.03),
 ])
