@@ -626,6 +626,9 @@ def bench_gpu(out: str | None = None, rows: str | None = None, row_timeout: int 
                     "one process per set-up; bytes (GiB = 2^30 bytes)",
            "date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
            "versions": _versions(), "rows": []}
+    kept = _kept_rows(path, doc["device"], order)
+    if kept:
+        print(f"bench gpu: keeping {len(kept)} recorded row(s) of {path.name} that this run does not repeat")
     for i in order:
         name, setup, conf = GPU_GRID[i]
         env = dict(os.environ, **{CUDA_PROCESS_ENV: "1"}, **({"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}))
@@ -643,7 +646,8 @@ def bench_gpu(out: str | None = None, rows: str | None = None, row_timeout: int 
         row = {"grid_row": i, "model": name, "setup": dataclasses.asdict(setup), "alloc_conf": conf, "result": result,
                "error": err, "process_s": round(time.perf_counter() - started, 1)} | ({"stderr_tail": tail} if tail else {})
         doc["rows"].append(row)
-        write_text_atomically(path, json.dumps(doc, indent=1))
+        write_text_atomically(path, json.dumps(doc | {"rows": sorted(kept + doc["rows"], key=lambda r: r["grid_row"])},
+                                               indent=1))
         if result is None:
             print(f"{_label(name, setup):72s} failed: {err}", flush=True)
             continue
@@ -653,6 +657,27 @@ def bench_gpu(out: str | None = None, rows: str | None = None, row_timeout: int 
               f"{' OOM in ' + m['oom_phase'] if m['oom_phase'] else ''} ({row['process_s']} s)", flush=True)
     print(f"saved {path}")
     return 0
+
+
+def _kept_rows(path: Path, device: str, order: list[int]) -> list[dict]:
+    """The rows of an earlier record at `path` on the same GPU that a run of the grid rows `order` does not repeat
+    (each with its grid row: the position in the file where an older record has none), so that a subset run adds to
+    the record instead of replacing it."""
+    import json
+
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    if old.get("device") != device:
+        return []
+    rows = [r if "grid_row" in r else {"grid_row": i, **r} for i, r in enumerate(old["rows"])]
+    return [r for r in rows if r["grid_row"] not in order]
+
+
+def gpu_list() -> None:
+    """The GPU grid's rows, numbered as --rows takes them."""
+    for i, (name, setup, conf) in enumerate(GPU_GRID):
+        print(f"{i:3d}  {_label(name, setup)}{' ' + conf if conf else ''}")
 
 
 def _versions() -> dict:
@@ -786,9 +811,20 @@ def main() -> int:
     p.add_argument("--rows", default=None, metavar="SPEC",
                    help="gpu: the grid rows to run, in this order (e.g. '13-21,0-12'; default all)")
     p.add_argument("--row", type=int, default=None, help=argparse.SUPPRESS)      # gpu-row: which GPU_GRID row
+    p.add_argument("--list", action="store_true", help="gpu: list the grid's rows with their numbers and stop")
     a = p.parse_args()
+    if a.rows is not None and a.which != "gpu":
+        print(f"bench {a.which}: --rows is for `bench gpu` (the GPU grid's rows), not for {a.which}")
+        return 2
     if a.which == "gpu-row":
+        if a.row is None or not 0 <= a.row < len(GPU_GRID) or not a.out:
+            print(f"bench gpu-row: runs one GPU grid row for `bench gpu`: needs --row 0 to {len(GPU_GRID) - 1} and "
+                  f"--out PATH, got --row {a.row} --out {a.out}")
+            return 2
         gpu_row(a.row, a.out)
+        return 0
+    if a.which == "gpu" and a.list:
+        gpu_list()
         return 0
     if a.which == "gpu":
         from helpers.errors import InputError

@@ -146,7 +146,7 @@ def test_the_readme_quotes_the_h200_record():
     readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
     assert f"runs {len(bench.GPU_GRID)} full-size set-ups" in readme and f"all {len(ran)}:" in readme
     assert (f"(Qwen2.5-7B, {bench.gpu_measured(actor['result'])['allocated'] / 2**30:.2f} GiB allocated, the estimate "
-            f"{estimate.run(actor['model'], T(**actor['setup'])).gpu.peak_bytes / 2**30:.2f})") in readme
+            f"{estimate.run(actor['model'], T(**actor['setup'])).gpu.peak_bytes / 2**30:.2f};") in readme
     assert (f"median {statistics.median(diffs):+.2%}, lowest {min(diffs):+.2%}, none over {max(diffs):+.1%}"
             in readme)
     dpo = H200_BY_ROW[15]
@@ -193,3 +193,24 @@ def test_each_gpu_writes_its_own_record_and_its_context_is_its_own():
     assert gpus.runs_file("NVIDIA B200") == "gpu_runs_nvidia-b200.json"
     assert gpus.cuda_context("h200")["url"] == "data/results/gpu_runs_h200.json"
     assert "assumed for" in gpus.cuda_context("a100-80gb")["note"]
+
+
+def test_a_subset_run_keeps_the_recorded_rows_it_does_not_repeat(tmp_path):
+    import shutil
+
+    path = tmp_path / "gpu_runs_h200.json"
+    shutil.copy(models.DATA_DIR / "results" / "gpu_runs_h200.json", path)
+    kept = bench._kept_rows(path, "NVIDIA H200", [13, 14])
+    assert sorted(r["grid_row"] for r in kept) == [i for i in range(len(bench.GPU_GRID)) if i not in (13, 14)]
+    assert bench._kept_rows(path, "NVIDIA H100 80GB HBM3", [13]) == []          # another GPU's record: none kept
+    h100 = bench._kept_rows(models.DATA_DIR / "results" / gpus.GPU_RUNS, "NVIDIA H100 80GB HBM3", [0])
+    assert [r["grid_row"] for r in h100] == list(range(1, 13))                   # an older file: numbered by position
+
+
+def test_the_bench_flags_are_refused_where_they_do_not_apply():
+    for args, said in ((["gpu-row"], "needs --row 0 to"), (["estimate", "--rows", "3"], "--rows is for `bench gpu`")):
+        out = subprocess.run([sys.executable, "-m", "helpers.bench", *args], capture_output=True, text=True)
+        assert out.returncode == 2 and said in out.stdout and "Traceback" not in out.stderr
+    listed = subprocess.run([sys.executable, "-m", "helpers.bench", "gpu", "--list"], capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    assert len(listed) == len(bench.GPU_GRID) and "openrlhf" in listed[19] and listed[19].split()[:2] == ["19", "qwen2.5-7b"]

@@ -38,8 +38,9 @@ def refuse_unsupported(setup: TrainSetup, mode: str) -> None:
                          f"strategy {setup.strategy!r}; `estimate` models it under every engine")
     if setup.run in scaled_ok and mode == "gpu" and setup.strategy != "single":
         raise InputError(f"{what} gpu run trains one GPU in one process (strategy 'single'), got strategy "
-                         f"{setup.strategy!r}: measure the per-GPU logits and activations with strategy 'single' (they "
-                         f"do not depend on the sharding); `estimate` places the run under every engine")
+                         f"{setup.strategy!r}: run it with --strategy single --gpus 1 to measure the logits and "
+                         f"activations per GPU (they do not depend on the sharding; the model states do, and are then "
+                         f"the whole model's), and `python -m helpers estimate` with your strategy for the run itself")
     if setup.run not in (("sft",) + (scaled_ok if mode in ("scaled", "gpu") else ())) and mode != "dry":
         whose = ("OpenRLHF's actor step" if setup.dpo_logps == "openrlhf" else
                  f"TRL's (and LLaMA-Factory's) {setup.run.upper()} step with its reference model")
