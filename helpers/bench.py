@@ -745,7 +745,7 @@ def compare_gpu_runs(doc: dict) -> None:
     from helpers.measure import dryrun
     from helpers.units import GiB
 
-    preset = {v: k for k, v in gpus.PRESETS.items()}.get(doc["device"])
+    preset = gpus.preset_of(doc["device"])
     cap_gib = gpus.preset(preset)["gib"]
     print(f"GPU runs on {doc['device']} ({doc['date']}, torch {doc['versions']['torch']}; preset {preset}, "
           f"{cap_gib:.2f} GiB) beside the estimate and the dry run of the same set-up; GiB = 2^30 bytes. Measured: "

@@ -112,8 +112,13 @@ def runs_file(device: str) -> str:
 
     if device == PRESETS["h100-80gb"]:
         return GPU_RUNS
-    name = {v: k for k, v in PRESETS.items()}.get(device) or re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    name = preset_of(device) or re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
     return f"gpu_runs_{name}.json"
+
+
+def preset_of(device: str) -> str | None:
+    """The preset whose GPU nvidia-smi calls `device` exactly (None for a GPU without one)."""
+    return {v: k for k, v in PRESETS.items()}.get(device)
 
 
 def run_files() -> list:

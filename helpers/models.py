@@ -619,11 +619,13 @@ def _spec_from_path(path: str) -> ModelSpec:
 
 
 def rope_tables(model, cfg) -> tuple[int, int]:
-    """What the decoder's rotary embedding returns per token, read by calling it on the meta device (the model's own
-    `model.rotary_emb`, once per attention layer type where it takes one: Gemma 3's local and global tables): (elements
-    in the dtype of the hidden states it is given, bytes of tables in a dtype of their own: DeepSeek-V2's complex64
-    freqs_cis). transformers builds them once per forward (position_ids of batch 1 unless given) and every layer's
-    attention saves them for backward. (0, 0) for a model without one."""
+    """What the decoder's rotary embedding returns per token, read by calling a copy of the model's own
+    `model.rotary_emb` made on the CPU (the meta device refuses dynamic scaling's position check), once per attention
+    layer type where it takes one (Gemma 3's local and global tables): (elements in the dtype of the hidden states it
+    is given, bytes of tables in a dtype of their own: DeepSeek-V2's complex64 freqs_cis). transformers builds them
+    once per forward (position_ids of batch 1 unless given) and every layer's attention saves them for backward.
+    (0, 0) for a model without one; a rotary embedding that cannot be called so is taken as Llama's, cos and sin of
+    head_dim each."""
     import inspect
 
     import torch
@@ -635,10 +637,16 @@ def rope_tables(model, cfg) -> tuple[int, int]:
     if "layer_type" in inspect.signature(rotary.forward).parameters:
         kinds = sorted(set(getattr(cfg, "layer_types", None) or [None]), key=str)
     follow = fixed = 0
-    x = torch.empty(1, 4, cfg.hidden_size, dtype=torch.bfloat16, device="meta")
-    position = torch.arange(4, device="meta").unsqueeze(0)
-    for kind in kinds:
-        out = rotary(x, position) if kind is None else rotary(x, position, kind)
+    x = torch.empty(1, 4, cfg.hidden_size, dtype=torch.bfloat16, device="cpu")
+    position = torch.arange(4, device="cpu").unsqueeze(0)
+    try:
+        with torch.device("cpu"):
+            copy = type(rotary)(cfg)
+        outs = [copy(x, position) if kind is None else copy(x, position, kind) for kind in kinds]
+    except (TypeError, ValueError, RuntimeError, AttributeError, KeyError):
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return 2 * head_dim, 0
+    for out in outs:
         for t in out if isinstance(out, tuple) else (out,):
             if t.dtype == x.dtype:
                 follow += t.numel() // 4

@@ -24,6 +24,19 @@ def test_the_rotary_tables_are_read_from_each_models_own_rotary_embedding():
     assert models.spec("deepseek-v2-lite").rope == (0, 8 * 64 // 2)
 
 
+def test_a_dynamically_scaled_rotary_embedding_is_read_too(tmp_path):
+    # dynamic NTK scaling checks the positions' maximum, which the meta device cannot give: the tables are read from a
+    # copy made on the CPU
+    import json
+
+    cfg = json.loads((models.MODELS_DIR / "llama-3.2-1b.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+    cfg.pop("rope_parameters", None)
+    path = tmp_path / "dynamic-rope.json"
+    path.write_text(json.dumps(cfg))
+    assert models.spec(str(path)).rope == models.spec("llama-3.2-1b").rope
+
+
 def test_the_rotary_item_is_in_the_estimate_with_its_bytes():
     m = models.spec("qwen2.5-7b")
     for precision, c in (("bf16", 2), ("bf16-mixed", 4)):

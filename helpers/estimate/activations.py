@@ -3,8 +3,8 @@
 Counted tensor by tensor from what autograd saves in Hugging Face's Llama/Qwen2 decoder layer (transformers 5):
 RMSNorm saves its fp32 upcast, its fp32 reciprocal root (one value per token), its normalised output and (through the
 projections) its weighted output; q/k/v/o and MLP projections save their inputs; the rotary cos/sin tables, made once
-per forward, are saved once (read from each model's own rotary_emb: models.rope_tables); SDPA/flash save q, k, v, the output and the fp32 logsumexp, while eager attention saves the fp32 softmax
-and its low-precision copy (batch x heads x seq^2 each); SiLU-gated MLPs save four intermediate-width tensors. The
+per forward, are saved once (read from each model's own rotary_emb: models.rope_tables); SDPA/flash save q, k, v, the
+output and the fp32 logsumexp, while eager attention saves the fp32 softmax and its low-precision copy (batch x heads x seq^2 each); SiLU-gated MLPs save four intermediate-width tensors. The
 loss follows transformers' ForCausalLMLoss (logits upcast to fp32, log_softmax). Cf. Korthikanti et al. 2022,
 "Reducing Activation Recomputation in Large Transformer Models", section 4, for the same method on GPT.
 Left out: the transient working set inside one op, dropout masks (none in these models), MoE router scratch,
